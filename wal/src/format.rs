@@ -1,0 +1,468 @@
+//! The on-disk format, byte by byte. `docs/FORMAT.md` says the same in prose.
+//!
+//! Every integer is little-endian. A segment file is:
+//!
+//! ```text
+//! [ SegmentHeader 64 B ][ Entry ]*[ zeros or stale bytes ][ Footer ][ ... ][ Trailer 32 B ]
+//!                                                          \________ sealed segments only ___/
+//! ```
+//!
+//! Checksums are CRC-32 (crc32fast). The checksum of an entry and of a footer
+//! covers the segment's sequence number and the entry's log sequence number
+//! (LSN), so bytes left in preallocated or recycled space, or copied from
+//! another segment, never pass as a live entry.
+
+use crc32fast::Hasher;
+
+/// First bytes of every segment file.
+pub const SEGMENT_MAGIC: [u8; 8] = *b"FENCELOG";
+/// First bytes of the trailer that marks a segment as sealed.
+pub const TRAILER_MAGIC: [u8; 8] = *b"FLSEALED";
+/// The format version this build writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Length of the segment header; the first entry starts here.
+pub const HEADER_LEN: u64 = 64;
+/// Length of an entry's header; its payload follows.
+pub const ENTRY_HEADER_LEN: usize = 24;
+/// Length of a footer's header; its payload follows.
+pub const FOOTER_HEADER_LEN: usize = 32;
+/// Length of the trailer, the last bytes of a sealed segment.
+pub const TRAILER_LEN: u64 = 32;
+/// Entries and footers start at multiples of this.
+pub const ALIGN: u64 = 8;
+
+/// Rounds `n` up to a multiple of [`ALIGN`].
+pub const fn align_up(n: u64) -> u64 {
+    (n + ALIGN - 1) & !(ALIGN - 1)
+}
+
+/// Bytes an entry with a payload of `payload_len` bytes takes in a segment.
+pub const fn entry_len(payload_len: usize) -> u64 {
+    align_up(ENTRY_HEADER_LEN as u64 + payload_len as u64)
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(a)
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+/// Why a segment header was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeaderError {
+    /// Fewer than [`HEADER_LEN`] bytes.
+    Short,
+    /// Not a fencelog segment.
+    BadMagic,
+    /// Written by a format version this build does not know.
+    UnknownVersion(u32),
+    /// The header's checksum does not match.
+    Checksum,
+}
+
+// SegmentHeader: { magic: [u8; 8] | version: u32 | flags: u32 | seq: u64 | reserved: [u8; 36] | crc: u32 }
+/// Encodes the header of segment `seq`.
+pub fn encode_header(seq: u64) -> [u8; HEADER_LEN as usize] {
+    let mut b = [0u8; HEADER_LEN as usize];
+    b[0..8].copy_from_slice(&SEGMENT_MAGIC);
+    b[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    b[16..24].copy_from_slice(&seq.to_le_bytes());
+    let crc = crc32fast::hash(&b[..60]);
+    b[60..64].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// Decodes a segment header and answers its sequence number.
+pub fn decode_header(b: &[u8]) -> Result<u64, HeaderError> {
+    if b.len() < HEADER_LEN as usize {
+        return Err(HeaderError::Short);
+    }
+    if b[0..8] != SEGMENT_MAGIC {
+        return Err(HeaderError::BadMagic);
+    }
+    // The version is checked before the checksum: a future version may
+    // change the header's layout, and "unknown version" is the useful error.
+    let version = u32_at(b, 8);
+    if version != FORMAT_VERSION {
+        return Err(HeaderError::UnknownVersion(version));
+    }
+    if crc32fast::hash(&b[..60]) != u32_at(b, 60) {
+        return Err(HeaderError::Checksum);
+    }
+    Ok(u64_at(b, 16))
+}
+
+/// What an entry is for. The log itself writes checkpoints; everything the
+/// layer above submits is a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EntryKind {
+    /// The state of the layer above at the start of a segment: recovery
+    /// replays from the newest one.
+    Checkpoint,
+    /// An entry submitted by the layer above.
+    Record,
+}
+
+impl EntryKind {
+    fn code(self) -> u8 {
+        match self {
+            EntryKind::Checkpoint => 1,
+            EntryKind::Record => 2,
+        }
+    }
+
+    fn from_code(code: u8) -> Option<EntryKind> {
+        match code {
+            1 => Some(EntryKind::Checkpoint),
+            2 => Some(EntryKind::Record),
+            _ => None,
+        }
+    }
+}
+
+/// A decoded entry header, checksum verified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EntryHeader {
+    /// The entry's log sequence number: 1, 2, 3, … across all segments.
+    pub lsn: u64,
+    /// Payload length in bytes.
+    pub len: u32,
+    /// LSN of the first entry of the sync epoch this entry was written in:
+    /// entries of one epoch reach the disk with one `fdatasync`.
+    pub epoch_first_lsn: u64,
+    /// What the entry is for.
+    pub kind: EntryKind,
+}
+
+impl EntryHeader {
+    /// Bytes this entry takes in the segment, header and padding included.
+    pub fn encoded_len(&self) -> u64 {
+        entry_len(self.len as usize)
+    }
+}
+
+// Entry: { crc: u32 | len: u32 | lsn: u64 | epoch_back: u32 | kind: u8 | reserved: [u8; 3] | payload: [u8; len] | zeros to a multiple of 8 }
+//   crc = CRC-32 of (segment seq: u64 | bytes 4..24 of the header | payload)
+//   epoch_back = lsn - (LSN of the first entry of the entry's sync epoch)
+/// Writes an entry header for `payload` into `out[..ENTRY_HEADER_LEN]`.
+///
+/// # Panics
+///
+/// If `out` is shorter than [`ENTRY_HEADER_LEN`] or the payload is longer
+/// than `u32::MAX`: both are bugs of the caller, which bounds entry sizes.
+pub fn encode_entry_header(
+    out: &mut [u8],
+    seq: u64,
+    lsn: u64,
+    epoch_first_lsn: u64,
+    kind: EntryKind,
+    payload: &[u8],
+) {
+    assert!(lsn >= epoch_first_lsn && lsn - epoch_first_lsn <= u64::from(u32::MAX));
+    let len = u32::try_from(payload.len()).expect("entry payload bounded by max_entry_bytes");
+    let h = &mut out[..ENTRY_HEADER_LEN];
+    h[4..8].copy_from_slice(&len.to_le_bytes());
+    h[8..16].copy_from_slice(&lsn.to_le_bytes());
+    h[16..20].copy_from_slice(&((lsn - epoch_first_lsn) as u32).to_le_bytes());
+    h[20] = kind.code();
+    h[21..24].fill(0);
+    let crc = entry_crc(seq, h, payload);
+    h[0..4].copy_from_slice(&crc.to_le_bytes());
+}
+
+fn entry_crc(seq: u64, header: &[u8], payload: &[u8]) -> u32 {
+    let mut hasher = Hasher::new();
+    hasher.update(&seq.to_le_bytes());
+    hasher.update(&header[4..ENTRY_HEADER_LEN]);
+    hasher.update(payload);
+    hasher.finalize()
+}
+
+/// What is found at a position where an entry may start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probe {
+    /// A whole entry whose checksum matches.
+    Entry(EntryHeader),
+    /// The 24 header bytes are all zero: never-written (preallocated) space.
+    Zeros,
+    /// Something else: a torn or damaged entry, or stale bytes.
+    Invalid(Invalid),
+}
+
+/// Why the bytes at a position are not an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Invalid {
+    /// Not even a whole header fits before the end.
+    Truncated,
+    /// The header claims a payload that runs past the end or over the limit.
+    BadLength(u32),
+    /// LSN 0 or an unknown kind.
+    BadHeader,
+    /// The checksum does not match.
+    Checksum,
+}
+
+/// Looks for an entry at the start of `b` (the rest of segment `seq`), with
+/// payloads of at most `max_len` bytes.
+///
+/// Never panics and never allocates, whatever the bytes.
+pub fn probe_entry(b: &[u8], seq: u64, max_len: u32) -> Probe {
+    if b.len() < ENTRY_HEADER_LEN {
+        return if b.iter().all(|&x| x == 0) {
+            Probe::Zeros
+        } else {
+            Probe::Invalid(Invalid::Truncated)
+        };
+    }
+    let h = &b[..ENTRY_HEADER_LEN];
+    if h.iter().all(|&x| x == 0) {
+        return Probe::Zeros;
+    }
+    let len = u32_at(h, 4);
+    let lsn = u64_at(h, 8);
+    let back = u32_at(h, 16);
+    let kind = EntryKind::from_code(h[20]);
+    let Some(kind) = kind else {
+        return Probe::Invalid(Invalid::BadHeader);
+    };
+    if lsn == 0 || u64::from(back) >= lsn || h[21..24] != [0, 0, 0] {
+        return Probe::Invalid(Invalid::BadHeader);
+    }
+    if len > max_len || ENTRY_HEADER_LEN + len as usize > b.len() {
+        return Probe::Invalid(Invalid::BadLength(len));
+    }
+    let payload = &b[ENTRY_HEADER_LEN..ENTRY_HEADER_LEN + len as usize];
+    if entry_crc(seq, h, payload) != u32_at(h, 0) {
+        return Probe::Invalid(Invalid::Checksum);
+    }
+    // The padding is not checksummed but must be zero, so that no bit of an
+    // entry can change unnoticed.
+    let padded = (entry_len(len as usize) as usize).min(b.len());
+    if b[ENTRY_HEADER_LEN + len as usize..padded].iter().any(|&x| x != 0) {
+        return Probe::Invalid(Invalid::Checksum);
+    }
+    Probe::Entry(EntryHeader {
+        lsn,
+        len,
+        epoch_first_lsn: lsn - u64::from(back),
+        kind,
+    })
+}
+
+/// A decoded footer header, checksum verified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FooterHeader {
+    /// Payload length in bytes.
+    pub len: u32,
+    /// LSN of the segment's first entry.
+    pub first_lsn: u64,
+    /// LSN of the segment's last entry.
+    pub last_lsn: u64,
+}
+
+// Footer: { crc: u32 | len: u32 | seq: u64 | first_lsn: u64 | last_lsn: u64 | payload: [u8; len] }
+//   crc = CRC-32 of bytes 4..32 of the header and the payload
+/// Encodes a footer (header and payload) for segment `seq`.
+pub fn encode_footer(seq: u64, first_lsn: u64, last_lsn: u64, payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len()).expect("footer payload bounded by the segment size");
+    let mut b = Vec::with_capacity(FOOTER_HEADER_LEN + payload.len());
+    b.extend_from_slice(&[0; 4]);
+    b.extend_from_slice(&len.to_le_bytes());
+    b.extend_from_slice(&seq.to_le_bytes());
+    b.extend_from_slice(&first_lsn.to_le_bytes());
+    b.extend_from_slice(&last_lsn.to_le_bytes());
+    b.extend_from_slice(payload);
+    let crc = crc32fast::hash(&b[4..]);
+    b[0..4].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// Decodes the footer at the start of `b` for segment `seq`, answering its
+/// header; the payload is `b[FOOTER_HEADER_LEN..][..len]`.
+pub fn decode_footer(b: &[u8], seq: u64) -> Option<FooterHeader> {
+    if b.len() < FOOTER_HEADER_LEN {
+        return None;
+    }
+    let len = u32_at(b, 4);
+    let end = FOOTER_HEADER_LEN.checked_add(len as usize)?;
+    if end > b.len() || u64_at(b, 8) != seq {
+        return None;
+    }
+    if crc32fast::hash(&b[4..end]) != u32_at(b, 0) {
+        return None;
+    }
+    Some(FooterHeader {
+        len,
+        first_lsn: u64_at(b, 16),
+        last_lsn: u64_at(b, 24),
+    })
+}
+
+/// Where a sealed segment's footer is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Trailer {
+    /// Position of the footer in the file.
+    pub footer_pos: u64,
+    /// Length of the footer, header included.
+    pub footer_len: u32,
+}
+
+// Trailer: { magic: [u8; 8] | seq: u64 | footer_pos: u64 | footer_len: u32 | crc: u32 }
+//   the last 32 bytes of a sealed segment; crc = CRC-32 of bytes 0..28
+/// Encodes the trailer of segment `seq`.
+pub fn encode_trailer(seq: u64, t: Trailer) -> [u8; TRAILER_LEN as usize] {
+    let mut b = [0u8; TRAILER_LEN as usize];
+    b[0..8].copy_from_slice(&TRAILER_MAGIC);
+    b[8..16].copy_from_slice(&seq.to_le_bytes());
+    b[16..24].copy_from_slice(&t.footer_pos.to_le_bytes());
+    b[24..28].copy_from_slice(&t.footer_len.to_le_bytes());
+    let crc = crc32fast::hash(&b[..28]);
+    b[28..32].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// Decodes a trailer of segment `seq`; `None` unless every field checks out.
+pub fn decode_trailer(b: &[u8], seq: u64) -> Option<Trailer> {
+    if b.len() != TRAILER_LEN as usize || b[0..8] != TRAILER_MAGIC || u64_at(b, 8) != seq {
+        return None;
+    }
+    if crc32fast::hash(&b[..28]) != u32_at(b, 28) {
+        return None;
+    }
+    Some(Trailer {
+        footer_pos: u64_at(b, 16),
+        footer_len: u32_at(b, 24),
+    })
+}
+
+/// The file name of segment `seq`: names sort in sequence order.
+pub fn segment_file_name(seq: u64) -> String {
+    format!("{seq:020}.wal")
+}
+
+/// The sequence number in a segment file name, if it is one.
+pub fn parse_segment_file_name(name: &str) -> Option<u64> {
+    let digits = name.strip_suffix(".wal")?;
+    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_round_trip_and_refusals() {
+        let h = encode_header(42);
+        assert_eq!(decode_header(&h), Ok(42));
+        assert_eq!(decode_header(&h[..63]), Err(HeaderError::Short));
+        let mut bad = h;
+        bad[0] ^= 1;
+        assert_eq!(decode_header(&bad), Err(HeaderError::BadMagic));
+        let mut v2 = h;
+        v2[8] = 2;
+        assert_eq!(decode_header(&v2), Err(HeaderError::UnknownVersion(2)));
+        let mut flipped = h;
+        flipped[17] ^= 4;
+        assert_eq!(decode_header(&flipped), Err(HeaderError::Checksum));
+    }
+
+    fn entry(seq: u64, lsn: u64, epoch: u64, payload: &[u8]) -> Vec<u8> {
+        let mut b = vec![0u8; entry_len(payload.len()) as usize];
+        b[ENTRY_HEADER_LEN..ENTRY_HEADER_LEN + payload.len()].copy_from_slice(payload);
+        let (h, p) = b.split_at_mut(ENTRY_HEADER_LEN);
+        encode_entry_header(h, seq, lsn, epoch, EntryKind::Record, &p[..payload.len()]);
+        b
+    }
+
+    #[test]
+    fn entry_round_trip() {
+        let b = entry(7, 10, 8, b"hello");
+        assert_eq!(b.len(), 32);
+        assert_eq!(
+            probe_entry(&b, 7, 1 << 20),
+            Probe::Entry(EntryHeader {
+                lsn: 10,
+                len: 5,
+                epoch_first_lsn: 8,
+                kind: EntryKind::Record
+            })
+        );
+    }
+
+    #[test]
+    fn entry_from_another_segment_is_refused() {
+        let b = entry(7, 10, 10, b"hello");
+        assert_eq!(
+            probe_entry(&b, 8, 1 << 20),
+            Probe::Invalid(Invalid::Checksum)
+        );
+    }
+
+    #[test]
+    fn every_single_bit_flip_is_detected() {
+        let b = entry(3, 99, 90, b"some payload bytes");
+        for byte in 0..b.len() {
+            for bit in 0..8 {
+                let mut d = b.clone();
+                d[byte] ^= 1 << bit;
+                assert!(
+                    !matches!(probe_entry(&d, 3, 1 << 20), Probe::Entry(_)),
+                    "flip of bit {bit} of byte {byte} went unnoticed"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn zeros_and_limits() {
+        assert_eq!(probe_entry(&[0u8; 64], 1, 100), Probe::Zeros);
+        assert_eq!(probe_entry(&[0u8; 3], 1, 100), Probe::Zeros);
+        let b = entry(1, 1, 1, &[9u8; 200]);
+        assert_eq!(
+            probe_entry(&b, 1, 100),
+            Probe::Invalid(Invalid::BadLength(200))
+        );
+        assert_eq!(
+            probe_entry(&b[..100], 1, 1000),
+            Probe::Invalid(Invalid::BadLength(200))
+        );
+    }
+
+    #[test]
+    fn footer_and_trailer_round_trip() {
+        let f = encode_footer(5, 100, 200, b"index");
+        let h = decode_footer(&f, 5).unwrap();
+        assert_eq!((h.len, h.first_lsn, h.last_lsn), (5, 100, 200));
+        assert!(decode_footer(&f, 6).is_none());
+        let mut d = f.clone();
+        d[FOOTER_HEADER_LEN] ^= 1;
+        assert!(decode_footer(&d, 5).is_none());
+
+        let t = Trailer {
+            footer_pos: 4096,
+            footer_len: 37,
+        };
+        let b = encode_trailer(5, t);
+        assert_eq!(decode_trailer(&b, 5), Some(t));
+        assert_eq!(decode_trailer(&b, 4), None);
+    }
+
+    #[test]
+    fn file_names_sort_and_parse() {
+        assert_eq!(segment_file_name(12), "00000000000000000012.wal");
+        assert_eq!(parse_segment_file_name("00000000000000000012.wal"), Some(12));
+        assert_eq!(parse_segment_file_name("12.wal"), None);
+        assert_eq!(parse_segment_file_name("0000000000000000001x.wal"), None);
+        assert!(segment_file_name(9) < segment_file_name(10));
+    }
+}

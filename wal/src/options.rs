@@ -1,0 +1,90 @@
+//! Configuration, checked once at open.
+
+use crate::error::WalError;
+use crate::format::{HEADER_LEN, TRAILER_LEN};
+
+/// What `open` does with damage it finds while recovering the log's tail.
+///
+/// Whatever the mode, an entry whose sync completed is never dropped
+/// silently: either open fails, or the [`RecoveryReport`](crate::RecoveryReport)
+/// says what was cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RecoveryMode {
+    /// Refuse to open on any damage, even a torn tail left by a power cut.
+    AbsoluteConsistency,
+    /// Cut a torn tail (entries of the last, never-acknowledged sync that
+    /// reached the disk partly); refuse to open on anything else. The default.
+    #[default]
+    TolerateTornTail,
+    /// Keep the valid prefix and cut at the first damage, even damage to
+    /// acknowledged entries. The damaged segment is copied aside first
+    /// (`<name>.damaged`), later segments are renamed to `<name>.damaged`,
+    /// and the report names what was cut.
+    Salvage,
+}
+
+/// Options of the write-ahead log. Every field documents its default.
+#[derive(Debug, Clone)]
+pub struct WalOptions {
+    /// Target size of a segment file in bytes; a segment is sealed once its
+    /// entries pass it. Default 64 MiB. At least 64 KiB.
+    pub segment_bytes: u64,
+    /// Largest payload of one entry in bytes. Default 16 MiB.
+    pub max_entry_bytes: u32,
+    /// Bytes queued for the next sync beyond which submitters wait for the
+    /// current sync to finish (backpressure). Default 4 MiB.
+    pub max_batch_bytes: u64,
+    /// Reserve each segment's space when creating it (`fallocate`), so that
+    /// syncs do not also journal a growing file size. Default true.
+    pub preallocate: bool,
+    /// What to do with damage found at open. Default
+    /// [`RecoveryMode::TolerateTornTail`].
+    pub recovery: RecoveryMode,
+}
+
+impl Default for WalOptions {
+    fn default() -> Self {
+        WalOptions {
+            segment_bytes: 64 << 20,
+            max_entry_bytes: 16 << 20,
+            max_batch_bytes: 4 << 20,
+            preallocate: true,
+            recovery: RecoveryMode::default(),
+        }
+    }
+}
+
+impl WalOptions {
+    /// Checks every option; `open` calls this.
+    pub fn validate(&self) -> Result<(), WalError> {
+        let invalid = |name, reason: String| Err(WalError::InvalidOptions { name, reason });
+        if self.segment_bytes < 64 << 10 {
+            return invalid(
+                "segment_bytes",
+                format!("{} is below the minimum of 65536", self.segment_bytes),
+            );
+        }
+        if self.segment_bytes > 1 << 40 {
+            return invalid(
+                "segment_bytes",
+                format!("{} is above the maximum of 2^40", self.segment_bytes),
+            );
+        }
+        if self.max_entry_bytes == 0 {
+            return invalid("max_entry_bytes", "must be at least 1".into());
+        }
+        if u64::from(self.max_entry_bytes) > self.segment_bytes - HEADER_LEN - TRAILER_LEN {
+            return invalid(
+                "max_entry_bytes",
+                format!(
+                    "{} does not fit in a segment of {} bytes",
+                    self.max_entry_bytes, self.segment_bytes
+                ),
+            );
+        }
+        if self.max_batch_bytes == 0 {
+            return invalid("max_batch_bytes", "must be at least 1".into());
+        }
+        Ok(())
+    }
+}

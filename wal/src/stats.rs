@@ -1,0 +1,165 @@
+//! Counters and histograms of the log, cheap enough for every sync.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+const BUCKETS: usize = 40;
+
+/// A histogram of `u64` values in power-of-two buckets: bucket 0 holds 0,
+/// bucket `i` holds values in `[2^(i-1), 2^i)`.
+#[derive(Debug)]
+pub struct Histogram {
+    buckets: [AtomicU64; BUCKETS],
+    count: AtomicU64,
+    sum: AtomicU64,
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram {
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+            count: AtomicU64::new(0),
+            sum: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Histogram {
+    /// Records one value.
+    pub fn record(&self, value: u64) {
+        let bucket = ((u64::BITS - value.leading_zeros()) as usize).min(BUCKETS - 1);
+        self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum.fetch_add(value, Ordering::Relaxed);
+    }
+
+    /// A consistent-enough copy for reporting.
+    pub fn snapshot(&self) -> HistogramSnapshot {
+        HistogramSnapshot {
+            buckets: std::array::from_fn(|i| self.buckets[i].load(Ordering::Relaxed)),
+            count: self.count.load(Ordering::Relaxed),
+            sum: self.sum.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A copy of a [`Histogram`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HistogramSnapshot {
+    /// Counts per power-of-two bucket (see [`Histogram`]).
+    pub buckets: [u64; BUCKETS],
+    /// Number of values recorded.
+    pub count: u64,
+    /// Sum of the values recorded.
+    pub sum: u64,
+}
+
+impl HistogramSnapshot {
+    /// The mean, or 0 when empty.
+    pub fn mean(&self) -> f64 {
+        if self.count == 0 {
+            0.0
+        } else {
+            self.sum as f64 / self.count as f64
+        }
+    }
+
+    /// An upper bound of the `q`-quantile (`0.0..=1.0`): the top of the
+    /// bucket that holds it.
+    pub fn quantile_upper_bound(&self, q: f64) -> u64 {
+        if self.count == 0 {
+            return 0;
+        }
+        let rank = ((q.clamp(0.0, 1.0) * self.count as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (i, &n) in self.buckets.iter().enumerate() {
+            seen += n;
+            if seen >= rank {
+                return if i == 0 { 0 } else { (1u64 << i) - 1 };
+            }
+        }
+        u64::MAX
+    }
+
+    /// Bucket upper bounds and cumulative counts, for Prometheus-style export.
+    pub fn cumulative(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let mut seen = 0;
+        self.buckets.iter().enumerate().map(move |(i, &n)| {
+            seen += n;
+            let upper = if i == 0 { 0 } else { (1u64 << i) - 1 };
+            (upper, seen)
+        })
+    }
+}
+
+/// Live counters of a log.
+#[derive(Debug, Default)]
+pub struct WalStats {
+    pub(crate) syncs: AtomicU64,
+    pub(crate) entries: AtomicU64,
+    pub(crate) bytes_written: AtomicU64,
+    pub(crate) segments_created: AtomicU64,
+    pub(crate) segments_sealed: AtomicU64,
+    pub(crate) segments_removed: AtomicU64,
+    pub(crate) sync_micros: Histogram,
+    pub(crate) batch_entries: Histogram,
+}
+
+/// A copy of a log's counters.
+#[derive(Debug, Clone)]
+pub struct WalStatsSnapshot {
+    /// Group commits completed (one write and one `fdatasync` each, plus the
+    /// syncs of a segment seal).
+    pub syncs: u64,
+    /// Entries made durable.
+    pub entries: u64,
+    /// Bytes written to segments (entries, footers, trailers, headers).
+    pub bytes_written: u64,
+    /// Segment files created.
+    pub segments_created: u64,
+    /// Segments sealed.
+    pub segments_sealed: u64,
+    /// Segments removed by garbage collection.
+    pub segments_removed: u64,
+    /// Latency of each group commit's write + sync, in microseconds.
+    pub sync_micros: HistogramSnapshot,
+    /// Entries per group commit.
+    pub batch_entries: HistogramSnapshot,
+}
+
+impl WalStats {
+    /// A copy of every counter.
+    pub fn snapshot(&self) -> WalStatsSnapshot {
+        WalStatsSnapshot {
+            syncs: self.syncs.load(Ordering::Relaxed),
+            entries: self.entries.load(Ordering::Relaxed),
+            bytes_written: self.bytes_written.load(Ordering::Relaxed),
+            segments_created: self.segments_created.load(Ordering::Relaxed),
+            segments_sealed: self.segments_sealed.load(Ordering::Relaxed),
+            segments_removed: self.segments_removed.load(Ordering::Relaxed),
+            sync_micros: self.sync_micros.snapshot(),
+            batch_entries: self.batch_entries.snapshot(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_and_quantiles() {
+        let h = Histogram::default();
+        for v in [0, 1, 2, 3, 100, 1000] {
+            h.record(v);
+        }
+        let s = h.snapshot();
+        assert_eq!(s.count, 6);
+        assert_eq!(s.sum, 1106);
+        assert_eq!(s.buckets[0], 1);
+        assert_eq!(s.buckets[1], 1);
+        assert_eq!(s.buckets[2], 2);
+        assert_eq!(s.quantile_upper_bound(0.5), 3);
+        assert_eq!(s.quantile_upper_bound(1.0), 1023);
+        assert_eq!(s.cumulative().last(), Some(((1u64 << 39) - 1, 6)));
+    }
+}

@@ -1,0 +1,87 @@
+//! The storage backend: every byte the log reads or writes goes through here.
+//!
+//! Two backends implement it: [`FsStorage`] (real files, real `fdatasync`,
+//! read-only memory maps) and [`SimStorage`] (an in-memory file system that
+//! keeps what was written apart from what was synced, so a test can produce
+//! the image a power cut would leave and inject I/O errors).
+//!
+//! The trait is deliberately small, after redb's `StorageBackend`: the log
+//! needs positional reads and writes, `set_len`, preallocation, `sync_data`,
+//! directory listing and syncing, and a read-only view of a file's prefix.
+
+mod fs;
+mod sim;
+
+use std::io;
+use std::path::Path;
+
+use bytes::Bytes;
+
+pub use fs::FsStorage;
+pub use sim::{CrashMode, Faults, SimStorage};
+
+/// A directory of files, as the log sees it.
+///
+/// Paths handed to these methods are always a directory given at open time
+/// joined with a plain file name; backends need not support anything else.
+pub trait Storage: Send + Sync + 'static {
+    /// Creates `dir` and its parents if missing.
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
+
+    /// Names of the regular files directly in `dir`, in no particular order.
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>>;
+
+    /// Opens an existing file for reading and writing.
+    fn open(&self, path: &Path) -> io::Result<Box<dyn StorageFile>>;
+
+    /// Creates a new, empty file; fails if it exists.
+    fn create_new(&self, path: &Path) -> io::Result<Box<dyn StorageFile>>;
+
+    /// Removes a file. The removal is durable only after [`Storage::sync_dir`].
+    fn remove(&self, path: &Path) -> io::Result<()>;
+
+    /// Atomically renames a file, replacing `to` if it exists. Durable only
+    /// after [`Storage::sync_dir`].
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+
+    /// Makes the directory's entries (creations, removals, renames) durable.
+    fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+
+    /// Takes an exclusive lock on `dir` for this process, held until the
+    /// returned guard is dropped. Fails with [`io::ErrorKind::WouldBlock`]
+    /// when another holder has it.
+    fn lock_dir(&self, dir: &Path) -> io::Result<Box<dyn DirLock>>;
+}
+
+/// An exclusive lock on a data directory; released on drop.
+pub trait DirLock: Send + Sync {}
+
+/// One open file.
+pub trait StorageFile: Send + Sync {
+    /// The file's current length in bytes.
+    fn len(&self) -> io::Result<u64>;
+
+    /// Fills `buf` from position `pos`; an error if the file ends first.
+    fn read_exact_at(&self, buf: &mut [u8], pos: u64) -> io::Result<()>;
+
+    /// Writes all of `buf` at position `pos`, extending the file if needed.
+    fn write_all_at(&self, buf: &[u8], pos: u64) -> io::Result<()>;
+
+    /// Sets the file's length, truncating or extending with zeros.
+    fn set_len(&self, len: u64) -> io::Result<()>;
+
+    /// Reserves space so that writes below `len` never need to grow the file.
+    /// The file's length becomes at least `len`; the new bytes read as zeros.
+    fn preallocate(&self, len: u64) -> io::Result<()>;
+
+    /// `fdatasync`: makes written data and the length durable.
+    fn sync_data(&self) -> io::Result<()>;
+
+    /// A read-only view of bytes `[0, len)` that lives as long as the
+    /// returned [`Bytes`] (or any slice of it), even after the file is closed
+    /// or removed. Real files hand out a memory map, so slicing never copies.
+    ///
+    /// The caller promises that `[0, len)` will never be truncated or written
+    /// again: a truncated mapping faults the process.
+    fn map_readonly(&self, len: u64) -> io::Result<Bytes>;
+}

@@ -1,0 +1,594 @@
+//! A crash-simulating, fault-injecting in-memory file system.
+//!
+//! Each file keeps two images: what the process sees (every write) and what
+//! would survive a power cut (only what `sync_data` made durable). Directory
+//! entries are likewise durable only after `sync_dir`. [`SimStorage::cut_power`]
+//! freezes the old instance (every later call fails, as on a dead machine) and
+//! returns the image the disk would hold afterwards, per [`CrashMode`].
+//!
+//! This is how a missing fsync is caught: a SIGKILL test alone cannot catch
+//! it, because the page cache outlives a killed process.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+
+use super::{DirLock, Storage, StorageFile};
+
+/// What a power cut leaves of writes that were not synced yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CrashMode {
+    /// Everything written survives, synced or not, with every directory
+    /// change: what a killed process (not a dead machine) leaves behind.
+    ProcessCrash,
+    /// Only synced data and synced directory entries survive.
+    LoseUnsynced,
+    /// Synced data survives, plus an arbitrary subset of the 512-byte sectors
+    /// of unsynced writes, chosen by the seed: the page cache writes back
+    /// dirty pages in any order, so a batch can reach the disk with holes.
+    Torn {
+        /// Chooses which sectors survive; the same seed gives the same image.
+        seed: u64,
+    },
+}
+
+/// Faults to inject, shared by a [`SimStorage`] and all its files.
+///
+/// Counters count down on each call of that kind; the call that finds the
+/// counter at zero fails (once), and the counter then disarms.
+#[derive(Debug)]
+pub struct Faults {
+    fail_sync_in: AtomicU64,
+    fail_write_in: AtomicU64,
+    syncs: AtomicU64,
+    writes: AtomicU64,
+}
+
+const DISARMED: u64 = u64::MAX;
+
+impl Default for Faults {
+    fn default() -> Self {
+        Faults {
+            fail_sync_in: AtomicU64::new(DISARMED),
+            fail_write_in: AtomicU64::new(DISARMED),
+            syncs: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Faults {
+    /// The `n`-th next `sync_data` (0 = the very next) fails with EIO and,
+    /// like Linux after a failed fsync, forgets the writes it should have
+    /// made durable.
+    pub fn fail_sync_after(&self, n: u64) {
+        self.fail_sync_in.store(n, Ordering::SeqCst);
+    }
+
+    /// The `n`-th next write (0 = the very next) fails with EIO and writes
+    /// nothing.
+    pub fn fail_write_after(&self, n: u64) {
+        self.fail_write_in.store(n, Ordering::SeqCst);
+    }
+
+    /// Disarms every pending fault.
+    pub fn clear(&self) {
+        self.fail_sync_in.store(DISARMED, Ordering::SeqCst);
+        self.fail_write_in.store(DISARMED, Ordering::SeqCst);
+    }
+
+    /// `sync_data` calls so far (failed ones included).
+    pub fn syncs(&self) -> u64 {
+        self.syncs.load(Ordering::SeqCst)
+    }
+
+    /// Writes so far (failed ones included).
+    pub fn writes(&self) -> u64 {
+        self.writes.load(Ordering::SeqCst)
+    }
+
+    fn trip(counter: &AtomicU64) -> bool {
+        let mut current = counter.load(Ordering::SeqCst);
+        loop {
+            if current == DISARMED {
+                return false;
+            }
+            let next = if current == 0 { DISARMED } else { current - 1 };
+            match counter.compare_exchange(current, next, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => return current == 0,
+                Err(seen) => current = seen,
+            }
+        }
+    }
+}
+
+/// The crash-simulating storage backend. Cloning shares the same file system.
+///
+/// # Examples
+///
+/// ```
+/// use fencelog_wal::{CrashMode, SimStorage, Storage};
+/// use std::path::Path;
+/// let sim = SimStorage::new();
+/// let dir = Path::new("/data");
+/// sim.create_dir_all(dir).unwrap();
+/// let f = sim.create_new(&dir.join("a")).unwrap();
+/// f.write_all_at(b"synced", 0).unwrap();
+/// f.sync_data().unwrap();
+/// sim.sync_dir(dir).unwrap();
+/// f.write_all_at(b"lost", 6).unwrap();
+///
+/// let after = sim.cut_power(CrashMode::LoseUnsynced);
+/// let f = after.open(&dir.join("a")).unwrap();
+/// assert_eq!(f.len().unwrap(), 6);
+/// ```
+#[derive(Clone, Default)]
+pub struct SimStorage {
+    fs: Arc<Mutex<SimFs>>,
+    faults: Arc<Faults>,
+}
+
+#[derive(Default)]
+struct SimFs {
+    /// Set by a power cut: this instance is the dead machine.
+    dead: bool,
+    inodes: HashMap<u64, Arc<Mutex<Inode>>>,
+    names: BTreeMap<PathBuf, u64>,
+    durable_names: BTreeMap<PathBuf, u64>,
+    dirs: Vec<PathBuf>,
+    locked: Vec<PathBuf>,
+    next_inode: u64,
+    /// Mutating calls so far, and the armed power cut (at that count).
+    mutations: u64,
+    cut_at: Option<(u64, CrashMode)>,
+    /// The disk's image once an armed power cut happened.
+    image: Option<SimStorage>,
+}
+
+#[derive(Default, Clone)]
+struct Inode {
+    data: Vec<u8>,
+    durable: Vec<u8>,
+    /// Writes since the last sync, in order: (position, bytes).
+    unsynced: Vec<(u64, Vec<u8>)>,
+}
+
+fn dead() -> io::Error {
+    io::Error::other("simulated power loss: the machine is off")
+}
+
+fn eio(what: &str) -> io::Error {
+    io::Error::other(format!("simulated I/O error on {what}"))
+}
+
+fn not_found(path: &Path) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::NotFound,
+        format!("{} does not exist", path.display()),
+    )
+}
+
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+const SECTOR: u64 = 512;
+
+fn write_into(image: &mut Vec<u8>, pos: u64, bytes: &[u8]) {
+    let Ok(start) = usize::try_from(pos) else {
+        return;
+    };
+    let end = start + bytes.len();
+    if image.len() < end {
+        image.resize(end, 0);
+    }
+    image[start..end].copy_from_slice(bytes);
+}
+
+impl SimStorage {
+    /// An empty file system with no faults armed.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The fault switches of this file system.
+    pub fn faults(&self) -> &Faults {
+        &self.faults
+    }
+
+    /// Cuts the power: this instance (and every file opened through it) fails
+    /// every later call, and the returned instance holds what the disk would
+    /// hold, per `mode`. The new instance has fresh faults and no locks.
+    pub fn cut_power(&self, mode: CrashMode) -> SimStorage {
+        let mut fs = self.fs.lock();
+        fs.dead = true;
+        fs.image_after(mode)
+    }
+
+    /// Arms a power cut at the `n`-th next mutating call (write, sync,
+    /// set_len, create, rename, remove, directory sync; 0 = the very next):
+    /// that call fails as if the machine died before it, and so does every
+    /// later one. [`SimStorage::image`] then answers the disk's image.
+    pub fn cut_power_after(&self, n: u64, mode: CrashMode) {
+        let mut fs = self.fs.lock();
+        fs.cut_at = Some((fs.mutations + n, mode));
+    }
+
+    /// The disk's image after a power cut armed by
+    /// [`SimStorage::cut_power_after`], once it happened.
+    pub fn image(&self) -> Option<SimStorage> {
+        self.fs.lock().image.clone()
+    }
+
+    /// Flips bit `bit` (0..8) of byte `pos` of `path` in both the visible
+    /// and the durable image: damage at rest, as a bad disk would do it.
+    pub fn flip_bit(&self, path: &Path, pos: u64, bit: u8) -> io::Result<()> {
+        let fs = self.fs.lock();
+        let ino = *fs.names.get(path).ok_or_else(|| not_found(path))?;
+        let inode = fs.inodes.get(&ino).ok_or_else(|| not_found(path))?;
+        let mut guard = inode.lock();
+        let inode = &mut *guard;
+        let idx = usize::try_from(pos).map_err(|_| io::Error::other("position too large"))?;
+        let mask = 1u8 << (bit % 8);
+        for image in [&mut inode.data, &mut inode.durable] {
+            if let Some(b) = image.get_mut(idx) {
+                *b ^= mask;
+            }
+        }
+        Ok(())
+    }
+
+    /// The bytes the process currently sees in `path`.
+    pub fn contents(&self, path: &Path) -> io::Result<Vec<u8>> {
+        let fs = self.fs.lock();
+        let ino = *fs.names.get(path).ok_or_else(|| not_found(path))?;
+        let inode = fs.inodes.get(&ino).ok_or_else(|| not_found(path))?;
+        Ok(inode.lock().data.clone())
+    }
+
+    fn file(&self, inode: Arc<Mutex<Inode>>) -> Box<dyn StorageFile> {
+        Box::new(SimFile {
+            fs: Arc::clone(&self.fs),
+            faults: Arc::clone(&self.faults),
+            inode,
+        })
+    }
+}
+
+impl SimFs {
+    /// Counts a mutating call, cutting the power first if it is the one
+    /// armed; an error if the machine is (now) off.
+    fn mutate(&mut self) -> io::Result<()> {
+        if self.dead {
+            return Err(dead());
+        }
+        if let Some((at, mode)) = self.cut_at
+            && self.mutations >= at
+        {
+            self.dead = true;
+            self.image = Some(self.image_after(mode));
+            return Err(dead());
+        }
+        self.mutations += 1;
+        Ok(())
+    }
+
+    fn image_after(&self, mode: CrashMode) -> SimStorage {
+        let mut rng = SplitMix(match mode {
+            CrashMode::Torn { seed } => seed,
+            _ => 0,
+        });
+        let names = match mode {
+            CrashMode::ProcessCrash => self.names.clone(),
+            _ => self.durable_names.clone(),
+        };
+        let mut inodes = HashMap::new();
+        for &ino in names.values() {
+            if inodes.contains_key(&ino) {
+                continue;
+            }
+            let Some(inode) = self.inodes.get(&ino) else {
+                continue;
+            };
+            let inode = inode.lock();
+            let image = match mode {
+                CrashMode::ProcessCrash => inode.data.clone(),
+                CrashMode::LoseUnsynced => inode.durable.clone(),
+                CrashMode::Torn { .. } => {
+                    let mut image = inode.durable.clone();
+                    for (pos, bytes) in &inode.unsynced {
+                        let end = pos + bytes.len() as u64;
+                        let mut sector_start = *pos;
+                        while sector_start < end {
+                            let sector_end = ((sector_start / SECTOR) + 1) * SECTOR;
+                            let piece_end = sector_end.min(end);
+                            if rng.next() % 2 == 0 {
+                                let from = (sector_start - pos) as usize;
+                                let to = (piece_end - pos) as usize;
+                                write_into(&mut image, sector_start, &bytes[from..to]);
+                            }
+                            sector_start = piece_end;
+                        }
+                    }
+                    image
+                }
+            };
+            inodes.insert(
+                ino,
+                Arc::new(Mutex::new(Inode {
+                    data: image.clone(),
+                    durable: image,
+                    unsynced: Vec::new(),
+                })),
+            );
+        }
+        let after = SimFs {
+            inodes,
+            names: names.clone(),
+            durable_names: names,
+            dirs: self.dirs.clone(),
+            next_inode: self.next_inode,
+            ..SimFs::default()
+        };
+        SimStorage {
+            fs: Arc::new(Mutex::new(after)),
+            faults: Arc::new(Faults::default()),
+        }
+    }
+}
+
+impl Storage for SimStorage {
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        let mut fs = self.fs.lock();
+        if fs.dead {
+            return Err(dead());
+        }
+        if !fs.dirs.iter().any(|d| d == dir) {
+            fs.dirs.push(dir.to_path_buf());
+        }
+        Ok(())
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let fs = self.fs.lock();
+        if fs.dead {
+            return Err(dead());
+        }
+        if !fs.dirs.iter().any(|d| d == dir) {
+            return Err(not_found(dir));
+        }
+        Ok(fs
+            .names
+            .keys()
+            .filter(|p| p.parent() == Some(dir))
+            .filter_map(|p| p.file_name()?.to_str().map(str::to_owned))
+            .collect())
+    }
+
+    fn open(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
+        let fs = self.fs.lock();
+        if fs.dead {
+            return Err(dead());
+        }
+        let ino = *fs.names.get(path).ok_or_else(|| not_found(path))?;
+        let inode = Arc::clone(fs.inodes.get(&ino).ok_or_else(|| not_found(path))?);
+        drop(fs);
+        Ok(self.file(inode))
+    }
+
+    fn create_new(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
+        let mut fs = self.fs.lock();
+        fs.mutate()?;
+        let parent_exists = path
+            .parent()
+            .is_some_and(|parent| fs.dirs.iter().any(|d| d == parent));
+        if !parent_exists {
+            return Err(not_found(path));
+        }
+        if fs.names.contains_key(path) {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{} exists", path.display()),
+            ));
+        }
+        fs.next_inode += 1;
+        let ino = fs.next_inode;
+        let inode = Arc::new(Mutex::new(Inode::default()));
+        fs.inodes.insert(ino, Arc::clone(&inode));
+        fs.names.insert(path.to_path_buf(), ino);
+        drop(fs);
+        Ok(self.file(inode))
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        let mut fs = self.fs.lock();
+        fs.mutate()?;
+        fs.names.remove(path).ok_or_else(|| not_found(path))?;
+        Ok(())
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let mut fs = self.fs.lock();
+        fs.mutate()?;
+        let ino = fs.names.remove(from).ok_or_else(|| not_found(from))?;
+        fs.names.insert(to.to_path_buf(), ino);
+        Ok(())
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        let mut fs = self.fs.lock();
+        fs.mutate()?;
+        if Faults::trip(&self.faults.fail_sync_in) {
+            return Err(eio("directory sync"));
+        }
+        let SimFs {
+            names,
+            durable_names,
+            ..
+        } = &mut *fs;
+        durable_names.retain(|p, _| p.parent() != Some(dir));
+        for (p, ino) in names.iter() {
+            if p.parent() == Some(dir) {
+                durable_names.insert(p.clone(), *ino);
+            }
+        }
+        Ok(())
+    }
+
+    fn lock_dir(&self, dir: &Path) -> io::Result<Box<dyn DirLock>> {
+        let mut fs = self.fs.lock();
+        if fs.dead {
+            return Err(dead());
+        }
+        if fs.locked.iter().any(|d| d == dir) {
+            return Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                "the directory is locked by another holder",
+            ));
+        }
+        fs.locked.push(dir.to_path_buf());
+        Ok(Box::new(SimLock {
+            fs: Arc::clone(&self.fs),
+            dir: dir.to_path_buf(),
+        }))
+    }
+}
+
+struct SimLock {
+    fs: Arc<Mutex<SimFs>>,
+    dir: PathBuf,
+}
+
+impl DirLock for SimLock {}
+
+impl Drop for SimLock {
+    fn drop(&mut self) {
+        self.fs.lock().locked.retain(|d| d != &self.dir);
+    }
+}
+
+struct SimFile {
+    fs: Arc<Mutex<SimFs>>,
+    faults: Arc<Faults>,
+    inode: Arc<Mutex<Inode>>,
+}
+
+impl SimFile {
+    fn alive(&self) -> io::Result<()> {
+        if self.fs.lock().dead {
+            Err(dead())
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl StorageFile for SimFile {
+    fn len(&self) -> io::Result<u64> {
+        self.alive()?;
+        Ok(self.inode.lock().data.len() as u64)
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], pos: u64) -> io::Result<()> {
+        self.alive()?;
+        let inode = self.inode.lock();
+        let start = usize::try_from(pos).map_err(|_| io::Error::other("position too large"))?;
+        let end = start
+            .checked_add(buf.len())
+            .filter(|&end| end <= inode.data.len())
+            .ok_or_else(|| {
+                io::Error::new(io::ErrorKind::UnexpectedEof, "read past the end of file")
+            })?;
+        buf.copy_from_slice(&inode.data[start..end]);
+        Ok(())
+    }
+
+    fn write_all_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
+        // Hold the file-system lock across the write so that a power cut is
+        // atomic with respect to it: the write is either before or after.
+        let mut fs = self.fs.lock();
+        fs.mutate()?;
+        self.faults.writes.fetch_add(1, Ordering::SeqCst);
+        if Faults::trip(&self.faults.fail_write_in) {
+            return Err(eio("write"));
+        }
+        let mut inode = self.inode.lock();
+        write_into(&mut inode.data, pos, buf);
+        inode.unsynced.push((pos, buf.to_vec()));
+        drop(fs);
+        Ok(())
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        let mut fs = self.fs.lock();
+        fs.mutate()?;
+        let len = usize::try_from(len).map_err(|_| io::Error::other("length too large"))?;
+        let mut inode = self.inode.lock();
+        inode.data.resize(len, 0);
+        // Unsynced writes beyond the new end can no longer reach the disk.
+        let len64 = len as u64;
+        inode.unsynced.retain(|(pos, _)| *pos < len64);
+        for (pos, bytes) in inode.unsynced.iter_mut() {
+            let keep = (len64 - *pos).min(bytes.len() as u64) as usize;
+            bytes.truncate(keep);
+        }
+        drop(fs);
+        Ok(())
+    }
+
+    fn preallocate(&self, len: u64) -> io::Result<()> {
+        if self.len()? < len {
+            self.set_len(len)?;
+        }
+        Ok(())
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        let mut fs = self.fs.lock();
+        fs.mutate()?;
+        self.faults.syncs.fetch_add(1, Ordering::SeqCst);
+        let mut inode = self.inode.lock();
+        if Faults::trip(&self.faults.fail_sync_in) {
+            // Linux marks the pages clean after a failed writeback: the data
+            // never reaches the disk, and a retried fsync reports success.
+            inode.unsynced.clear();
+            return Err(eio("fdatasync"));
+        }
+        // Apply only what was written since the last sync: a sync costs what
+        // it writes, not the file's size.
+        let Inode {
+            data,
+            durable,
+            unsynced,
+        } = &mut *inode;
+        for (pos, bytes) in unsynced.drain(..) {
+            write_into(durable, pos, &bytes);
+        }
+        durable.resize(data.len(), 0);
+        drop(fs);
+        Ok(())
+    }
+
+    fn map_readonly(&self, len: u64) -> io::Result<Bytes> {
+        self.alive()?;
+        let inode = self.inode.lock();
+        let end = usize::try_from(len)
+            .ok()
+            .filter(|&end| end <= inode.data.len())
+            .ok_or_else(|| io::Error::new(io::ErrorKind::UnexpectedEof, "map past the end"))?;
+        Ok(Bytes::copy_from_slice(&inode.data[..end]))
+    }
+}

@@ -1,0 +1,232 @@
+//! Offline verification of every segment, for `fencelog verify` and `dump`.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::WalError;
+use crate::format::{self, EntryKind, HEADER_LEN, Probe};
+use crate::recovery::first_valid_after;
+use crate::segment;
+use crate::storage::Storage;
+
+/// What verification found in one segment.
+#[derive(Debug, Clone)]
+pub struct SegmentReport {
+    /// The segment's sequence number.
+    pub seq: u64,
+    /// Its file.
+    pub path: PathBuf,
+    /// Its length in bytes.
+    pub len: u64,
+    /// Whether it carries a valid footer and trailer.
+    pub sealed: bool,
+    /// Valid entries read.
+    pub entries: u64,
+    /// LSN of its first valid entry.
+    pub first_lsn: Option<u64>,
+    /// LSN of its last valid entry.
+    pub last_lsn: Option<u64>,
+    /// Damage: the byte position and what is wrong there.
+    pub damage: Option<(u64, String)>,
+    /// A torn tail (an unfinished last sync): where it starts.
+    pub torn_tail_at: Option<u64>,
+}
+
+/// What verification found in a whole log.
+#[derive(Debug, Clone, Default)]
+pub struct VerifyReport {
+    /// One report per segment, oldest first.
+    pub segments: Vec<SegmentReport>,
+    /// Valid entries in all segments.
+    pub entries: u64,
+    /// Bytes of all segment files.
+    pub bytes: u64,
+}
+
+impl VerifyReport {
+    /// Whether any segment is damaged (a torn tail is not damage).
+    pub fn is_damaged(&self) -> bool {
+        self.segments.iter().any(|s| s.damage.is_some())
+    }
+}
+
+/// One valid entry, as verification visits it.
+#[derive(Debug)]
+pub struct VerifiedEntry<'a> {
+    /// The segment it is in.
+    pub segment: u64,
+    /// Its byte position there.
+    pub position: u64,
+    /// Its log sequence number.
+    pub lsn: u64,
+    /// What it is for.
+    pub kind: EntryKind,
+    /// Its payload.
+    pub payload: &'a [u8],
+}
+
+/// Reads every segment of the log in `dir` and checks every entry, footer
+/// and trailer, calling `on_entry` for each valid entry in log order and
+/// `on_progress(bytes_done, bytes_total)` as it goes.
+///
+/// Takes the directory's lock: a log in use by another process is refused.
+pub fn verify(
+    storage: &dyn Storage,
+    dir: &Path,
+    mut on_entry: impl FnMut(&VerifiedEntry<'_>),
+    mut on_progress: impl FnMut(u64, u64),
+) -> Result<VerifyReport, WalError> {
+    let _lock = storage.lock_dir(dir).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::WouldBlock {
+            WalError::Locked {
+                dir: dir.to_path_buf(),
+            }
+        } else {
+            WalError::io("lock", dir.join("LOCK"), e)
+        }
+    })?;
+    let mut seqs: Vec<u64> = storage
+        .list(dir)
+        .map_err(|e| WalError::io("list", dir, e))?
+        .iter()
+        .filter_map(|n| format::parse_segment_file_name(n))
+        .collect();
+    seqs.sort_unstable();
+
+    let mut files = Vec::new();
+    let mut total = 0;
+    for &seq in &seqs {
+        let path = dir.join(format::segment_file_name(seq));
+        let file = storage
+            .open(&path)
+            .map_err(|e| WalError::io("open", &path, e))?;
+        let len = file.len().map_err(|e| WalError::io("stat", &path, e))?;
+        total += len;
+        files.push((seq, path, file, len));
+    }
+
+    let mut report = VerifyReport {
+        bytes: total,
+        ..VerifyReport::default()
+    };
+    let mut done = 0;
+    let mut expected: Option<u64> = None;
+    let count = files.len();
+    for (index, (seq, path, file, len)) in files.into_iter().enumerate() {
+        let mut seg = SegmentReport {
+            seq,
+            path: path.clone(),
+            len,
+            sealed: false,
+            entries: 0,
+            first_lsn: None,
+            last_lsn: None,
+            damage: None,
+            torn_tail_at: None,
+        };
+        if let Err(e) = segment::check_header(file.as_ref(), &path, seq) {
+            if let WalError::UnknownVersion { .. } = e {
+                return Err(e);
+            }
+            seg.damage = Some((0, e.to_string()));
+            report.segments.push(seg);
+            continue;
+        }
+        let sealed = match segment::load_sealed(file.as_ref(), &path, seq, len) {
+            Ok(v) => v,
+            Err(e) => {
+                seg.damage = Some((len.saturating_sub(format::TRAILER_LEN), e.to_string()));
+                None
+            }
+        };
+        seg.sealed = sealed.is_some();
+        let data = file
+            .map_readonly(len)
+            .map_err(|e| WalError::io("mmap", &path, e))?;
+        let end = sealed.as_ref().map_or(len, |v| v.footer_pos);
+        let mut pos = HEADER_LEN;
+        let mut stop: Option<(u64, String)> = None;
+        while pos < end {
+            match format::probe_entry(&data[pos as usize..end as usize], seq, u32::MAX) {
+                // A segment's first entry may skip LSNs: the segments between
+                // were removed once nothing in them was needed.
+                Probe::Entry(h) if expected.is_none_or(|e| h.lsn == e) || pos == HEADER_LEN => {
+                    let start = pos as usize + format::ENTRY_HEADER_LEN;
+                    on_entry(&VerifiedEntry {
+                        segment: seq,
+                        position: pos,
+                        lsn: h.lsn,
+                        kind: h.kind,
+                        payload: &data[start..start + h.len as usize],
+                    });
+                    seg.entries += 1;
+                    seg.first_lsn.get_or_insert(h.lsn);
+                    seg.last_lsn = Some(h.lsn);
+                    expected = Some(h.lsn + 1);
+                    pos += h.encoded_len();
+                }
+                Probe::Zeros => {
+                    stop = Some((pos, "zeros".into()));
+                    break;
+                }
+                Probe::Entry(h) => {
+                    stop = Some((
+                        pos,
+                        format!(
+                            "an entry with LSN {} where LSN {} was expected",
+                            h.lsn,
+                            expected.unwrap_or(0)
+                        ),
+                    ));
+                    break;
+                }
+                Probe::Invalid(why) => {
+                    stop = Some((pos, format!("an invalid entry ({why:?})")));
+                    break;
+                }
+            }
+        }
+        let last = index + 1 == count;
+        if let Some(view) = &sealed
+            && (seg.first_lsn, seg.last_lsn) != (Some(view.first_lsn), Some(view.last_lsn))
+            && seg.damage.is_none()
+        {
+            seg.damage = Some((
+                view.footer_pos,
+                format!(
+                    "the footer says LSNs {}..={}, the entries hold {:?}..={:?}",
+                    view.first_lsn, view.last_lsn, seg.first_lsn, seg.last_lsn
+                ),
+            ));
+        }
+        if let Some((at, what)) = stop {
+            if seg.sealed {
+                seg.damage.get_or_insert((at, format!("{what} inside a sealed segment")));
+            } else {
+                let exp = expected.unwrap_or(1);
+                let (found, nonzero) = first_valid_after(&data, seq, at + 8, len, exp);
+                match found {
+                    Some((p, h)) if h.epoch_first_lsn > exp => {
+                        seg.damage = Some((
+                            at,
+                            format!(
+                                "{what}, yet a valid entry (LSN {}) of a later sync follows at byte {p}",
+                                h.lsn
+                            ),
+                        ));
+                    }
+                    Some(_) => seg.torn_tail_at = Some(at),
+                    None if nonzero || what != "zeros" => seg.torn_tail_at = Some(at),
+                    None => {}
+                }
+                if !last && seg.damage.is_none() {
+                    seg.damage = Some((at, "a segment before the last one is not sealed".into()));
+                }
+            }
+        }
+        report.entries += seg.entries;
+        done += len;
+        on_progress(done, total);
+        report.segments.push(seg);
+    }
+    Ok(report)
+}

@@ -1,0 +1,1059 @@
+//! The write-ahead log: a serialized section where the caller decides and
+//! encodes, and a sync thread that writes and syncs whole batches.
+//!
+//! ```text
+//!  submitters (threads, tasks)           sync thread
+//!  ───────────────────────────           ───────────
+//!  lock ─ decide ─ encode into pending   wait for pending
+//!  unlock, wait on the batch's ticket    take pending (one swap under the lock)
+//!                                        write it, fdatasync once
+//!                                        apply effects, advance durable LSN
+//!                                        complete the batch: wake its waiters
+//! ```
+//!
+//! Decisions happen in queue order inside the lock, before encoding, and
+//! never wait for a sync: while one batch is being synced the next one fills
+//! up. Order in the file is order of decision.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+use std::time::Instant;
+use std::{io, mem};
+
+use bytes::Bytes;
+use event_listener::{Event, Listener};
+use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
+
+use crate::error::WalError;
+use crate::format::{
+    self, ENTRY_HEADER_LEN, EntryKind, FOOTER_HEADER_LEN, HEADER_LEN, TRAILER_LEN, Trailer,
+};
+use crate::options::WalOptions;
+use crate::recovery::{self, RecoveryReport, Scanned, Tail};
+use crate::segment::{self, Entry, SegmentHandle};
+use crate::stats::{WalStats, WalStatsSnapshot};
+use crate::storage::{DirLock, Storage, StorageFile};
+use crate::ticket::{Batch, Ticket};
+
+/// The state of the layer above, kept inside the log's serialized section.
+///
+/// The log calls these while holding its lock, in entry order, so what they
+/// produce is consistent with the entries around them.
+pub trait Sequencer: Send + 'static {
+    /// Work to do once the entries of a batch are durable (on the sync
+    /// thread, before any waiter of that batch wakes).
+    type Effect: Durable;
+
+    /// The checkpoint that opens segment `segment`: everything recovery
+    /// needs to rebuild the state as of this point. Recovery replays from the
+    /// newest checkpoint that is intact.
+    fn checkpoint(&mut self, segment: u64) -> Vec<u8>;
+
+    /// The footer payload of segment `segment`, sealed now: its last entry
+    /// has been appended.
+    fn seal(&mut self, segment: u64) -> Vec<u8>;
+
+    /// How many bytes the next footer will take, so that segments are sealed
+    /// before it overflows them. The default, 0, lets the footer grow the
+    /// file past `segment_bytes`.
+    fn seal_len_hint(&self) -> u64 {
+        0
+    }
+}
+
+/// An effect of a batch, applied once the batch is durable.
+pub trait Durable: Send + 'static {
+    /// Called exactly once, on the sync thread, after the sync returned.
+    fn durable(self);
+}
+
+impl Durable for () {
+    fn durable(self) {}
+}
+
+/// Where an appended entry landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    /// The entry's log sequence number.
+    pub lsn: u64,
+    /// The segment it is in.
+    pub segment: u64,
+    /// Its byte position in that segment.
+    pub position: u64,
+}
+
+/// An entry handed to the layer above during recovery, in log order.
+pub struct ReplayEntry {
+    /// Its log sequence number.
+    pub lsn: u64,
+    /// What it is for.
+    pub kind: EntryKind,
+    /// The segment it is in.
+    pub segment: u64,
+    /// Its byte position in that segment.
+    pub position: u64,
+    /// Its payload (a slice of a map of the segment).
+    pub payload: Bytes,
+    path: PathBuf,
+}
+
+impl ReplayEntry {
+    /// An error naming this entry's file and position, for a payload the
+    /// layer above cannot decode although its checksum matched.
+    pub fn corrupt(&self, reason: impl Into<String>) -> WalError {
+        WalError::Corrupt {
+            file: self.path.clone(),
+            position: self.position,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// What recovery hands to the layer above to rebuild its state.
+pub struct Replay<'a> {
+    dir: &'a Path,
+    entries: &'a [Scanned],
+    maps: &'a std::collections::HashMap<u64, Bytes>,
+    segments: &'a [u64],
+}
+
+impl Replay<'_> {
+    /// Every entry from the newest intact checkpoint on, in order. The first
+    /// is a checkpoint unless the log is empty.
+    pub fn entries(&self) -> impl Iterator<Item = ReplayEntry> + '_ {
+        self.entries.iter().filter_map(|e| {
+            let map = self.maps.get(&e.seq)?;
+            let start = e.pos as usize + ENTRY_HEADER_LEN;
+            Some(ReplayEntry {
+                lsn: e.lsn,
+                kind: e.kind,
+                segment: e.seq,
+                position: e.pos,
+                payload: map.slice(start..start + e.len as usize),
+                path: self.dir.join(format::segment_file_name(e.seq)),
+            })
+        })
+    }
+
+    /// Sequence numbers of every segment in the log, in order.
+    pub fn segments(&self) -> &[u64] {
+        self.segments
+    }
+}
+
+/// One pending write: bytes for one segment at one position.
+struct Chunk {
+    seq: u64,
+    pos: u64,
+    buf: Vec<u8>,
+    /// The segment must be created before this chunk is written.
+    create: bool,
+    /// Seal the segment after this chunk: the encoded footer.
+    seal: Option<Vec<u8>>,
+}
+
+/// Everything to be made durable by the next sync.
+struct Pending<E> {
+    chunks: Vec<Chunk>,
+    effects: Vec<E>,
+    batch: Arc<Batch>,
+    first_lsn: Option<u64>,
+    bytes: u64,
+    entries: u64,
+}
+
+impl<E> Pending<E> {
+    fn new() -> Self {
+        Pending {
+            chunks: Vec::new(),
+            effects: Vec::new(),
+            batch: Batch::new(),
+            first_lsn: None,
+            bytes: 0,
+            entries: 0,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.chunks.is_empty()
+    }
+}
+
+/// What the lock protects.
+struct Locked<S: Sequencer> {
+    state: S,
+    next_lsn: u64,
+    /// The segment new entries go to, and where.
+    seg_seq: u64,
+    seg_pos: u64,
+    /// LSN of the current segment's first entry (its checkpoint).
+    seg_first_lsn: u64,
+    /// First LSN of the epoch being filled in the current segment.
+    epoch_first_lsn: Option<u64>,
+    pending: Pending<S::Effect>,
+    /// The batch being written and synced right now.
+    inflight: Option<Arc<Batch>>,
+    /// Buffers returned by the sync thread, reused to avoid reallocation.
+    spare: Vec<Vec<u8>>,
+    sync_thread_waiting: bool,
+    shutdown: bool,
+}
+
+struct Shared<S: Sequencer> {
+    dir: PathBuf,
+    storage: Arc<dyn Storage>,
+    opts: WalOptions,
+    locked: Mutex<Locked<S>>,
+    work: Condvar,
+    /// Signalled whenever the pending batch is taken: submitters held back
+    /// by `max_batch_bytes` retry.
+    space: Event,
+    durable_lsn: AtomicU64,
+    /// Segment whose checkpoint is durable and newest: older sealed segments
+    /// are not needed by recovery.
+    durable_checkpoint_seq: AtomicU64,
+    /// The segment the sync thread writes to.
+    active_seq: AtomicU64,
+    failed: AtomicBool,
+    failure: OnceLock<Arc<io::Error>>,
+    segments: RwLock<std::collections::BTreeMap<u64, Arc<SegmentHandle>>>,
+    stats: WalStats,
+    _lock: Box<dyn DirLock>,
+}
+
+/// A durable, group-committed, segmented write-ahead log whose serialized
+/// section holds the caller's state `S`.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use fencelog_wal::{FsStorage, Sequencer, Wal, WalOptions};
+///
+/// // The simplest state: nothing to checkpoint, nothing to seal.
+/// struct Nothing;
+/// impl Sequencer for Nothing {
+///     type Effect = ();
+///     fn checkpoint(&mut self, _segment: u64) -> Vec<u8> { Vec::new() }
+///     fn seal(&mut self, _segment: u64) -> Vec<u8> { Vec::new() }
+/// }
+///
+/// let dir = tempfile::tempdir().unwrap();
+/// let (wal, _report) =
+///     Wal::open(Arc::new(FsStorage), dir.path(), WalOptions::default(), |_replay| Ok(Nothing))
+///         .unwrap();
+/// let (appended, ticket) = wal
+///     .submit(|w| {
+///         let at = w.append(5, |buf| buf.copy_from_slice(b"hello"))?;
+///         Ok::<_, fencelog_wal::WalError>((at, w.ticket()))
+///     })
+///     .unwrap()
+///     .unwrap();
+/// ticket.wait().unwrap(); // durable now
+/// let entry = wal.read_entry(appended.segment, appended.position).unwrap();
+/// assert_eq!(&entry.payload[..], b"hello");
+/// ```
+pub struct Wal<S: Sequencer> {
+    shared: Arc<Shared<S>>,
+    sync_thread: Option<JoinHandle<()>>,
+}
+
+/// The caller's handle inside the serialized section.
+pub struct Writer<'a, S: Sequencer> {
+    locked: &'a mut Locked<S>,
+    shared: &'a Shared<S>,
+}
+
+impl<S: Sequencer> Writer<'_, S> {
+    /// The state of the layer above.
+    pub fn state(&mut self) -> &mut S {
+        &mut self.locked.state
+    }
+
+    /// The LSN the next entry gets.
+    pub fn next_lsn(&self) -> u64 {
+        self.locked.next_lsn
+    }
+
+    /// The highest LSN known durable.
+    pub fn durable_lsn(&self) -> u64 {
+        self.shared.durable_lsn.load(Ordering::Acquire)
+    }
+
+    /// Appends a record entry of exactly `len` payload bytes, written by
+    /// `fill` straight into the batch buffer.
+    pub fn append(
+        &mut self,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<Appended, WalError> {
+        let max = self.shared.opts.max_entry_bytes;
+        if len > max as usize {
+            return Err(WalError::TooLarge {
+                len: len as u64,
+                max: u64::from(max),
+            });
+        }
+        Ok(self.locked.append_entry(EntryKind::Record, len, fill))
+    }
+
+    /// Runs `effect` once everything appended so far is durable: at once if
+    /// it is already, else on the sync thread after the batch's sync.
+    pub fn on_durable(&mut self, effect: S::Effect) {
+        if self.locked.next_lsn - 1 <= self.durable_lsn() {
+            effect.durable();
+            return;
+        }
+        if self.locked.pending.is_empty() {
+            // What must be durable first is in flight: an empty chunk makes
+            // the next batch exist, and it completes after the one in flight.
+            self.locked.current_chunk();
+        }
+        self.locked.pending.effects.push(effect);
+    }
+
+    /// A ticket that resolves once everything appended so far is durable.
+    pub fn ticket(&self) -> Ticket {
+        self.ticket_for(self.locked.next_lsn - 1)
+    }
+
+    /// A ticket that resolves once the entry `lsn` (and all before) is durable.
+    pub fn ticket_for(&self, lsn: u64) -> Ticket {
+        self.locked.ticket_for(lsn, self.shared)
+    }
+}
+
+impl<S: Sequencer> Locked<S> {
+    fn current_chunk(&mut self) -> &mut Chunk {
+        let need_new = self
+            .pending
+            .chunks
+            .last()
+            .is_none_or(|c| c.seq != self.seg_seq || c.seal.is_some());
+        if need_new {
+            let buf = self.spare.pop().unwrap_or_default();
+            self.pending.chunks.push(Chunk {
+                seq: self.seg_seq,
+                pos: self.seg_pos,
+                buf,
+                create: false,
+                seal: None,
+            });
+        }
+        let last = self.pending.chunks.len() - 1;
+        &mut self.pending.chunks[last]
+    }
+
+    fn append_entry(&mut self, kind: EntryKind, len: usize, fill: impl FnOnce(&mut [u8])) -> Appended {
+        let lsn = self.next_lsn;
+        let seq = self.seg_seq;
+        let position = self.seg_pos;
+        let epoch = *self.epoch_first_lsn.get_or_insert(lsn);
+        let total = format::entry_len(len) as usize;
+        let chunk = self.current_chunk();
+        debug_assert_eq!(chunk.pos + chunk.buf.len() as u64, position);
+        let at = chunk.buf.len();
+        chunk.buf.resize(at + total, 0);
+        let entry = &mut chunk.buf[at..at + ENTRY_HEADER_LEN + len];
+        let (header, payload) = entry.split_at_mut(ENTRY_HEADER_LEN);
+        fill(payload);
+        format::encode_entry_header(header, seq, lsn, epoch, kind, payload);
+        self.next_lsn += 1;
+        self.seg_pos += total as u64;
+        self.pending.first_lsn.get_or_insert(lsn);
+        self.pending.bytes += total as u64;
+        self.pending.entries += 1;
+        Appended {
+            lsn,
+            segment: seq,
+            position,
+        }
+    }
+
+    fn ticket_for(&self, lsn: u64, shared: &Shared<S>) -> Ticket {
+        if let Some(cause) = shared.failure.get() {
+            return Ticket::failed(Arc::clone(cause));
+        }
+        if lsn <= shared.durable_lsn.load(Ordering::Acquire) {
+            return Ticket::ready();
+        }
+        match (self.pending.first_lsn, &self.inflight) {
+            (Some(first), _) if lsn >= first => Ticket::on(Arc::clone(&self.pending.batch)),
+            (_, Some(inflight)) => Ticket::on(Arc::clone(inflight)),
+            // Not durable, not in flight: it can only be in the pending batch.
+            _ => Ticket::on(Arc::clone(&self.pending.batch)),
+        }
+    }
+
+    /// Seals the current segment after its last entry and opens `next` (the
+    /// next number, except after recovery removed junk segments) with a
+    /// checkpoint.
+    fn rotate_to(&mut self, next: u64) {
+        let seq = self.seg_seq;
+        let footer = self.state.seal(seq);
+        let last_lsn = self.next_lsn - 1;
+        let encoded = format::encode_footer(seq, self.seg_first_lsn, last_lsn, &footer);
+        self.current_chunk().seal = Some(encoded);
+        self.start_segment(next);
+    }
+
+    /// Starts segment `seq` (to be created by the sync thread) with a
+    /// checkpoint of the state.
+    fn start_segment(&mut self, seq: u64) {
+        self.seg_seq = seq;
+        self.seg_pos = HEADER_LEN;
+        self.seg_first_lsn = self.next_lsn;
+        self.epoch_first_lsn = None;
+        let buf = self.spare.pop().unwrap_or_default();
+        self.pending.chunks.push(Chunk {
+            seq,
+            pos: HEADER_LEN,
+            buf,
+            create: true,
+            seal: None,
+        });
+        let checkpoint = self.state.checkpoint(seq);
+        self.append_entry(EntryKind::Checkpoint, checkpoint.len(), |buf| {
+            buf.copy_from_slice(&checkpoint)
+        });
+    }
+}
+
+impl<S: Sequencer> Wal<S> {
+    /// Opens (or creates) the log in `dir`, recovers its tail, and rebuilds
+    /// the caller's state with `build` from the replayed entries.
+    ///
+    /// Fails if another handle holds the directory, if a segment is damaged
+    /// beyond a torn tail (unless `opts.recovery` says to salvage), or if a
+    /// segment has an unknown format version.
+    pub fn open(
+        storage: Arc<dyn Storage>,
+        dir: &Path,
+        opts: WalOptions,
+        build: impl FnOnce(Replay<'_>) -> Result<S, WalError>,
+    ) -> Result<(Wal<S>, RecoveryReport), WalError> {
+        opts.validate()?;
+        storage
+            .create_dir_all(dir)
+            .map_err(|e| WalError::io("create directory", dir, e))?;
+        let lock = storage.lock_dir(dir).map_err(|e| {
+            if e.kind() == io::ErrorKind::WouldBlock {
+                WalError::Locked {
+                    dir: dir.to_path_buf(),
+                }
+            } else {
+                WalError::io("lock", dir.join("LOCK"), e)
+            }
+        })?;
+        let recovered = recovery::recover(storage.as_ref(), dir, &opts)?;
+        let state = build(Replay {
+            dir,
+            entries: &recovered.entries,
+            maps: &recovered.maps,
+            segments: &recovered.segments,
+        })?;
+
+        let mut handles = recovered.handles(dir);
+        let next_lsn = recovered.next_lsn;
+        let mut locked = Locked {
+            state,
+            next_lsn,
+            seg_seq: 0,
+            seg_pos: 0,
+            seg_first_lsn: next_lsn,
+            epoch_first_lsn: None,
+            pending: Pending::new(),
+            inflight: None,
+            spare: Vec::new(),
+            sync_thread_waiting: false,
+            shutdown: false,
+        };
+        let mut checkpoint_seq = 0;
+        let mut active_seq = 0;
+        match recovered.tail {
+            Tail::Continue {
+                seq,
+                pos,
+                first_lsn,
+                file,
+            } => {
+                // After a killed process the page cache may hold entries that
+                // recovery read but no sync ever covered: sync them before
+                // anything is decided on top of them.
+                file.sync_data()
+                    .map_err(|e| WalError::io("fdatasync", dir.join(format::segment_file_name(seq)), e))?;
+                replace_handle(&mut handles, SegmentHandle::with_file(seq, dir, file));
+                locked.seg_seq = seq;
+                locked.seg_pos = pos;
+                locked.seg_first_lsn = first_lsn;
+                checkpoint_seq = seq;
+                active_seq = seq;
+            }
+            Tail::SealThenRotate {
+                seq,
+                pos,
+                first_lsn,
+                file,
+            } => {
+                replace_handle(&mut handles, SegmentHandle::with_file(seq, dir, file));
+                locked.seg_seq = seq;
+                locked.seg_pos = pos;
+                locked.seg_first_lsn = first_lsn;
+                checkpoint_seq = seq;
+                active_seq = seq;
+                locked.rotate_to(recovered.next_seq);
+            }
+            Tail::Rotate => {
+                if let Some(last) = handles.last() {
+                    checkpoint_seq = last.seq;
+                    active_seq = last.seq + 1;
+                }
+                locked.start_segment(recovered.next_seq);
+            }
+        }
+
+        let shared = Arc::new(Shared {
+            dir: dir.to_path_buf(),
+            storage,
+            opts,
+            locked: Mutex::new(locked),
+            work: Condvar::new(),
+            space: Event::new(),
+            durable_lsn: AtomicU64::new(next_lsn - 1),
+            durable_checkpoint_seq: AtomicU64::new(checkpoint_seq),
+            active_seq: AtomicU64::new(active_seq),
+            failed: AtomicBool::new(false),
+            failure: OnceLock::new(),
+            segments: RwLock::new(handles.into_iter().map(|h| (h.seq, h)).collect()),
+            stats: WalStats::default(),
+            _lock: lock,
+        });
+        let thread_shared = Arc::clone(&shared);
+        let sync_thread = std::thread::Builder::new()
+            .name("fencelog-wal-sync".into())
+            .spawn(move || SyncThread::new(thread_shared).run())
+            .map_err(|e| WalError::io("spawn the sync thread for", dir, e))?;
+        let wal = Wal {
+            shared,
+            sync_thread: Some(sync_thread),
+        };
+        // Whatever recovery queued (a seal, a new segment's checkpoint) is
+        // durable before the log is handed out.
+        let ticket = {
+            let mut locked = wal.shared.locked.lock();
+            let lsn = locked.next_lsn - 1;
+            wal.shared.wake_sync_thread(&mut locked);
+            locked.ticket_for(lsn, &wal.shared)
+        };
+        ticket.wait()?;
+        Ok((wal, recovered.report))
+    }
+
+    /// Runs `f` inside the serialized section, blocking while the pending
+    /// batch is over `max_batch_bytes`. Fails without running `f` once the
+    /// log has failed.
+    pub fn submit<R>(&self, f: impl FnOnce(&mut Writer<'_, S>) -> R) -> Result<R, WalError> {
+        loop {
+            let locked = self.shared.locked.lock();
+            self.shared.check_usable(&locked)?;
+            if locked.pending.bytes < self.shared.opts.max_batch_bytes {
+                return Ok(self.shared.run(locked, f));
+            }
+            let listener = self.shared.space.listen();
+            drop(locked);
+            listener.wait();
+        }
+    }
+
+    /// As [`Wal::submit`], but waits for room asynchronously.
+    pub async fn submit_async<R>(
+        &self,
+        f: impl FnOnce(&mut Writer<'_, S>) -> R,
+    ) -> Result<R, WalError> {
+        loop {
+            let listener = {
+                let locked = self.shared.locked.lock();
+                self.shared.check_usable(&locked)?;
+                if locked.pending.bytes < self.shared.opts.max_batch_bytes {
+                    return Ok(self.shared.run(locked, f));
+                }
+                self.shared.space.listen()
+            };
+            listener.await;
+        }
+    }
+
+    /// Runs `f` on the state inside the serialized section without writing
+    /// (for reads that must see every decision so far). Works after a
+    /// failure too.
+    pub fn with_state<R>(&self, f: impl FnOnce(&S) -> R) -> R {
+        f(&self.shared.locked.lock().state)
+    }
+
+    /// The highest LSN known durable.
+    pub fn durable_lsn(&self) -> u64 {
+        self.shared.durable_lsn.load(Ordering::Acquire)
+    }
+
+    /// Whether an earlier write or sync failed (the log accepts no writes).
+    pub fn has_failed(&self) -> bool {
+        self.shared.failed.load(Ordering::Acquire)
+    }
+
+    /// The data directory.
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    /// Counters and histograms.
+    pub fn stats(&self) -> WalStatsSnapshot {
+        self.shared.stats.snapshot()
+    }
+
+    /// Reads the durable record entry at `position` of `segment`, checking
+    /// its checksum. Sealed segments hand out a slice of a memory map.
+    pub fn read_entry(&self, segment: u64, position: u64) -> Result<Entry, WalError> {
+        let handle = self.shared.handle(segment)?;
+        let no_entry = || WalError::NoEntry { segment, position };
+        let entry = match handle.sealed_now() {
+            Some(view) => segment::entry_in_view(view, segment, position),
+            None if self.is_sealed_older(segment) => {
+                let view = handle.sealed_view(self.shared.storage.as_ref())?;
+                segment::entry_in_view(view, segment, position)
+            }
+            None => {
+                let file = handle.file(self.shared.storage.as_ref())?;
+                segment::read_entry_at(
+                    file,
+                    &handle.path,
+                    segment,
+                    position,
+                    self.shared.opts.max_entry_bytes,
+                )?
+            }
+        };
+        let entry = entry.ok_or_else(no_entry)?;
+        if entry.lsn > self.durable_lsn() {
+            return Err(no_entry());
+        }
+        Ok(entry)
+    }
+
+    /// The footer payload of a sealed segment, or `None` while it is not
+    /// sealed (or does not exist).
+    pub fn footer(&self, segment: u64) -> Result<Option<Bytes>, WalError> {
+        let handle = match self.shared.handle(segment) {
+            Ok(h) => h,
+            Err(_) => return Ok(None),
+        };
+        if let Some(view) = handle.sealed_now() {
+            return Ok(Some(view.footer.clone()));
+        }
+        if self.is_sealed_older(segment) {
+            let view = handle.sealed_view(self.shared.storage.as_ref())?;
+            return Ok(Some(view.footer.clone()));
+        }
+        Ok(None)
+    }
+
+    /// Sequence numbers of the segments in the log, oldest first.
+    pub fn segments(&self) -> Vec<u64> {
+        self.shared.segments.read().keys().copied().collect()
+    }
+
+    /// Removes sealed segment `segment`, whose entries the layer above no
+    /// longer needs. Refused (answers false) while recovery could still need
+    /// it: unless a newer segment's checkpoint is durable.
+    pub fn remove_segment(&self, segment: u64) -> Result<bool, WalError> {
+        if segment >= self.shared.durable_checkpoint_seq.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        let handle = {
+            let mut segments = self.shared.segments.write();
+            match segments.remove(&segment) {
+                Some(h) => h,
+                None => return Ok(false),
+            }
+        };
+        let storage = self.shared.storage.as_ref();
+        storage
+            .remove(&handle.path)
+            .map_err(|e| WalError::io("remove", &handle.path, e))?;
+        storage
+            .sync_dir(&self.shared.dir)
+            .map_err(|e| WalError::io("sync directory", &self.shared.dir, e))?;
+        self.shared
+            .stats
+            .segments_removed
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(true)
+    }
+
+    /// Waits until everything submitted so far is durable, then stops the
+    /// sync thread. Dropping the log does the same.
+    pub fn close(mut self) -> Result<(), WalError> {
+        self.shutdown();
+        match self.shared.failure.get() {
+            Some(cause) => Err(crate::ticket::failed(Some(cause))),
+            None => Ok(()),
+        }
+    }
+
+    fn shutdown(&mut self) {
+        {
+            let mut locked = self.shared.locked.lock();
+            locked.shutdown = true;
+            self.shared.work.notify_all();
+        }
+        if let Some(t) = self.sync_thread.take() {
+            let _ = t.join();
+        }
+    }
+
+    /// Segments older than the one being written are sealed: the sync
+    /// thread seals a segment before it writes the next.
+    fn is_sealed_older(&self, segment: u64) -> bool {
+        segment < self.shared.active_seq.load(Ordering::Acquire)
+    }
+}
+
+impl<S: Sequencer> Drop for Wal<S> {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn replace_handle(handles: &mut [Arc<SegmentHandle>], handle: SegmentHandle) {
+    if let Some(h) = handles.iter_mut().find(|h| h.seq == handle.seq) {
+        *h = Arc::new(handle);
+    }
+}
+
+impl<S: Sequencer> Shared<S> {
+    fn check_usable(&self, locked: &Locked<S>) -> Result<(), WalError> {
+        if let Some(cause) = self.failure.get() {
+            return Err(crate::ticket::failed(Some(cause)));
+        }
+        if locked.shutdown {
+            return Err(WalError::Closed);
+        }
+        Ok(())
+    }
+
+    fn run<R>(&self, mut locked: MutexGuard<'_, Locked<S>>, f: impl FnOnce(&mut Writer<'_, S>) -> R) -> R {
+        let result = f(&mut Writer {
+            locked: &mut locked,
+            shared: self,
+        });
+        let reserve = locked.state.seal_len_hint() + (FOOTER_HEADER_LEN as u64) + TRAILER_LEN;
+        if locked.seg_pos + reserve >= self.opts.segment_bytes {
+            let next = locked.seg_seq + 1;
+            locked.rotate_to(next);
+        }
+        self.wake_sync_thread(&mut locked);
+        result
+    }
+
+    fn wake_sync_thread(&self, locked: &mut Locked<S>) {
+        if locked.sync_thread_waiting && !locked.pending.is_empty() {
+            locked.sync_thread_waiting = false;
+            self.work.notify_one();
+        }
+    }
+
+    fn handle(&self, segment: u64) -> Result<Arc<SegmentHandle>, WalError> {
+        self.segments
+            .read()
+            .get(&segment)
+            .cloned()
+            .ok_or(WalError::NoEntry {
+                segment,
+                position: 0,
+            })
+    }
+}
+
+/// The sync thread: takes whole pending batches and makes them durable.
+struct SyncThread<S: Sequencer> {
+    shared: Arc<Shared<S>>,
+    /// The segment being written.
+    current: Option<Arc<SegmentHandle>>,
+    /// A segment created ahead of need, with its header synced.
+    next: Option<Arc<SegmentHandle>>,
+}
+
+impl<S: Sequencer> SyncThread<S> {
+    fn new(shared: Arc<Shared<S>>) -> Self {
+        let current = {
+            let locked = shared.locked.lock();
+            shared.segments.read().get(&locked.seg_seq).cloned()
+        };
+        SyncThread {
+            shared,
+            current,
+            next: None,
+        }
+    }
+
+    fn run(mut self) {
+        loop {
+            let (pending, last_lsn) = {
+                let mut locked = self.shared.locked.lock();
+                while locked.pending.is_empty() && !locked.shutdown {
+                    locked.sync_thread_waiting = true;
+                    self.shared.work.wait(&mut locked);
+                }
+                locked.sync_thread_waiting = false;
+                if locked.pending.is_empty() {
+                    return; // shut down with nothing left to write
+                }
+                let pending = mem::replace(&mut locked.pending, Pending::new());
+                locked.epoch_first_lsn = None;
+                locked.inflight = Some(Arc::clone(&pending.batch));
+                (pending, locked.next_lsn - 1)
+            };
+            self.shared.space.notify(usize::MAX);
+
+            let started = Instant::now();
+            let Pending {
+                chunks,
+                effects,
+                batch,
+                entries,
+                ..
+            } = pending;
+            match self.write_and_sync(&chunks) {
+                Ok(()) => {
+                    let stats = &self.shared.stats;
+                    stats
+                        .sync_micros
+                        .record(started.elapsed().as_micros() as u64);
+                    stats.batch_entries.record(entries);
+                    stats.syncs.fetch_add(1, Ordering::Relaxed);
+                    stats.entries.fetch_add(entries, Ordering::Relaxed);
+                    for effect in effects {
+                        effect.durable();
+                    }
+                    self.shared.durable_lsn.store(last_lsn, Ordering::Release);
+                    batch.complete();
+                    self.recycle(chunks);
+                    if let Err(e) = self.prepare_next() {
+                        self.fail(e);
+                        return;
+                    }
+                }
+                Err(e) => {
+                    drop(effects);
+                    self.fail_batch(e, &batch);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn recycle(&self, chunks: Vec<Chunk>) {
+        let mut locked = self.shared.locked.lock();
+        for mut chunk in chunks {
+            // Keep moderate buffers only: a huge one-off batch should not pin
+            // its memory forever.
+            if chunk.buf.capacity() <= 8 << 20 && locked.spare.len() < 4 {
+                chunk.buf.clear();
+                locked.spare.push(chunk.buf);
+            }
+        }
+    }
+
+    fn fail_batch(&mut self, e: io::Error, batch: &Batch) {
+        let cause = Arc::new(e);
+        batch.fail(Arc::clone(&cause));
+        self.fail_with(cause);
+    }
+
+    fn fail(&mut self, e: io::Error) {
+        self.fail_with(Arc::new(e));
+    }
+
+    /// Latches the failure: every pending and later write fails; reads of
+    /// durable entries go on.
+    fn fail_with(&mut self, cause: Arc<io::Error>) {
+        let _ = self.shared.failure.set(Arc::clone(&cause));
+        self.shared.failed.store(true, Ordering::Release);
+        // Submitters check the latch under the lock, so once the pending batch
+        // is taken here nothing joins it any more.
+        let pending = {
+            let mut locked = self.shared.locked.lock();
+            mem::replace(&mut locked.pending, Pending::new())
+        };
+        pending.batch.fail(cause);
+        self.shared.space.notify(usize::MAX);
+    }
+
+    fn path(&self, seq: u64) -> PathBuf {
+        self.shared.dir.join(format::segment_file_name(seq))
+    }
+
+    fn write_and_sync(&mut self, chunks: &[Chunk]) -> io::Result<()> {
+        // The segment written to since its last sync, if any.
+        let mut unsynced: Option<Arc<SegmentHandle>> = None;
+        for chunk in chunks {
+            if chunk.create {
+                if let Some(prev) = unsynced.take() {
+                    self.sync(&prev)?;
+                }
+                self.current = Some(self.take_or_create(chunk.seq)?);
+                self.shared.active_seq.store(chunk.seq, Ordering::Release);
+            }
+            let seg = match &self.current {
+                Some(seg) if seg.seq == chunk.seq => Arc::clone(seg),
+                // The tail segment recovery handed over.
+                _ => {
+                    let seg = self.shared.handle(chunk.seq).map_err(io::Error::other)?;
+                    self.current = Some(Arc::clone(&seg));
+                    seg
+                }
+            };
+            if !chunk.buf.is_empty() {
+                self.file_of(&seg)?
+                    .write_all_at(&chunk.buf, chunk.pos)
+                    .map_err(|e| annotate(e, "write", &seg.path))?;
+                self.shared
+                    .stats
+                    .bytes_written
+                    .fetch_add(chunk.buf.len() as u64, Ordering::Relaxed);
+                unsynced = Some(Arc::clone(&seg));
+            }
+            if let Some(footer) = &chunk.seal {
+                self.seal(&seg, chunk.pos + chunk.buf.len() as u64, footer)?;
+                unsynced = None;
+            }
+        }
+        if let Some(seg) = unsynced {
+            self.sync(&seg)?;
+        }
+        Ok(())
+    }
+
+    fn sync(&self, seg: &SegmentHandle) -> io::Result<()> {
+        self.file_of(seg)?
+            .sync_data()
+            .map_err(|e| annotate(e, "fdatasync", &seg.path))
+    }
+
+    fn file_of<'a>(&self, seg: &'a SegmentHandle) -> io::Result<&'a dyn StorageFile> {
+        seg.file(self.shared.storage.as_ref())
+            .map_err(|e| io::Error::other(e.to_string()))
+    }
+
+    /// Writes the footer, syncs, then writes the trailer that points at it
+    /// and syncs again: a valid trailer always means a durable footer.
+    fn seal(&mut self, seg: &Arc<SegmentHandle>, entries_end: u64, footer: &[u8]) -> io::Result<()> {
+        let file = self.file_of(seg)?;
+        let footer_pos = format::align_up(entries_end);
+        file.write_all_at(footer, footer_pos)
+            .map_err(|e| annotate(e, "write footer", &seg.path))?;
+        file.sync_data()
+            .map_err(|e| annotate(e, "fdatasync", &seg.path))?;
+        let footer_end = footer_pos + footer.len() as u64;
+        let len = file.len().map_err(|e| annotate(e, "stat", &seg.path))?;
+        let trailer_pos = format::align_up(footer_end).max(len.saturating_sub(TRAILER_LEN));
+        let footer_len = u32::try_from(footer.len())
+            .map_err(|_| io::Error::other("footer over 4 GiB"))?;
+        let trailer = format::encode_trailer(
+            seg.seq,
+            Trailer {
+                footer_pos,
+                footer_len,
+            },
+        );
+        file.write_all_at(&trailer, trailer_pos)
+            .map_err(|e| annotate(e, "write trailer", &seg.path))?;
+        file.sync_data()
+            .map_err(|e| annotate(e, "fdatasync", &seg.path))?;
+        let stats = &self.shared.stats;
+        stats
+            .bytes_written
+            .fetch_add(footer.len() as u64 + TRAILER_LEN, Ordering::Relaxed);
+        stats.segments_sealed.fetch_add(1, Ordering::Relaxed);
+        let len = trailer_pos + TRAILER_LEN;
+        match segment::load_sealed(file, &seg.path, seg.seq, len) {
+            Ok(Some(view)) => seg.set_sealed(Arc::new(view)),
+            Ok(None) => return Err(io::Error::other("a freshly written trailer does not read back")),
+            Err(e) => return Err(io::Error::other(e.to_string())),
+        }
+        Ok(())
+    }
+
+    fn take_or_create(&mut self, seq: u64) -> io::Result<Arc<SegmentHandle>> {
+        if let Some(next) = self.next.take() {
+            if next.seq == seq {
+                return Ok(next);
+            }
+            // A stale pre-created segment (cannot happen: rotation always
+            // takes the next number); remove it rather than leave junk.
+            let _ = self.shared.storage.remove(&next.path);
+        }
+        self.create(seq)
+    }
+
+    /// Creates segment `seq`: header, preallocation, sync, rename into place,
+    /// directory sync. A crash at any point leaves either no segment `seq`
+    /// or a complete, empty one.
+    fn create(&mut self, seq: u64) -> io::Result<Arc<SegmentHandle>> {
+        let storage = self.shared.storage.as_ref();
+        let path = self.path(seq);
+        let mut tmp = path.clone().into_os_string();
+        tmp.push(".tmp");
+        let tmp = PathBuf::from(tmp);
+        let _ = storage.remove(&tmp);
+        let file = storage
+            .create_new(&tmp)
+            .map_err(|e| annotate(e, "create", &tmp))?;
+        file.write_all_at(&format::encode_header(seq), 0)
+            .map_err(|e| annotate(e, "write header", &tmp))?;
+        if self.shared.opts.preallocate {
+            file.preallocate(self.shared.opts.segment_bytes)
+                .map_err(|e| annotate(e, "preallocate", &tmp))?;
+        }
+        file.sync_data()
+            .map_err(|e| annotate(e, "fdatasync", &tmp))?;
+        storage
+            .rename(&tmp, &path)
+            .map_err(|e| annotate(e, "rename", &tmp))?;
+        storage
+            .sync_dir(&self.shared.dir)
+            .map_err(|e| annotate(e, "sync directory", &self.shared.dir))?;
+        self.shared
+            .stats
+            .segments_created
+            .fetch_add(1, Ordering::Relaxed);
+        let handle = Arc::new(SegmentHandle::with_file(seq, &self.shared.dir, file));
+        self.shared
+            .segments
+            .write()
+            .insert(seq, Arc::clone(&handle));
+        Ok(handle)
+    }
+
+    /// After a batch: note which checkpoint is durable, and create the next
+    /// segment ahead of need so that rotation never waits for a file.
+    fn prepare_next(&mut self) -> io::Result<()> {
+        let Some(current) = self.current.clone() else {
+            return Ok(());
+        };
+        self.shared
+            .durable_checkpoint_seq
+            .fetch_max(current.seq, Ordering::AcqRel);
+        if self.next.is_none() {
+            let next = self.create(current.seq + 1)?;
+            self.next = Some(next);
+        }
+        Ok(())
+    }
+}
+
+
+fn annotate(e: io::Error, op: &str, path: &Path) -> io::Error {
+    io::Error::new(e.kind(), format!("{op} {}: {e}", path.display()))
+}

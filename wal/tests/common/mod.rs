@@ -1,0 +1,108 @@
+//! A tiny layer above the log for tests: it counts records, checkpoints the
+//! count, and can read back every record of a directory.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::sync::Arc;
+
+use fencelog_wal::{
+    Appended, EntryKind, Replay, Sequencer, Storage, Ticket, Wal, WalError, WalOptions,
+};
+
+/// Counts the records in the log; the count is its checkpoint.
+pub struct Counter {
+    pub records: u64,
+    pub sealed: Vec<u64>,
+}
+
+impl Sequencer for Counter {
+    type Effect = ();
+
+    fn checkpoint(&mut self, _segment: u64) -> Vec<u8> {
+        self.records.to_le_bytes().to_vec()
+    }
+
+    fn seal(&mut self, segment: u64) -> Vec<u8> {
+        self.sealed.push(segment);
+        format!("segment {segment} sealed after {} records", self.records).into_bytes()
+    }
+}
+
+pub fn build(replay: Replay<'_>) -> Result<Counter, WalError> {
+    let mut c = Counter {
+        records: 0,
+        sealed: Vec::new(),
+    };
+    for e in replay.entries() {
+        match e.kind {
+            EntryKind::Checkpoint => {
+                let b: [u8; 8] = e.payload[..]
+                    .try_into()
+                    .map_err(|_| e.corrupt("a checkpoint of the wrong length"))?;
+                c.records = u64::from_le_bytes(b);
+            }
+            EntryKind::Record => c.records += 1,
+        }
+    }
+    Ok(c)
+}
+
+pub fn open(
+    storage: &Arc<dyn Storage>,
+    dir: &Path,
+    opts: &WalOptions,
+) -> Result<(Wal<Counter>, fencelog_wal::RecoveryReport), WalError> {
+    Wal::open(Arc::clone(storage), dir, opts.clone(), build)
+}
+
+/// Small segments so that rotation and sealing happen all the time.
+pub fn small_opts() -> WalOptions {
+    WalOptions {
+        segment_bytes: 64 << 10,
+        max_entry_bytes: 16 << 10,
+        max_batch_bytes: 32 << 10,
+        ..WalOptions::default()
+    }
+}
+
+/// A payload that says who wrote it: writer, number, then filler.
+pub fn payload(writer: u32, n: u32, len: usize) -> Vec<u8> {
+    let mut p = Vec::with_capacity(len.max(8));
+    p.extend_from_slice(&writer.to_le_bytes());
+    p.extend_from_slice(&n.to_le_bytes());
+    let mut x = (u64::from(writer) << 32 | u64::from(n)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    while p.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        p.push(x as u8);
+    }
+    p
+}
+
+/// Appends one record and counts it; answers where it went and its ticket.
+pub fn append(wal: &Wal<Counter>, bytes: &[u8]) -> Result<(Appended, Ticket), WalError> {
+    wal.submit(|w| {
+        let at = w.append(bytes.len(), |buf| buf.copy_from_slice(bytes))?;
+        w.state().records += 1;
+        Ok((at, w.ticket()))
+    })?
+}
+
+/// Every record in the directory, in log order: (lsn, payload).
+pub fn all_records(storage: &dyn Storage, dir: &Path) -> Vec<(u64, Vec<u8>)> {
+    let mut out = Vec::new();
+    let report = fencelog_wal::verify(
+        storage,
+        dir,
+        |e| {
+            if e.kind == EntryKind::Record {
+                out.push((e.lsn, e.payload.to_vec()));
+            }
+        },
+        |_, _| {},
+    )
+    .expect("verify");
+    assert!(!report.is_damaged(), "verify found damage: {report:#?}");
+    out
+}
