@@ -110,8 +110,7 @@ pub fn verify(
     };
     let mut done = 0;
     let mut expected: Option<u64> = None;
-    let count = files.len();
-    for (index, (seq, path, file, len)) in files.into_iter().enumerate() {
+    for (seq, path, file, len) in files {
         let mut seg = SegmentReport {
             seq,
             path: path.clone(),
@@ -185,7 +184,6 @@ pub fn verify(
                 }
             }
         }
-        let last = index + 1 == count;
         if let Some(view) = &sealed
             && (seg.first_lsn, seg.last_lsn) != (Some(view.first_lsn), Some(view.last_lsn))
             && seg.damage.is_none()
@@ -218,15 +216,23 @@ pub fn verify(
                     None if nonzero || what != "zeros" => seg.torn_tail_at = Some(at),
                     None => {}
                 }
-                if !last && seg.damage.is_none() {
-                    seg.damage = Some((at, "a segment before the last one is not sealed".into()));
-                }
             }
         }
         report.entries += seg.entries;
         done += len;
         on_progress(done, total);
         report.segments.push(seg);
+    }
+    // Only the last segment with entries may be unsealed; empty segments
+    // after it were created ahead of need.
+    let last_with_entries = report.segments.iter().rposition(|s| s.entries > 0);
+    if let Some(last) = last_with_entries {
+        for seg in &mut report.segments[..last] {
+            if !seg.sealed && seg.damage.is_none() {
+                let at = seg.len;
+                seg.damage = Some((at, "a segment before the last one is not sealed".into()));
+            }
+        }
     }
     Ok(report)
 }

@@ -35,6 +35,9 @@ pub enum CrashMode {
         /// Chooses which sectors survive; the same seed gives the same image.
         seed: u64,
     },
+    /// Synced data survives, plus only the last unsynced write of each file:
+    /// the disk reordered the writes and the earlier ones never landed.
+    LastWriteOnly,
 }
 
 /// Faults to inject, shared by a [`SimStorage`] and all its files.
@@ -218,6 +221,15 @@ impl SimStorage {
         fs.image_after(mode)
     }
 
+    /// A deep copy of this file system as it is, synced and unsynced state
+    /// alike, that evolves independently (faults are not copied).
+    pub fn fork(&self) -> SimStorage {
+        let fs = self.fs.lock();
+        let fork = fs.image_after(CrashMode::ProcessCrash);
+        fork.fs.lock().dead = fs.dead;
+        fork
+    }
+
     /// Arms a power cut at the `n`-th next mutating call (write, sync,
     /// set_len, create, rename, remove, directory sync; 0 = the very next):
     /// that call fails as if the machine died before it, and so does every
@@ -287,14 +299,31 @@ impl SimFs {
     }
 
     fn image_after(&self, mode: CrashMode) -> SimStorage {
+        if mode == CrashMode::ProcessCrash {
+            // The machine stays up: the page cache (and what is still
+            // unsynced in it) survives the process, durable or not.
+            let inodes = self
+                .inodes
+                .iter()
+                .map(|(&ino, inode)| (ino, Arc::new(Mutex::new(inode.lock().clone()))))
+                .collect();
+            return SimStorage {
+                fs: Arc::new(Mutex::new(SimFs {
+                    inodes,
+                    names: self.names.clone(),
+                    durable_names: self.durable_names.clone(),
+                    dirs: self.dirs.clone(),
+                    next_inode: self.next_inode,
+                    ..SimFs::default()
+                })),
+                faults: Arc::new(Faults::default()),
+            };
+        }
         let mut rng = SplitMix(match mode {
             CrashMode::Torn { seed } => seed,
             _ => 0,
         });
-        let names = match mode {
-            CrashMode::ProcessCrash => self.names.clone(),
-            _ => self.durable_names.clone(),
-        };
+        let names = self.durable_names.clone();
         let mut inodes = HashMap::new();
         for &ino in names.values() {
             if inodes.contains_key(&ino) {
@@ -305,8 +334,14 @@ impl SimFs {
             };
             let inode = inode.lock();
             let image = match mode {
-                CrashMode::ProcessCrash => inode.data.clone(),
-                CrashMode::LoseUnsynced => inode.durable.clone(),
+                CrashMode::ProcessCrash | CrashMode::LoseUnsynced => inode.durable.clone(),
+                CrashMode::LastWriteOnly => {
+                    let mut image = inode.durable.clone();
+                    if let Some((pos, bytes)) = inode.unsynced.last() {
+                        write_into(&mut image, *pos, bytes);
+                    }
+                    image
+                }
                 CrashMode::Torn { .. } => {
                     let mut image = inode.durable.clone();
                     for (pos, bytes) in &inode.unsynced {
