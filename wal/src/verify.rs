@@ -184,18 +184,6 @@ pub fn verify(
                 }
             }
         }
-        if let Some(view) = &sealed
-            && (seg.first_lsn, seg.last_lsn) != (Some(view.first_lsn), Some(view.last_lsn))
-            && seg.damage.is_none()
-        {
-            seg.damage = Some((
-                view.footer_pos,
-                format!(
-                    "the footer says LSNs {}..={}, the entries hold {:?}..={:?}",
-                    view.first_lsn, view.last_lsn, seg.first_lsn, seg.last_lsn
-                ),
-            ));
-        }
         if let Some((at, what)) = stop {
             if seg.sealed {
                 seg.damage.get_or_insert((at, format!("{what} inside a sealed segment")));
@@ -217,6 +205,18 @@ pub fn verify(
                     None => {}
                 }
             }
+        }
+        if let Some(view) = &sealed
+            && (seg.first_lsn, seg.last_lsn) != (Some(view.first_lsn), Some(view.last_lsn))
+            && seg.damage.is_none()
+        {
+            seg.damage = Some((
+                view.footer_pos,
+                format!(
+                    "the footer says LSNs {}..={}, the entries hold {:?}..={:?}",
+                    view.first_lsn, view.last_lsn, seg.first_lsn, seg.last_lsn
+                ),
+            ));
         }
         report.entries += seg.entries;
         done += len;

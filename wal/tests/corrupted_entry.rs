@@ -1,0 +1,224 @@
+//! Damage at rest (a flipped bit anywhere in any segment) must be detected,
+//! never answered as data, and classified: damage to what was acknowledged
+//! is corruption (open refuses and names the file and byte), while damage
+//! confined to the last sync epoch is indistinguishable from a torn write
+//! and is cut as a torn tail, which the recovery report states.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use common::*;
+use fencelog_wal::{
+    Appended, CutKind, RecoveryMode, SimStorage, Storage, WalError, format,
+};
+use proptest::prelude::*;
+
+const DIR: &str = "/db";
+
+struct Base {
+    image: SimStorage,
+    /// Every record, each synced on its own (one epoch per record).
+    records: Vec<(Appended, Vec<u8>)>,
+    /// (segment, file length, end of entries, footer end if sealed)
+    layout: Vec<(u64, u64, u64, Option<u64>)>,
+}
+
+fn base() -> &'static Base {
+    static BASE: OnceLock<Base> = OnceLock::new();
+    BASE.get_or_init(|| {
+        let image = SimStorage::new();
+        let storage: Arc<dyn Storage> = Arc::new(image.clone());
+        let (wal, _) = open(&storage, Path::new(DIR), &small_opts()).unwrap();
+        let mut records = Vec::new();
+        for n in 0..300u32 {
+            let p = payload(1, n, 50 + (n as usize * 13) % 400);
+            let (at, t) = append(&wal, &p).unwrap();
+            t.wait().unwrap();
+            records.push((at, p));
+        }
+        let mut layout = Vec::new();
+        for seq in wal.segments() {
+            let path = seg_path(seq);
+            let len = image.contents(&path).unwrap().len() as u64;
+            let entries_end = records
+                .iter()
+                .filter(|(a, _)| a.segment == seq)
+                .map(|(a, p)| a.position + format::entry_len(p.len()))
+                .max()
+                .unwrap_or(format::HEADER_LEN);
+            let footer_end = wal
+                .footer(seq)
+                .unwrap()
+                .map(|f| entries_end + (format::FOOTER_HEADER_LEN + f.len()) as u64);
+            layout.push((seq, len, entries_end, footer_end));
+        }
+        wal.close().unwrap();
+        Base {
+            image,
+            records,
+            layout,
+        }
+    })
+}
+
+fn seg_path(seq: u64) -> PathBuf {
+    Path::new(DIR).join(format::segment_file_name(seq))
+}
+
+fn flipped(file: &Path, pos: u64, bit: u8) -> Arc<dyn Storage> {
+    let fork = base().image.fork();
+    fork.flip_bit(file, pos, bit).unwrap();
+    Arc::new(fork)
+}
+
+/// Whether byte `pos` of segment `seq` is one that carries meaning: header,
+/// entries, footer, trailer (not zeros after the tail or the gap before a
+/// trailer, which nothing reads).
+fn meaningful(seq: u64, pos: u64) -> bool {
+    let &(_, len, entries_end, footer_end) =
+        base().layout.iter().find(|l| l.0 == seq).unwrap();
+    match footer_end {
+        Some(f) => pos < f || pos >= len - format::TRAILER_LEN,
+        None => pos < entries_end,
+    }
+}
+
+#[test]
+fn damage_in_the_middle_of_the_tail_is_corruption_naming_file_and_byte() {
+    let b = base();
+    let last_seg = b.records.last().unwrap().0.segment;
+    let in_tail: Vec<_> = b.records.iter().filter(|(a, _)| a.segment == last_seg).collect();
+    assert!(in_tail.len() > 3, "the tail segment holds a few records");
+    let (victim, _) = in_tail[in_tail.len() / 2];
+    let storage = flipped(&seg_path(last_seg), victim.position + 30, 3);
+    match open(&storage, Path::new(DIR), &small_opts()) {
+        Err(WalError::Corrupt { file, position, reason }) => {
+            assert_eq!(file, seg_path(last_seg));
+            assert_eq!(position, victim.position, "{reason}");
+            assert!(reason.contains("later sync"), "{reason}");
+        }
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("damage to an acknowledged entry was not refused"),
+    }
+    // An explicit salvage keeps the prefix, sets the damaged file aside and
+    // says so.
+    let mut opts = small_opts();
+    opts.recovery = RecoveryMode::Salvage;
+    let (wal, report) = open(&storage, Path::new(DIR), &opts).unwrap();
+    let cut = report.cut.expect("salvage reports its cut");
+    assert_eq!(cut.kind, CutKind::Salvaged);
+    assert_eq!(cut.position, victim.position);
+    assert!(!cut.moved_aside.is_empty());
+    for (a, p) in &b.records {
+        let read = wal.read_entry(a.segment, a.position);
+        if a.lsn < victim.lsn {
+            assert_eq!(&read.unwrap().payload[..], &p[..]);
+        }
+    }
+    wal.with_state(|c| assert_eq!(c.records, (b.records.iter().filter(|(a, _)| a.lsn < victim.lsn).count()) as u64));
+}
+
+#[test]
+fn damage_to_the_last_epoch_is_a_torn_tail_and_is_reported() {
+    let b = base();
+    let (last, _) = b.records.last().unwrap();
+    let storage = flipped(&seg_path(last.segment), last.position + 40, 0);
+    let (wal, report) = open(&storage, Path::new(DIR), &small_opts()).unwrap();
+    let cut = report.cut.expect("the cut is reported");
+    assert_eq!(cut.kind, CutKind::TornTail);
+    assert_eq!(cut.position, last.position);
+    wal.with_state(|c| assert_eq!(c.records, b.records.len() as u64 - 1));
+    // AbsoluteConsistency refuses even that.
+    drop(wal);
+    let storage = flipped(&seg_path(last.segment), last.position + 40, 0);
+    let mut opts = small_opts();
+    opts.recovery = RecoveryMode::AbsoluteConsistency;
+    assert!(matches!(
+        open(&storage, Path::new(DIR), &opts),
+        Err(WalError::Corrupt { .. })
+    ));
+}
+
+#[test]
+fn damage_in_a_sealed_segment_fails_its_reads_and_verify() {
+    let b = base();
+    let first_seg = b.records[0].0.segment;
+    let (victim, _) = &b.records[5];
+    assert_eq!(victim.segment, first_seg);
+    let storage = flipped(&seg_path(first_seg), victim.position + 25, 6);
+    // Open reads only the tail, so it succeeds…
+    let (wal, _) = open(&storage, Path::new(DIR), &small_opts()).unwrap();
+    // …but the damaged entry is never answered as data.
+    assert!(wal.read_entry(victim.segment, victim.position).is_err());
+    let (other, p) = &b.records[6];
+    assert_eq!(&wal.read_entry(other.segment, other.position).unwrap().payload[..], &p[..]);
+    drop(wal);
+    let report = fencelog_wal::verify(storage.as_ref(), Path::new(DIR), |_| {}, |_, _| {}).unwrap();
+    let seg = report.segments.iter().find(|s| s.seq == first_seg).unwrap();
+    assert_eq!(seg.damage.as_ref().map(|d| d.0), Some(victim.position));
+}
+
+#[test]
+fn damage_to_a_footer_or_trailer_is_detected() {
+    let b = base();
+    let &(seq, len, _, footer_end) = &b.layout[0];
+    let footer_end = footer_end.expect("the first segment is sealed");
+    for pos in [footer_end - 3, len - 5] {
+        let storage = flipped(&seg_path(seq), pos, 1);
+        let (wal, _) = open(&storage, Path::new(DIR), &small_opts()).unwrap();
+        let (first, _) = &b.records[0];
+        assert!(matches!(
+            wal.read_entry(first.segment, first.position),
+            Err(WalError::Corrupt { .. })
+        ));
+        drop(wal);
+        let report =
+            fencelog_wal::verify(storage.as_ref(), Path::new(DIR), |_| {}, |_, _| {}).unwrap();
+        assert!(report.is_damaged(), "flip at {pos} went unnoticed by verify");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Whatever bit flips, no read answers wrong bytes; and a flip in any
+    /// byte that carries meaning is noticed by open, a read, or verify.
+    #[test]
+    fn a_flipped_bit_anywhere_is_never_answered_as_data(
+        seg_pick in any::<prop::sample::Index>(),
+        pos_frac in 0.0f64..1.0,
+        bit in 0u8..8,
+    ) {
+        let b = base();
+        let &(seq, len, _, _) = seg_pick.get(&b.layout);
+        let pos = ((len as f64) * pos_frac) as u64;
+        let storage = flipped(&seg_path(seq), pos, bit);
+        let mut noticed = false;
+        match open(&storage, Path::new(DIR), &small_opts()) {
+            Err(e) => {
+                prop_assert!(e.is_corruption(), "unexpected error {e}");
+                noticed = true;
+            }
+            Ok((wal, report)) => {
+                noticed |= report.cut.is_some();
+                for (a, p) in &b.records {
+                    match wal.read_entry(a.segment, a.position) {
+                        Ok(e) => prop_assert_eq!(&e.payload[..], &p[..]),
+                        Err(_) => noticed = true,
+                    }
+                }
+                drop(wal);
+                let report =
+                    fencelog_wal::verify(storage.as_ref(), Path::new(DIR), |_| {}, |_, _| {})
+                        .unwrap();
+                noticed |= report.is_damaged()
+                    || report.segments.iter().any(|s| s.torn_tail_at.is_some());
+            }
+        }
+        if meaningful(seq, pos) {
+            prop_assert!(noticed, "a flip of bit {bit} at byte {pos} of segment {seq} went unnoticed");
+        }
+    }
+}
