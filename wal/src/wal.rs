@@ -597,6 +597,11 @@ impl<S: Sequencer> Wal<S> {
         self.shared.durable_lsn.load(Ordering::Acquire)
     }
 
+    /// The segment the sync thread writes to now; older ones are sealed.
+    pub fn active_segment(&self) -> u64 {
+        self.shared.active_seq.load(Ordering::Acquire)
+    }
+
     /// Whether an earlier write or sync failed (the log accepts no writes).
     pub fn has_failed(&self) -> bool {
         self.shared.failed.load(Ordering::Acquire)
