@@ -35,7 +35,9 @@ pub enum WalError {
     },
 
     /// A segment was written by a format version this build cannot read.
-    #[error("{file}: format version {found} is not supported (this build reads version {supported})")]
+    #[error(
+        "{file}: format version {found} is not supported (this build reads version {supported})"
+    )]
     UnknownVersion {
         /// The segment file.
         file: PathBuf,
@@ -47,7 +49,9 @@ pub enum WalError {
 
     /// An earlier write or sync failed: the log accepts no more writes until
     /// it is reopened. A failed sync is never retried (its data may be gone).
-    #[error("the log stopped accepting writes after an I/O failure ({cause}); reopen it to recover")]
+    #[error(
+        "the log stopped accepting writes after an I/O failure ({cause}); reopen it to recover"
+    )]
     Failed {
         /// The failure that stopped the log.
         #[source]

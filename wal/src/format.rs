@@ -245,7 +245,10 @@ pub fn probe_entry(b: &[u8], seq: u64, max_len: u32) -> Probe {
     // The padding is not checksummed but must be zero, so that no bit of an
     // entry can change unnoticed.
     let padded = (entry_len(len as usize) as usize).min(b.len());
-    if b[ENTRY_HEADER_LEN + len as usize..padded].iter().any(|&x| x != 0) {
+    if b[ENTRY_HEADER_LEN + len as usize..padded]
+        .iter()
+        .any(|&x| x != 0)
+    {
         return Probe::Invalid(Invalid::Checksum);
     }
     Probe::Entry(EntryHeader {
@@ -460,7 +463,10 @@ mod tests {
     #[test]
     fn file_names_sort_and_parse() {
         assert_eq!(segment_file_name(12), "00000000000000000012.wal");
-        assert_eq!(parse_segment_file_name("00000000000000000012.wal"), Some(12));
+        assert_eq!(
+            parse_segment_file_name("00000000000000000012.wal"),
+            Some(12)
+        );
         assert_eq!(parse_segment_file_name("12.wal"), None);
         assert_eq!(parse_segment_file_name("0000000000000000001x.wal"), None);
         assert!(segment_file_name(9) < segment_file_name(10));

@@ -40,7 +40,7 @@ mod wal;
 
 pub use error::WalError;
 pub use format::EntryKind;
-pub use options::{RecoveryMode, WalOptions};
+pub use options::{Preallocation, RecoveryMode, WalOptions};
 pub use recovery::{Cut, CutKind, RecoveryReport};
 pub use segment::Entry;
 pub use stats::{Histogram, HistogramSnapshot, WalStats, WalStatsSnapshot};

@@ -23,6 +23,25 @@ pub enum RecoveryMode {
     Salvage,
 }
 
+/// How new segments are prepared. Segments are created ahead of need by a
+/// background thread, so this never delays a sync; it decides what the
+/// syncs that later write into the segment cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Preallocation {
+    /// Write zeros over the whole segment once, so that every later sync
+    /// overwrites space that exists and is already written: no extent
+    /// conversion or size change to journal. The fastest syncs, for one more
+    /// sequential write of each segment. The default.
+    #[default]
+    Fill,
+    /// Reserve the space with `fallocate`: no extra write, but the first
+    /// write to each block converts an unwritten extent, which the file
+    /// system journals with the sync.
+    Reserve,
+    /// Grow the file as entries are written.
+    None,
+}
+
 /// Options of the write-ahead log. Every field documents its default.
 #[derive(Debug, Clone)]
 pub struct WalOptions {
@@ -34,9 +53,9 @@ pub struct WalOptions {
     /// Bytes queued for the next sync beyond which submitters wait for the
     /// current sync to finish (backpressure). Default 4 MiB.
     pub max_batch_bytes: u64,
-    /// Reserve each segment's space when creating it (`fallocate`), so that
-    /// syncs do not also journal a growing file size. Default true.
-    pub preallocate: bool,
+    /// How a new segment's space is made ready before entries go there.
+    /// Default [`Preallocation::Fill`].
+    pub preallocation: Preallocation,
     /// What to do with damage found at open. Default
     /// [`RecoveryMode::TolerateTornTail`].
     pub recovery: RecoveryMode,
@@ -48,7 +67,7 @@ impl Default for WalOptions {
             segment_bytes: 64 << 20,
             max_entry_bytes: 16 << 20,
             max_batch_bytes: 4 << 20,
-            preallocate: true,
+            preallocation: Preallocation::default(),
             recovery: RecoveryMode::default(),
         }
     }

@@ -86,14 +86,15 @@ impl SegmentHandle {
         if let Some(v) = self.sealed.get() {
             return Ok(v);
         }
-        let len = file.len().map_err(|e| WalError::io("stat", &self.path, e))?;
-        let view = load_sealed(file, &self.path, self.seq, len)?.ok_or_else(|| {
-            WalError::Corrupt {
+        let len = file
+            .len()
+            .map_err(|e| WalError::io("stat", &self.path, e))?;
+        let view =
+            load_sealed(file, &self.path, self.seq, len)?.ok_or_else(|| WalError::Corrupt {
                 file: self.path.clone(),
                 position: len.saturating_sub(TRAILER_LEN),
                 reason: "a segment older than the log's tail has no valid trailer".into(),
-            }
-        })?;
+            })?;
         Ok(self.sealed.get_or_init(|| Arc::new(view)))
     }
 }

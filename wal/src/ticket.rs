@@ -1,14 +1,23 @@
 //! Completion of submitted entries: a [`Ticket`] resolves once the sync that
-//! carries its entries returns, by blocking or by awaiting, never both.
+//! carries its entries returns, by blocking or by awaiting.
+//!
+//! Waking is the expensive part of group commit on few cores: every waiter
+//! is a thread to schedule. So the sync thread wakes only two blocked
+//! waiters of a batch; each waiter, once awake, wakes two more (a binary
+//! tree), so the wake-ups spread over every core while the sync thread is
+//! already writing the next batch. Async waiters are cheap to wake (a task
+//! is queued, no thread switch) and a cancelled future would break a chain,
+//! so the sync thread wakes those itself.
 
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
+use std::thread::Thread;
 
-use event_listener::{Event, EventListener, Listener};
+use parking_lot::Mutex;
 
 use crate::error::WalError;
 
@@ -21,7 +30,16 @@ const FAILED: u8 = 2;
 pub(crate) struct Batch {
     state: AtomicU8,
     cause: OnceLock<Arc<io::Error>>,
-    event: Event,
+    waiters: Mutex<Waiters>,
+}
+
+#[derive(Default)]
+struct Waiters {
+    threads: Vec<Thread>,
+    tasks: Vec<Waker>,
+    /// Blocked threads at completion, in registration order: thread `i`
+    /// wakes `2i + 1` and `2i + 2`.
+    cascade: Option<Arc<[Thread]>>,
 }
 
 impl Batch {
@@ -29,19 +47,36 @@ impl Batch {
         Arc::new(Batch {
             state: AtomicU8::new(PENDING),
             cause: OnceLock::new(),
-            event: Event::new(),
+            waiters: Mutex::new(Waiters::default()),
         })
     }
 
     pub(crate) fn complete(&self) {
-        self.state.store(DURABLE, Ordering::Release);
-        self.event.notify(usize::MAX);
+        self.finish(DURABLE);
     }
 
     pub(crate) fn fail(&self, cause: Arc<io::Error>) {
         let _ = self.cause.set(cause);
-        self.state.store(FAILED, Ordering::Release);
-        self.event.notify(usize::MAX);
+        self.finish(FAILED);
+    }
+
+    fn finish(&self, state: u8) {
+        let (first, tasks) = {
+            let mut w = self.waiters.lock();
+            // Set under the lock: a waiter either registered before (and is
+            // in the lists taken here) or sees the final state.
+            self.state.store(state, Ordering::Release);
+            let threads: Arc<[Thread]> = std::mem::take(&mut w.threads).into();
+            let first: Vec<Thread> = threads.iter().take(2).cloned().collect();
+            w.cascade = Some(threads);
+            (first, std::mem::take(&mut w.tasks))
+        };
+        for t in first {
+            t.unpark();
+        }
+        for t in tasks {
+            t.wake();
+        }
     }
 
     fn result(&self) -> Option<Result<(), WalError>> {
@@ -49,6 +84,38 @@ impl Batch {
             PENDING => None,
             DURABLE => Some(Ok(())),
             _ => Some(Err(failed(self.cause.get()))),
+        }
+    }
+
+    /// Registers the calling thread; `None` if the batch is finished.
+    fn register_thread(&self) -> Option<usize> {
+        let mut w = self.waiters.lock();
+        if self.state.load(Ordering::Acquire) != PENDING {
+            return None;
+        }
+        w.threads.push(std::thread::current());
+        Some(w.threads.len() - 1)
+    }
+
+    fn register_task(&self, waker: &Waker) -> bool {
+        let mut w = self.waiters.lock();
+        if self.state.load(Ordering::Acquire) != PENDING {
+            return false;
+        }
+        w.tasks.push(waker.clone());
+        true
+    }
+
+    /// Passes the wake-up on to this waiter's two children in the cascade.
+    fn wake_children(&self, index: usize) {
+        // Taking the lock orders this after `finish` stored the cascade.
+        let cascade = self.waiters.lock().cascade.clone();
+        if let Some(cascade) = cascade {
+            for child in [2 * index + 1, 2 * index + 2] {
+                if let Some(t) = cascade.get(child) {
+                    t.unpark();
+                }
+            }
         }
     }
 }
@@ -75,7 +142,9 @@ enum Inner {
     Done(Option<Arc<io::Error>>),
     Waiting {
         batch: Arc<Batch>,
-        listener: Option<EventListener>,
+        /// The waker registered last, so that repeated polls by the same
+        /// task do not register it again.
+        registered: Option<Waker>,
     },
 }
 
@@ -96,7 +165,7 @@ impl Ticket {
         Ticket {
             inner: Inner::Waiting {
                 batch,
-                listener: None,
+                registered: None,
             },
         }
     }
@@ -116,17 +185,21 @@ impl Ticket {
         match self.inner {
             Inner::Done(None) => Ok(()),
             Inner::Done(Some(cause)) => Err(failed(Some(&cause))),
-            Inner::Waiting { batch, .. } => loop {
+            Inner::Waiting { batch, .. } => {
                 if let Some(result) = batch.result() {
                     return result;
                 }
-                let listener = batch.event.listen();
-                // Check again: the batch may have completed before we listened.
-                if let Some(result) = batch.result() {
-                    return result;
+                let Some(index) = batch.register_thread() else {
+                    return batch.result().unwrap_or(Ok(()));
+                };
+                loop {
+                    if let Some(result) = batch.result() {
+                        batch.wake_children(index);
+                        return result;
+                    }
+                    std::thread::park();
                 }
-                listener.wait();
-            },
+            }
         }
     }
 }
@@ -139,20 +212,20 @@ impl Future for Ticket {
         match &mut this.inner {
             Inner::Done(None) => Poll::Ready(Ok(())),
             Inner::Done(Some(cause)) => Poll::Ready(Err(failed(Some(cause)))),
-            Inner::Waiting { batch, listener } => loop {
+            Inner::Waiting { batch, registered } => {
                 if let Some(result) = batch.result() {
                     return Poll::Ready(result);
                 }
-                match listener {
-                    None => *listener = Some(batch.event.listen()),
-                    Some(l) => {
-                        if Pin::new(l).poll(cx).is_pending() {
-                            return Poll::Pending;
-                        }
-                        *listener = None;
-                    }
+                if registered.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                    return Poll::Pending;
                 }
-            },
+                if !batch.register_task(cx.waker()) {
+                    // Finished between the check and the registration.
+                    return Poll::Ready(batch.result().unwrap_or(Ok(())));
+                }
+                *registered = Some(cx.waker().clone());
+                Poll::Pending
+            }
         }
     }
 }

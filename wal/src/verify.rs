@@ -186,7 +186,8 @@ pub fn verify(
         }
         if let Some((at, what)) = stop {
             if seg.sealed {
-                seg.damage.get_or_insert((at, format!("{what} inside a sealed segment")));
+                seg.damage
+                    .get_or_insert((at, format!("{what} inside a sealed segment")));
             } else {
                 let exp = expected.unwrap_or(1);
                 let (found, nonzero) = first_valid_after(&data, seq, at + 8, len, exp);

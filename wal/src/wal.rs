@@ -30,7 +30,7 @@ use crate::error::WalError;
 use crate::format::{
     self, ENTRY_HEADER_LEN, EntryKind, FOOTER_HEADER_LEN, HEADER_LEN, TRAILER_LEN, Trailer,
 };
-use crate::options::WalOptions;
+use crate::options::{Preallocation, WalOptions};
 use crate::recovery::{self, RecoveryReport, Scanned, Tail};
 use crate::segment::{self, Entry, SegmentHandle};
 use crate::stats::{WalStats, WalStatsSnapshot};
@@ -181,6 +181,18 @@ impl<E> Pending<E> {
     }
 }
 
+/// The segment allocator's state: it creates the next segment ahead of need.
+#[derive(Default)]
+struct Alloc {
+    /// The segment to create next.
+    wanted: Option<u64>,
+    /// A creation is under way.
+    creating: bool,
+    /// A created segment, ready to be written.
+    ready: Option<Arc<SegmentHandle>>,
+    shutdown: bool,
+}
+
 /// What the lock protects.
 struct Locked<S: Sequencer> {
     state: S,
@@ -219,6 +231,8 @@ struct Shared<S: Sequencer> {
     failed: AtomicBool,
     failure: OnceLock<Arc<io::Error>>,
     segments: RwLock<std::collections::BTreeMap<u64, Arc<SegmentHandle>>>,
+    alloc: Mutex<Alloc>,
+    alloc_ready: Condvar,
     stats: WalStats,
     _lock: Box<dyn DirLock>,
 }
@@ -258,6 +272,7 @@ struct Shared<S: Sequencer> {
 pub struct Wal<S: Sequencer> {
     shared: Arc<Shared<S>>,
     sync_thread: Option<JoinHandle<()>>,
+    allocator: Option<JoinHandle<()>>,
 }
 
 /// The caller's handle inside the serialized section.
@@ -346,7 +361,12 @@ impl<S: Sequencer> Locked<S> {
         &mut self.pending.chunks[last]
     }
 
-    fn append_entry(&mut self, kind: EntryKind, len: usize, fill: impl FnOnce(&mut [u8])) -> Appended {
+    fn append_entry(
+        &mut self,
+        kind: EntryKind,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Appended {
         let lsn = self.next_lsn;
         let seq = self.seg_seq;
         let position = self.seg_pos;
@@ -482,8 +502,9 @@ impl<S: Sequencer> Wal<S> {
                 // After a killed process the page cache may hold entries that
                 // recovery read but no sync ever covered: sync them before
                 // anything is decided on top of them.
-                file.sync_data()
-                    .map_err(|e| WalError::io("fdatasync", dir.join(format::segment_file_name(seq)), e))?;
+                file.sync_data().map_err(|e| {
+                    WalError::io("fdatasync", dir.join(format::segment_file_name(seq)), e)
+                })?;
                 replace_handle(&mut handles, SegmentHandle::with_file(seq, dir, file));
                 locked.seg_seq = seq;
                 locked.seg_pos = pos;
@@ -527,6 +548,8 @@ impl<S: Sequencer> Wal<S> {
             failed: AtomicBool::new(false),
             failure: OnceLock::new(),
             segments: RwLock::new(handles.into_iter().map(|h| (h.seq, h)).collect()),
+            alloc: Mutex::new(Alloc::default()),
+            alloc_ready: Condvar::new(),
             stats: WalStats::default(),
             _lock: lock,
         });
@@ -535,9 +558,15 @@ impl<S: Sequencer> Wal<S> {
             .name("fencelog-wal-sync".into())
             .spawn(move || SyncThread::new(thread_shared).run())
             .map_err(|e| WalError::io("spawn the sync thread for", dir, e))?;
+        let alloc_shared = Arc::clone(&shared);
+        let allocator = std::thread::Builder::new()
+            .name("fencelog-wal-alloc".into())
+            .spawn(move || alloc_shared.run_allocator())
+            .map_err(|e| WalError::io("spawn the segment allocator for", dir, e))?;
         let wal = Wal {
             shared,
             sync_thread: Some(sync_thread),
+            allocator: Some(allocator),
         };
         // Whatever recovery queued (a seal, a new segment's checkpoint) is
         // durable before the log is handed out.
@@ -715,6 +744,14 @@ impl<S: Sequencer> Wal<S> {
         if let Some(t) = self.sync_thread.take() {
             let _ = t.join();
         }
+        {
+            let mut alloc = self.shared.alloc.lock();
+            alloc.shutdown = true;
+            self.shared.alloc_ready.notify_all();
+        }
+        if let Some(t) = self.allocator.take() {
+            let _ = t.join();
+        }
     }
 
     /// Segments older than the one being written are sealed: the sync
@@ -747,7 +784,11 @@ impl<S: Sequencer> Shared<S> {
         Ok(())
     }
 
-    fn run<R>(&self, mut locked: MutexGuard<'_, Locked<S>>, f: impl FnOnce(&mut Writer<'_, S>) -> R) -> R {
+    fn run<R>(
+        &self,
+        mut locked: MutexGuard<'_, Locked<S>>,
+        f: impl FnOnce(&mut Writer<'_, S>) -> R,
+    ) -> R {
         let result = f(&mut Writer {
             locked: &mut locked,
             shared: self,
@@ -780,13 +821,14 @@ impl<S: Sequencer> Shared<S> {
     }
 }
 
+/// How long the sync thread spins for new work before it sleeps.
+const SPIN_FOR_WORK: std::time::Duration = std::time::Duration::from_micros(30);
+
 /// The sync thread: takes whole pending batches and makes them durable.
 struct SyncThread<S: Sequencer> {
     shared: Arc<Shared<S>>,
     /// The segment being written.
     current: Option<Arc<SegmentHandle>>,
-    /// A segment created ahead of need, with its header synced.
-    next: Option<Arc<SegmentHandle>>,
 }
 
 impl<S: Sequencer> SyncThread<S> {
@@ -795,15 +837,16 @@ impl<S: Sequencer> SyncThread<S> {
             let locked = shared.locked.lock();
             shared.segments.read().get(&locked.seg_seq).cloned()
         };
-        SyncThread {
-            shared,
-            current,
-            next: None,
+        if let Some(current) = &current {
+            let mut alloc = shared.alloc.lock();
+            alloc.wanted = Some(current.seq + 1);
         }
+        SyncThread { shared, current }
     }
 
     fn run(mut self) {
         loop {
+            self.spin_for_work();
             let (pending, last_lsn) = {
                 let mut locked = self.shared.locked.lock();
                 while locked.pending.is_empty() && !locked.shutdown {
@@ -841,19 +884,33 @@ impl<S: Sequencer> SyncThread<S> {
                     for effect in effects {
                         effect.durable();
                     }
+                    self.note_durable_checkpoint();
                     self.shared.durable_lsn.store(last_lsn, Ordering::Release);
                     batch.complete();
                     self.recycle(chunks);
-                    if let Err(e) = self.prepare_next() {
-                        self.fail(e);
-                        return;
-                    }
                 }
                 Err(e) => {
                     drop(effects);
                     self.fail_batch(e, &batch);
                     return;
                 }
+            }
+        }
+    }
+
+    /// Just after a sync, the writers it woke are about to submit again:
+    /// waiting a few microseconds for them is cheaper than sleeping and
+    /// being woken (a thread switch each way on a virtual machine).
+    fn spin_for_work(&self) {
+        let deadline = Instant::now() + SPIN_FOR_WORK;
+        while Instant::now() < deadline {
+            if let Some(locked) = self.shared.locked.try_lock()
+                && (!locked.pending.is_empty() || locked.shutdown)
+            {
+                return;
+            }
+            for _ in 0..64 {
+                std::hint::spin_loop();
             }
         }
     }
@@ -870,14 +927,12 @@ impl<S: Sequencer> SyncThread<S> {
         }
     }
 
+    /// Latches the failure first, then fails the batch: a waiter that wakes
+    /// with an error finds the log failed.
     fn fail_batch(&mut self, e: io::Error, batch: &Batch) {
         let cause = Arc::new(e);
-        batch.fail(Arc::clone(&cause));
-        self.fail_with(cause);
-    }
-
-    fn fail(&mut self, e: io::Error) {
-        self.fail_with(Arc::new(e));
+        self.fail_with(Arc::clone(&cause));
+        batch.fail(cause);
     }
 
     /// Latches the failure: every pending and later write fails; reads of
@@ -893,10 +948,6 @@ impl<S: Sequencer> SyncThread<S> {
         };
         pending.batch.fail(cause);
         self.shared.space.notify(usize::MAX);
-    }
-
-    fn path(&self, seq: u64) -> PathBuf {
-        self.shared.dir.join(format::segment_file_name(seq))
     }
 
     fn write_and_sync(&mut self, chunks: &[Chunk]) -> io::Result<()> {
@@ -953,7 +1004,12 @@ impl<S: Sequencer> SyncThread<S> {
 
     /// Writes the footer, syncs, then writes the trailer that points at it
     /// and syncs again: a valid trailer always means a durable footer.
-    fn seal(&mut self, seg: &Arc<SegmentHandle>, entries_end: u64, footer: &[u8]) -> io::Result<()> {
+    fn seal(
+        &mut self,
+        seg: &Arc<SegmentHandle>,
+        entries_end: u64,
+        footer: &[u8],
+    ) -> io::Result<()> {
         let file = self.file_of(seg)?;
         let footer_pos = format::align_up(entries_end);
         file.write_all_at(footer, footer_pos)
@@ -963,8 +1019,8 @@ impl<S: Sequencer> SyncThread<S> {
         let footer_end = footer_pos + footer.len() as u64;
         let len = file.len().map_err(|e| annotate(e, "stat", &seg.path))?;
         let trailer_pos = format::align_up(footer_end).max(len.saturating_sub(TRAILER_LEN));
-        let footer_len = u32::try_from(footer.len())
-            .map_err(|_| io::Error::other("footer over 4 GiB"))?;
+        let footer_len =
+            u32::try_from(footer.len()).map_err(|_| io::Error::other("footer over 4 GiB"))?;
         let trailer = format::encode_trailer(
             seg.seq,
             Trailer {
@@ -984,30 +1040,87 @@ impl<S: Sequencer> SyncThread<S> {
         let len = trailer_pos + TRAILER_LEN;
         match segment::load_sealed(file, &seg.path, seg.seq, len) {
             Ok(Some(view)) => seg.set_sealed(Arc::new(view)),
-            Ok(None) => return Err(io::Error::other("a freshly written trailer does not read back")),
+            Ok(None) => {
+                return Err(io::Error::other(
+                    "a freshly written trailer does not read back",
+                ));
+            }
             Err(e) => return Err(io::Error::other(e.to_string())),
         }
         Ok(())
     }
 
+    /// The file of new segment `seq`: the allocator's, if it made that one,
+    /// else created here. Either way the allocator starts on the next.
     fn take_or_create(&mut self, seq: u64) -> io::Result<Arc<SegmentHandle>> {
-        if let Some(next) = self.next.take() {
-            if next.seq == seq {
-                return Ok(next);
+        let ready = {
+            let mut alloc = self.shared.alloc.lock();
+            while alloc.creating {
+                self.shared.alloc_ready.wait(&mut alloc);
             }
-            // A stale pre-created segment (cannot happen: rotation always
-            // takes the next number); remove it rather than leave junk.
-            let _ = self.shared.storage.remove(&next.path);
-        }
-        self.create(seq)
+            alloc.ready.take()
+        };
+        let handle = match ready {
+            Some(h) if h.seq == seq => h,
+            stale => {
+                if let Some(h) = stale {
+                    // Cannot happen (rotation always takes the next number);
+                    // remove it rather than leave an orphan.
+                    self.shared.segments.write().remove(&h.seq);
+                    let _ = self.shared.storage.remove(&h.path);
+                }
+                self.shared.create_segment(seq)?
+            }
+        };
+        let mut alloc = self.shared.alloc.lock();
+        alloc.wanted = Some(seq + 1);
+        self.shared.alloc_ready.notify_all();
+        Ok(handle)
     }
 
-    /// Creates segment `seq`: header, preallocation, sync, rename into place,
+    /// After a batch: note which checkpoint is durable, so that segments
+    /// before it may be removed.
+    fn note_durable_checkpoint(&self) {
+        if let Some(current) = &self.current {
+            self.shared
+                .durable_checkpoint_seq
+                .fetch_max(current.seq, Ordering::AcqRel);
+        }
+    }
+}
+
+impl<S: Sequencer> Shared<S> {
+    /// The allocator thread: creates the wanted segment ahead of need.
+    fn run_allocator(&self) {
+        loop {
+            let seq = {
+                let mut alloc = self.alloc.lock();
+                while alloc.wanted.is_none() && !alloc.shutdown {
+                    self.alloc_ready.wait(&mut alloc);
+                }
+                if alloc.shutdown {
+                    return;
+                }
+                alloc.creating = true;
+                alloc.wanted.take()
+            };
+            // A failure here is not the log's failure: the sync thread will
+            // try the creation itself when it needs the segment, and latch if
+            // that fails too.
+            let created = seq.and_then(|seq| self.create_segment(seq).ok());
+            let mut alloc = self.alloc.lock();
+            alloc.creating = false;
+            alloc.ready = created;
+            self.alloc_ready.notify_all();
+        }
+    }
+
+    /// Creates segment `seq`: header, space, sync, rename into place,
     /// directory sync. A crash at any point leaves either no segment `seq`
     /// or a complete, empty one.
-    fn create(&mut self, seq: u64) -> io::Result<Arc<SegmentHandle>> {
-        let storage = self.shared.storage.as_ref();
-        let path = self.path(seq);
+    fn create_segment(&self, seq: u64) -> io::Result<Arc<SegmentHandle>> {
+        let storage = self.storage.as_ref();
+        let path = self.dir.join(format::segment_file_name(seq));
         let mut tmp = path.clone().into_os_string();
         tmp.push(".tmp");
         let tmp = PathBuf::from(tmp);
@@ -1017,9 +1130,22 @@ impl<S: Sequencer> SyncThread<S> {
             .map_err(|e| annotate(e, "create", &tmp))?;
         file.write_all_at(&format::encode_header(seq), 0)
             .map_err(|e| annotate(e, "write header", &tmp))?;
-        if self.shared.opts.preallocate {
-            file.preallocate(self.shared.opts.segment_bytes)
-                .map_err(|e| annotate(e, "preallocate", &tmp))?;
+        let size = self.opts.segment_bytes;
+        match self.opts.preallocation {
+            Preallocation::Fill => {
+                let zeros = vec![0u8; (1 << 20).min(size as usize)];
+                let mut at = HEADER_LEN;
+                while at < size {
+                    let n = (size - at).min(zeros.len() as u64) as usize;
+                    file.write_all_at(&zeros[..n], at)
+                        .map_err(|e| annotate(e, "fill", &tmp))?;
+                    at += n as u64;
+                }
+            }
+            Preallocation::Reserve => file
+                .preallocate(size)
+                .map_err(|e| annotate(e, "preallocate", &tmp))?,
+            Preallocation::None => {}
         }
         file.sync_data()
             .map_err(|e| annotate(e, "fdatasync", &tmp))?;
@@ -1027,37 +1153,14 @@ impl<S: Sequencer> SyncThread<S> {
             .rename(&tmp, &path)
             .map_err(|e| annotate(e, "rename", &tmp))?;
         storage
-            .sync_dir(&self.shared.dir)
-            .map_err(|e| annotate(e, "sync directory", &self.shared.dir))?;
-        self.shared
-            .stats
-            .segments_created
-            .fetch_add(1, Ordering::Relaxed);
-        let handle = Arc::new(SegmentHandle::with_file(seq, &self.shared.dir, file));
-        self.shared
-            .segments
-            .write()
-            .insert(seq, Arc::clone(&handle));
+            .sync_dir(&self.dir)
+            .map_err(|e| annotate(e, "sync directory", &self.dir))?;
+        self.stats.segments_created.fetch_add(1, Ordering::Relaxed);
+        let handle = Arc::new(SegmentHandle::with_file(seq, &self.dir, file));
+        self.segments.write().insert(seq, Arc::clone(&handle));
         Ok(handle)
     }
-
-    /// After a batch: note which checkpoint is durable, and create the next
-    /// segment ahead of need so that rotation never waits for a file.
-    fn prepare_next(&mut self) -> io::Result<()> {
-        let Some(current) = self.current.clone() else {
-            return Ok(());
-        };
-        self.shared
-            .durable_checkpoint_seq
-            .fetch_max(current.seq, Ordering::AcqRel);
-        if self.next.is_none() {
-            let next = self.create(current.seq + 1)?;
-            self.next = Some(next);
-        }
-        Ok(())
-    }
 }
-
 
 fn annotate(e: io::Error, op: &str, path: &Path) -> io::Error {
     io::Error::new(e.kind(), format!("{op} {}: {e}", path.display()))

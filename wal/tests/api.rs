@@ -15,7 +15,9 @@ fn async_submitters_on_a_single_threaded_runtime() {
     let sim: Arc<dyn Storage> = Arc::new(SimStorage::new());
     let (wal, _) = open(&sim, Path::new("/db"), &small_opts()).unwrap();
     let wal = Arc::new(wal);
-    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
     let acked = rt.block_on(async {
         let mut tasks = Vec::new();
         for t in 0..50u32 {
@@ -49,7 +51,10 @@ fn async_submitters_on_a_single_threaded_runtime() {
     });
     assert_eq!(acked.len(), 1000);
     for (at, p) in &acked {
-        assert_eq!(&wal.read_entry(at.segment, at.position).unwrap().payload[..], &p[..]);
+        assert_eq!(
+            &wal.read_entry(at.segment, at.position).unwrap().payload[..],
+            &p[..]
+        );
     }
     let stats = wal.stats();
     assert!(
@@ -97,7 +102,11 @@ fn an_unknown_format_version_is_refused_by_name() {
     f.write_all_at(&header, 0).unwrap();
     f.sync_data().unwrap();
     match open(&storage, dir, &small_opts()) {
-        Err(WalError::UnknownVersion { file, found, supported }) => {
+        Err(WalError::UnknownVersion {
+            file,
+            found,
+            supported,
+        }) => {
             assert_eq!((file, found, supported), (path, 2, format::FORMAT_VERSION));
         }
         Err(e) => panic!("wrong error: {e}"),
@@ -124,7 +133,10 @@ fn removed_segments_stay_removed_and_the_log_still_opens() {
     for &seq in segments.iter().filter(|&&s| s < active) {
         assert!(wal.remove_segment(seq).unwrap(), "segment {seq}");
     }
-    assert!(matches!(wal.read_entry(1, format::HEADER_LEN), Err(WalError::NoEntry { .. })));
+    assert!(matches!(
+        wal.read_entry(1, format::HEADER_LEN),
+        Err(WalError::NoEntry { .. })
+    ));
     let records = wal.with_state(|c| c.records);
     drop(wal);
     let (wal, report) = open(&storage, dir, &small_opts()).unwrap();

@@ -10,9 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use common::*;
-use fencelog_wal::{
-    Appended, CutKind, RecoveryMode, SimStorage, Storage, WalError, format,
-};
+use fencelog_wal::{Appended, CutKind, RecoveryMode, SimStorage, Storage, WalError, format};
 use proptest::prelude::*;
 
 const DIR: &str = "/db";
@@ -77,8 +75,7 @@ fn flipped(file: &Path, pos: u64, bit: u8) -> Arc<dyn Storage> {
 /// entries, footer, trailer (not zeros after the tail or the gap before a
 /// trailer, which nothing reads).
 fn meaningful(seq: u64, pos: u64) -> bool {
-    let &(_, len, entries_end, footer_end) =
-        base().layout.iter().find(|l| l.0 == seq).unwrap();
+    let &(_, len, entries_end, footer_end) = base().layout.iter().find(|l| l.0 == seq).unwrap();
     match footer_end {
         Some(f) => pos < f || pos >= len - format::TRAILER_LEN,
         None => pos < entries_end,
@@ -89,12 +86,20 @@ fn meaningful(seq: u64, pos: u64) -> bool {
 fn damage_in_the_middle_of_the_tail_is_corruption_naming_file_and_byte() {
     let b = base();
     let last_seg = b.records.last().unwrap().0.segment;
-    let in_tail: Vec<_> = b.records.iter().filter(|(a, _)| a.segment == last_seg).collect();
+    let in_tail: Vec<_> = b
+        .records
+        .iter()
+        .filter(|(a, _)| a.segment == last_seg)
+        .collect();
     assert!(in_tail.len() > 3, "the tail segment holds a few records");
     let (victim, _) = in_tail[in_tail.len() / 2];
     let storage = flipped(&seg_path(last_seg), victim.position + 30, 3);
     match open(&storage, Path::new(DIR), &small_opts()) {
-        Err(WalError::Corrupt { file, position, reason }) => {
+        Err(WalError::Corrupt {
+            file,
+            position,
+            reason,
+        }) => {
             assert_eq!(file, seg_path(last_seg));
             assert_eq!(position, victim.position, "{reason}");
             assert!(reason.contains("later sync"), "{reason}");
@@ -117,7 +122,12 @@ fn damage_in_the_middle_of_the_tail_is_corruption_naming_file_and_byte() {
             assert_eq!(&read.unwrap().payload[..], &p[..]);
         }
     }
-    wal.with_state(|c| assert_eq!(c.records, (b.records.iter().filter(|(a, _)| a.lsn < victim.lsn).count()) as u64));
+    wal.with_state(|c| {
+        assert_eq!(
+            c.records,
+            (b.records.iter().filter(|(a, _)| a.lsn < victim.lsn).count()) as u64
+        )
+    });
 }
 
 #[test]
@@ -153,7 +163,12 @@ fn damage_in_a_sealed_segment_fails_its_reads_and_verify() {
     // …but the damaged entry is never answered as data.
     assert!(wal.read_entry(victim.segment, victim.position).is_err());
     let (other, p) = &b.records[6];
-    assert_eq!(&wal.read_entry(other.segment, other.position).unwrap().payload[..], &p[..]);
+    assert_eq!(
+        &wal.read_entry(other.segment, other.position)
+            .unwrap()
+            .payload[..],
+        &p[..]
+    );
     drop(wal);
     let report = fencelog_wal::verify(storage.as_ref(), Path::new(DIR), |_| {}, |_, _| {}).unwrap();
     let seg = report.segments.iter().find(|s| s.seq == first_seg).unwrap();
@@ -176,7 +191,10 @@ fn damage_to_a_footer_or_trailer_is_detected() {
         drop(wal);
         let report =
             fencelog_wal::verify(storage.as_ref(), Path::new(DIR), |_| {}, |_, _| {}).unwrap();
-        assert!(report.is_damaged(), "flip at {pos} went unnoticed by verify");
+        assert!(
+            report.is_damaged(),
+            "flip at {pos} went unnoticed by verify"
+        );
     }
 }
 

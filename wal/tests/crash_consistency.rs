@@ -100,7 +100,10 @@ fn check_recovered(image: &SimStorage, dir: &Path, opts: &WalOptions, outcome: &
     // A prefix: no decided record below the last recovered one is missing.
     if let Some((&last, _)) = recovered.iter().next_back() {
         for lsn in outcome.decided.range(..=last).map(|(l, _)| l) {
-            assert!(recovered.contains_key(lsn), "hole at LSN {lsn} below {last}");
+            assert!(
+                recovered.contains_key(lsn),
+                "hole at LSN {lsn} below {last}"
+            );
         }
     }
     for lsn in &outcome.acked {
@@ -118,7 +121,10 @@ fn check_recovered(image: &SimStorage, dir: &Path, opts: &WalOptions, outcome: &
     let after_cut = fork.cut_power(CrashMode::LoseUnsynced);
     drop(wal);
     let again = all_records(&after_cut, dir);
-    assert_eq!(again, records, "recovery built on entries it had not made durable");
+    assert_eq!(
+        again, records,
+        "recovery built on entries it had not made durable"
+    );
     records.len()
 }
 
@@ -220,8 +226,7 @@ fn repeated_cuts_and_recoveries_never_lose_acknowledged_entries() {
         image = next;
         let storage: Arc<dyn Storage> = Arc::new(image.clone());
         drop(open(&storage, dir, &opts).unwrap());
-        let records: BTreeMap<u64, Vec<u8>> =
-            all_records(&image, dir).into_iter().collect();
+        let records: BTreeMap<u64, Vec<u8>> = all_records(&image, dir).into_iter().collect();
         for (lsn, p) in &acked_payloads {
             assert_eq!(records.get(lsn), Some(p), "round {round}: LSN {lsn} lost");
         }

@@ -12,8 +12,15 @@ use std::sync::Arc;
 use common::*;
 use fencelog_wal::{SimStorage, Storage, WalError};
 
-fn setup() -> (SimStorage, Arc<dyn Storage>, fencelog_wal::Wal<Counter>, Vec<(fencelog_wal::Appended, Vec<u8>)>) {
+fn setup() -> (
+    SimStorage,
+    Arc<dyn Storage>,
+    fencelog_wal::Wal<Counter>,
+    Vec<(fencelog_wal::Appended, Vec<u8>)>,
+) {
     let sim = SimStorage::new();
+    // Spare the segment the allocator prepares in the background.
+    sim.faults().only_on(".wal");
     let storage: Arc<dyn Storage> = Arc::new(sim.clone());
     let (wal, _) = open(&storage, Path::new("/db"), &small_opts()).unwrap();
     let mut durable = Vec::new();
@@ -53,7 +60,10 @@ fn a_failed_sync_latches() {
     // Reopening clears the latch; everything acknowledged is there.
     let (wal, _) = open(&storage, Path::new("/db"), &small_opts()).unwrap();
     for (at, p) in &durable {
-        assert_eq!(&wal.read_entry(at.segment, at.position).unwrap().payload[..], &p[..]);
+        assert_eq!(
+            &wal.read_entry(at.segment, at.position).unwrap().payload[..],
+            &p[..]
+        );
     }
     let (_, t) = append(&wal, b"fine again").unwrap();
     t.wait().unwrap();
@@ -98,7 +108,11 @@ fn every_waiter_of_a_failing_batch_fails_and_none_hangs() {
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    assert!(results.iter().all(|r| matches!(r, Err(WalError::Failed { .. }))));
+    assert!(
+        results
+            .iter()
+            .all(|r| matches!(r, Err(WalError::Failed { .. })))
+    );
     assert_latched(&wal, &durable);
 }
 
@@ -133,6 +147,10 @@ fn a_failure_while_sealing_latches() {
         }
     }
     assert!(failed);
-    assert_eq!(wal.stats().segments_sealed, sealed_before, "the seal did not complete");
+    assert_eq!(
+        wal.stats().segments_sealed,
+        sealed_before,
+        "the seal did not complete"
+    );
     assert_latched(&wal, &durable);
 }

@@ -41,8 +41,12 @@ fn child_writer() {
                     let (at, ticket) = append(wal, &p).unwrap();
                     ticket.wait().unwrap();
                     let mut out = out.lock();
-                    writeln!(out, "ACK {} {} {} {} {}", at.lsn, at.segment, at.position, writer, n)
-                        .unwrap();
+                    writeln!(
+                        out,
+                        "ACK {} {} {} {} {}",
+                        at.lsn, at.segment, at.position, writer, n
+                    )
+                    .unwrap();
                     out.flush().unwrap();
                 }
             });
@@ -60,7 +64,13 @@ struct Ack {
 
 fn run_child_and_kill(dir: &Path, writer_base: u32, min_acks: usize) -> Vec<Ack> {
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "child_writer", "--nocapture", "--test-threads=1"])
+        .args([
+            "--ignored",
+            "--exact",
+            "child_writer",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD_DIR, dir)
         .env(CHILD_WRITER, writer_base.to_string())
         .stdout(Stdio::piped())
@@ -90,7 +100,11 @@ fn run_child_and_kill(dir: &Path, writer_base: u32, min_acks: usize) -> Vec<Ack>
         }
     }
     child.wait().unwrap();
-    assert!(acks.len() >= min_acks, "the child acknowledged only {} entries", acks.len());
+    assert!(
+        acks.len() >= min_acks,
+        "the child acknowledged only {} entries",
+        acks.len()
+    );
     acks
 }
 

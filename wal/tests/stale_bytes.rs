@@ -56,9 +56,17 @@ fn tail_end(sim: &SimStorage, seq: u64) -> u64 {
 fn check(sim: &SimStorage, records: &[(u64, Vec<u8>)]) {
     let storage: Arc<dyn Storage> = Arc::new(sim.clone());
     let (wal, _report) = open(&storage, Path::new(DIR), &small_opts()).unwrap();
-    assert_eq!(wal.with_state(|c| c.records), records.len() as u64, "junk was replayed");
+    assert_eq!(
+        wal.with_state(|c| c.records),
+        records.len() as u64,
+        "junk was replayed"
+    );
     wal.close().unwrap();
-    assert_eq!(all_records(sim, Path::new(DIR)), records, "junk became a record");
+    assert_eq!(
+        all_records(sim, Path::new(DIR)),
+        records,
+        "junk became a record"
+    );
 }
 
 #[test]
@@ -112,7 +120,9 @@ fn old_entries_of_the_same_segment_past_the_tail_are_not_entries() {
 fn random_garbage_in_preallocated_space_is_not_an_entry() {
     let (sim, records, tail) = setup();
     let end = tail_end(&sim, tail);
-    let garbage: Vec<u8> = (0..20_000u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    let garbage: Vec<u8> = (0..20_000u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
     write(&sim, &seg_path(tail), end + 64, &garbage);
     check(&sim, &records);
 }

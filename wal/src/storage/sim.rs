@@ -50,6 +50,8 @@ pub struct Faults {
     fail_write_in: AtomicU64,
     syncs: AtomicU64,
     writes: AtomicU64,
+    /// Faults hit only files whose name (at open) ends with this.
+    only_on: Mutex<Option<String>>,
 }
 
 const DISARMED: u64 = u64::MAX;
@@ -61,6 +63,7 @@ impl Default for Faults {
             fail_write_in: AtomicU64::new(DISARMED),
             syncs: AtomicU64::new(0),
             writes: AtomicU64::new(0),
+            only_on: Mutex::new(None),
         }
     }
 }
@@ -77,6 +80,24 @@ impl Faults {
     /// nothing.
     pub fn fail_write_after(&self, n: u64) {
         self.fail_write_in.store(n, Ordering::SeqCst);
+    }
+
+    /// Makes faults hit only files whose name ends with `suffix` (say
+    /// `".wal"`, to spare segments still being created as `.wal.tmp`).
+    pub fn only_on(&self, suffix: &str) {
+        *self.only_on.lock() = Some(suffix.to_string());
+    }
+
+    /// Whether faults apply to the file with inode `ino` under its current
+    /// names.
+    fn applies_to(&self, fs: &SimFs, ino: u64) -> bool {
+        match &*self.only_on.lock() {
+            Some(suffix) => fs
+                .names
+                .iter()
+                .any(|(p, &i)| i == ino && p.to_string_lossy().ends_with(suffix.as_str())),
+            None => true,
+        }
     }
 
     /// Disarms every pending fault.
@@ -271,10 +292,11 @@ impl SimStorage {
         Ok(inode.lock().data.clone())
     }
 
-    fn file(&self, inode: Arc<Mutex<Inode>>) -> Box<dyn StorageFile> {
+    fn file(&self, ino: u64, inode: Arc<Mutex<Inode>>) -> Box<dyn StorageFile> {
         Box::new(SimFile {
             fs: Arc::clone(&self.fs),
             faults: Arc::clone(&self.faults),
+            ino,
             inode,
         })
     }
@@ -421,7 +443,7 @@ impl Storage for SimStorage {
         let ino = *fs.names.get(path).ok_or_else(|| not_found(path))?;
         let inode = Arc::clone(fs.inodes.get(&ino).ok_or_else(|| not_found(path))?);
         drop(fs);
-        Ok(self.file(inode))
+        Ok(self.file(ino, inode))
     }
 
     fn create_new(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
@@ -445,7 +467,7 @@ impl Storage for SimStorage {
         fs.inodes.insert(ino, Arc::clone(&inode));
         fs.names.insert(path.to_path_buf(), ino);
         drop(fs);
-        Ok(self.file(inode))
+        Ok(self.file(ino, inode))
     }
 
     fn remove(&self, path: &Path) -> io::Result<()> {
@@ -518,6 +540,7 @@ impl Drop for SimLock {
 struct SimFile {
     fs: Arc<Mutex<SimFs>>,
     faults: Arc<Faults>,
+    ino: u64,
     inode: Arc<Mutex<Inode>>,
 }
 
@@ -557,7 +580,7 @@ impl StorageFile for SimFile {
         let mut fs = self.fs.lock();
         fs.mutate()?;
         self.faults.writes.fetch_add(1, Ordering::SeqCst);
-        if Faults::trip(&self.faults.fail_write_in) {
+        if self.faults.applies_to(&fs, self.ino) && Faults::trip(&self.faults.fail_write_in) {
             return Err(eio("write"));
         }
         let mut inode = self.inode.lock();
@@ -596,7 +619,7 @@ impl StorageFile for SimFile {
         fs.mutate()?;
         self.faults.syncs.fetch_add(1, Ordering::SeqCst);
         let mut inode = self.inode.lock();
-        if Faults::trip(&self.faults.fail_sync_in) {
+        if self.faults.applies_to(&fs, self.ino) && Faults::trip(&self.faults.fail_sync_in) {
             // Linux marks the pages clean after a failed writeback: the data
             // never reaches the disk, and a retried fsync reports success.
             inode.unsynced.clear();
