@@ -22,8 +22,8 @@ impl Sequencer for Nothing {
     fn checkpoint(&mut self, _segment: u64) -> Vec<u8> {
         Vec::new()
     }
-    fn seal(&mut self, _segment: u64) -> Vec<u8> {
-        Vec::new()
+    fn seal(&mut self, _segment: u64) -> (Vec<u8>, Option<()>) {
+        (Vec::new(), None)
     }
 }
 

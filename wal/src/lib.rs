@@ -47,4 +47,4 @@ pub use stats::{Histogram, HistogramSnapshot, WalStats, WalStatsSnapshot};
 pub use storage::{CrashMode, DirLock, Faults, FsStorage, SimStorage, Storage, StorageFile};
 pub use ticket::Ticket;
 pub use verify::{SegmentReport, VerifiedEntry, VerifyReport, verify};
-pub use wal::{Appended, Durable, Replay, ReplayEntry, Sequencer, Wal, Writer};
+pub use wal::{Appended, Durable, Removal, Replay, ReplayEntry, Sequencer, Wal, Writer};

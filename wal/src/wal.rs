@@ -52,8 +52,9 @@ pub trait Sequencer: Send + 'static {
     fn checkpoint(&mut self, segment: u64) -> Vec<u8>;
 
     /// The footer payload of segment `segment`, sealed now: its last entry
-    /// has been appended.
-    fn seal(&mut self, segment: u64) -> Vec<u8>;
+    /// has been appended. The effect, if any, runs once the footer is
+    /// durable.
+    fn seal(&mut self, segment: u64) -> (Vec<u8>, Option<Self::Effect>);
 
     /// How many bytes the next footer will take, so that segments are sealed
     /// before it overflows them. The default, 0, lets the footer grow the
@@ -71,6 +72,18 @@ pub trait Durable: Send + 'static {
 
 impl Durable for () {
     fn durable(self) {}
+}
+
+/// What [`Wal::remove_segment`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removal {
+    /// The segment's file is gone, durably.
+    Removed,
+    /// There is no such segment (removed before).
+    Absent,
+    /// Recovery may still need it; try again after the next checkpoint is
+    /// durable.
+    NotYet,
 }
 
 /// Where an appended entry landed.
@@ -117,6 +130,7 @@ pub struct Replay<'a> {
     entries: &'a [Scanned],
     maps: &'a std::collections::HashMap<u64, Bytes>,
     segments: &'a [u64],
+    sealed: &'a std::collections::HashMap<u64, Arc<crate::segment::SealedView>>,
 }
 
 impl Replay<'_> {
@@ -140,6 +154,14 @@ impl Replay<'_> {
     /// Sequence numbers of every segment in the log, in order.
     pub fn segments(&self) -> &[u64] {
         self.segments
+    }
+
+    /// Whether segment `segment` is sealed (its footer is durable). Replayed
+    /// entries can sit in a sealed segment when the segment after it never
+    /// got its first sync.
+    pub fn is_sealed(&self, segment: u64) -> bool {
+        // Segments older than the first replayed one are sealed too.
+        self.sealed.contains_key(&segment) || self.entries.first().is_some_and(|e| segment < e.seq)
     }
 }
 
@@ -251,7 +273,7 @@ struct Shared<S: Sequencer> {
 /// impl Sequencer for Nothing {
 ///     type Effect = ();
 ///     fn checkpoint(&mut self, _segment: u64) -> Vec<u8> { Vec::new() }
-///     fn seal(&mut self, _segment: u64) -> Vec<u8> { Vec::new() }
+///     fn seal(&mut self, _segment: u64) -> (Vec<u8>, Option<()>) { (Vec::new(), None) }
 /// }
 ///
 /// let dir = tempfile::tempdir().unwrap();
@@ -412,10 +434,11 @@ impl<S: Sequencer> Locked<S> {
     /// checkpoint.
     fn rotate_to(&mut self, next: u64) {
         let seq = self.seg_seq;
-        let footer = self.state.seal(seq);
+        let (footer, effect) = self.state.seal(seq);
         let last_lsn = self.next_lsn - 1;
         let encoded = format::encode_footer(seq, self.seg_first_lsn, last_lsn, &footer);
         self.current_chunk().seal = Some(encoded);
+        self.pending.effects.extend(effect);
         self.start_segment(next);
     }
 
@@ -473,6 +496,7 @@ impl<S: Sequencer> Wal<S> {
             entries: &recovered.entries,
             maps: &recovered.maps,
             segments: &recovered.segments,
+            sealed: &recovered.sealed,
         })?;
 
         let mut handles = recovered.handles(dir);
@@ -698,17 +722,17 @@ impl<S: Sequencer> Wal<S> {
     }
 
     /// Removes sealed segment `segment`, whose entries the layer above no
-    /// longer needs. Refused (answers false) while recovery could still need
-    /// it: unless a newer segment's checkpoint is durable.
-    pub fn remove_segment(&self, segment: u64) -> Result<bool, WalError> {
+    /// longer needs. Refused ([`Removal::NotYet`]) while recovery could still
+    /// need it: unless a newer segment's checkpoint is durable.
+    pub fn remove_segment(&self, segment: u64) -> Result<Removal, WalError> {
         if segment >= self.shared.durable_checkpoint_seq.load(Ordering::Acquire) {
-            return Ok(false);
+            return Ok(Removal::NotYet);
         }
         let handle = {
             let mut segments = self.shared.segments.write();
             match segments.remove(&segment) {
                 Some(h) => h,
-                None => return Ok(false),
+                None => return Ok(Removal::Absent),
             }
         };
         let storage = self.shared.storage.as_ref();
@@ -722,7 +746,7 @@ impl<S: Sequencer> Wal<S> {
             .stats
             .segments_removed
             .fetch_add(1, Ordering::Relaxed);
-        Ok(true)
+        Ok(Removal::Removed)
     }
 
     /// Waits until everything submitted so far is durable, then stops the

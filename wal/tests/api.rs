@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use common::*;
-use fencelog_wal::{SimStorage, Storage, StorageFile, WalError, format};
+use fencelog_wal::{Removal, SimStorage, Storage, StorageFile, WalError, format};
 
 #[test]
 fn async_submitters_on_a_single_threaded_runtime() {
@@ -128,11 +128,12 @@ fn removed_segments_stay_removed_and_the_log_still_opens() {
     assert!(segments.len() > 5);
     // The active segment, and anything newer, cannot be removed.
     let active = wal.active_segment();
-    assert!(!wal.remove_segment(active).unwrap());
-    assert!(!wal.remove_segment(active + 1).unwrap());
+    assert_eq!(wal.remove_segment(active).unwrap(), Removal::NotYet);
+    assert_eq!(wal.remove_segment(active + 1).unwrap(), Removal::NotYet);
     for &seq in segments.iter().filter(|&&s| s < active) {
-        assert!(wal.remove_segment(seq).unwrap(), "segment {seq}");
+        assert_eq!(wal.remove_segment(seq).unwrap(), Removal::Removed, "segment {seq}");
     }
+    assert_eq!(wal.remove_segment(1).unwrap(), Removal::Absent);
     assert!(matches!(
         wal.read_entry(1, format::HEADER_LEN),
         Err(WalError::NoEntry { .. })

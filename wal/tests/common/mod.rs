@@ -22,9 +22,10 @@ impl Sequencer for Counter {
         self.records.to_le_bytes().to_vec()
     }
 
-    fn seal(&mut self, segment: u64) -> Vec<u8> {
+    fn seal(&mut self, segment: u64) -> (Vec<u8>, Option<()>) {
         self.sealed.push(segment);
-        format!("segment {segment} sealed after {} records", self.records).into_bytes()
+        let footer = format!("segment {segment} sealed after {} records", self.records);
+        (footer.into_bytes(), None)
     }
 }
 

@@ -1,0 +1,255 @@
+//! The index a sealed segment carries in its footer: for every stream with
+//! records in the segment, where each of its entries is. Reads of sealed
+//! segments search it in place, in the segment's memory map, so the index
+//! of sealed history costs no heap memory and opening a log never loads it.
+//!
+//! ```text
+//! // SegmentIndex: { magic: [u8; 4] = "FLIX" | version: u32 = 1 | stream_count: u32 | reserved: u32 | [Dir; stream_count] | [Ix]* }
+//! // Dir (48 B):   { stream_id: u64 | first_offset: u64 | end_offset: u64 | cum_bytes: u64 | first_ix: u32 | ix_count: u32 | reserved: u64 }
+//! // Ix (24 B):    { first_offset: u64 | cum_bytes: u64 | position: u64 }
+//! ```
+//!
+//! `Dir` entries are sorted by stream id; a stream's `Ix` entries by offset.
+//! `cum_bytes` counts the stream's payload bytes before that offset.
+
+use crate::view::IndexEntry;
+
+const MAGIC: [u8; 4] = *b"FLIX";
+const VERSION: u32 = 1;
+const HEADER: usize = 16;
+const DIR: usize = 48;
+const IX: usize = 24;
+
+/// One stream's part of a segment, for encoding.
+pub(crate) struct StreamPart<'a> {
+    pub stream_id: u64,
+    pub end_offset: u64,
+    pub entries: &'a [IndexEntry],
+}
+
+/// Bytes the index of `streams` streams and `entries` entries takes.
+pub(crate) fn encoded_len(streams: usize, entries: usize) -> usize {
+    HEADER + DIR * streams + IX * entries
+}
+
+/// Encodes a segment index; `parts` must be sorted by stream id and each
+/// part must have at least one entry.
+pub(crate) fn encode(parts: &[StreamPart<'_>]) -> Vec<u8> {
+    let entries: usize = parts.iter().map(|p| p.entries.len()).sum();
+    let mut b = Vec::with_capacity(encoded_len(parts.len(), entries));
+    b.extend_from_slice(&MAGIC);
+    b.extend_from_slice(&VERSION.to_le_bytes());
+    b.extend_from_slice(&(parts.len() as u32).to_le_bytes());
+    b.extend_from_slice(&0u32.to_le_bytes());
+    let mut first_ix = 0u32;
+    for p in parts {
+        let first = p.entries.first().map_or(p.end_offset, |e| e.first_offset);
+        let cum = p.entries.first().map_or(0, |e| e.cum_bytes);
+        b.extend_from_slice(&p.stream_id.to_le_bytes());
+        b.extend_from_slice(&first.to_le_bytes());
+        b.extend_from_slice(&p.end_offset.to_le_bytes());
+        b.extend_from_slice(&cum.to_le_bytes());
+        b.extend_from_slice(&first_ix.to_le_bytes());
+        b.extend_from_slice(&(p.entries.len() as u32).to_le_bytes());
+        b.extend_from_slice(&0u64.to_le_bytes());
+        first_ix += p.entries.len() as u32;
+    }
+    for p in parts {
+        for e in p.entries {
+            b.extend_from_slice(&e.first_offset.to_le_bytes());
+            b.extend_from_slice(&e.cum_bytes.to_le_bytes());
+            b.extend_from_slice(&e.position.to_le_bytes());
+        }
+    }
+    b
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(a)
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+/// A segment index read in place.
+pub(crate) struct SegmentIndex<'a> {
+    b: &'a [u8],
+    streams: usize,
+    entries: usize,
+}
+
+/// One stream's directory entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Dir {
+    pub first_offset: u64,
+    pub end_offset: u64,
+    pub cum_bytes: u64,
+    first_ix: usize,
+    ix_count: usize,
+}
+
+impl<'a> SegmentIndex<'a> {
+    /// Checks the layout (every count against the length); `Err` with what
+    /// is wrong, never a panic.
+    pub(crate) fn parse(b: &'a [u8]) -> Result<Self, String> {
+        if b.len() < HEADER || b[0..4] != MAGIC {
+            return Err("not a segment index (bad magic)".into());
+        }
+        let version = u32_at(b, 4);
+        if version != VERSION {
+            return Err(format!("segment index version {version} is not supported"));
+        }
+        let streams = u32_at(b, 8) as usize;
+        let dir_end = streams
+            .checked_mul(DIR)
+            .and_then(|d| d.checked_add(HEADER))
+            .filter(|&e| e <= b.len())
+            .ok_or("the directory runs past the end")?;
+        let rest = b.len() - dir_end;
+        if rest % IX != 0 {
+            return Err("the entries do not divide evenly".into());
+        }
+        let entries = rest / IX;
+        let idx = SegmentIndex { b, streams, entries };
+        let mut prev_id = None;
+        for i in 0..streams {
+            let at = HEADER + i * DIR;
+            let id = u64_at(b, at);
+            if prev_id.is_some_and(|p| p >= id) {
+                return Err("the directory is not sorted".into());
+            }
+            prev_id = Some(id);
+            let d = idx.dir_at(i);
+            if d.ix_count == 0 || d.first_ix + d.ix_count > entries || d.first_offset >= d.end_offset {
+                return Err(format!("stream {id}: a directory entry out of range"));
+            }
+        }
+        Ok(idx)
+    }
+
+    fn dir_at(&self, i: usize) -> Dir {
+        let at = HEADER + i * DIR;
+        Dir {
+            first_offset: u64_at(self.b, at + 8),
+            end_offset: u64_at(self.b, at + 16),
+            cum_bytes: u64_at(self.b, at + 24),
+            first_ix: u32_at(self.b, at + 32) as usize,
+            ix_count: u32_at(self.b, at + 36) as usize,
+        }
+    }
+
+    /// The directory entry of stream `id`, if it has records here.
+    pub(crate) fn stream(&self, id: u64) -> Option<Dir> {
+        let (mut lo, mut hi) = (0, self.streams);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            let mid_id = u64_at(self.b, HEADER + mid * DIR);
+            match mid_id.cmp(&id) {
+                std::cmp::Ordering::Less => lo = mid + 1,
+                std::cmp::Ordering::Greater => hi = mid,
+                std::cmp::Ordering::Equal => return Some(self.dir_at(mid)),
+            }
+        }
+        None
+    }
+
+    fn ix(&self, i: usize) -> IndexEntry {
+        let at = HEADER + self.streams * DIR + i * IX;
+        IndexEntry {
+            first_offset: u64_at(self.b, at),
+            cum_bytes: u64_at(self.b, at + 8),
+            position: u64_at(self.b, at + 16),
+        }
+    }
+
+    /// The entries of `dir` from the one holding `offset` on, each with the
+    /// offset where it ends.
+    pub(crate) fn entries_from(
+        &self,
+        dir: Dir,
+        offset: u64,
+    ) -> impl Iterator<Item = (IndexEntry, u64)> + '_ {
+        let range = dir.first_ix..(dir.first_ix + dir.ix_count).min(self.entries);
+        // The last entry whose first offset is <= offset.
+        let (mut lo, mut hi) = (range.start, range.end);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if self.ix(mid).first_offset <= offset {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        let start = lo.saturating_sub(1).max(range.start);
+        (start..range.end).map(move |i| {
+            let end = if i + 1 < range.end {
+                self.ix(i + 1).first_offset
+            } else {
+                dir.end_offset
+            };
+            (self.ix(i), end)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(first_offset: u64, cum_bytes: u64, position: u64) -> IndexEntry {
+        IndexEntry {
+            first_offset,
+            cum_bytes,
+            position,
+        }
+    }
+
+    #[test]
+    fn round_trip_and_lookup() {
+        let a = [e(10, 100, 64), e(12, 130, 200), e(15, 160, 400)];
+        let b = [e(0, 0, 128)];
+        let bytes = encode(&[
+            StreamPart {
+                stream_id: 3,
+                end_offset: 20,
+                entries: &a,
+            },
+            StreamPart {
+                stream_id: 9,
+                end_offset: 1,
+                entries: &b,
+            },
+        ]);
+        assert_eq!(bytes.len(), encoded_len(2, 4));
+        let idx = SegmentIndex::parse(&bytes).unwrap();
+        assert!(idx.stream(4).is_none());
+        let d = idx.stream(3).unwrap();
+        assert_eq!((d.first_offset, d.end_offset, d.cum_bytes), (10, 20, 100));
+        let from13: Vec<_> = idx.entries_from(d, 13).collect();
+        assert_eq!(from13, vec![(e(12, 130, 200), 15), (e(15, 160, 400), 20)]);
+        let from10: Vec<_> = idx.entries_from(d, 10).map(|x| x.0.first_offset).collect();
+        assert_eq!(from10, vec![10, 12, 15]);
+        let d9 = idx.stream(9).unwrap();
+        assert_eq!(idx.entries_from(d9, 0).collect::<Vec<_>>(), vec![(e(0, 0, 128), 1)]);
+    }
+
+    #[test]
+    fn damaged_indexes_are_errors_not_panics() {
+        let bytes = encode(&[StreamPart {
+            stream_id: 1,
+            end_offset: 5,
+            entries: &[e(0, 0, 64)],
+        }]);
+        for cut in 0..bytes.len() {
+            let _ = SegmentIndex::parse(&bytes[..cut]);
+        }
+        let mut bad = bytes.clone();
+        bad[8] = 200; // stream count
+        assert!(SegmentIndex::parse(&bad).is_err());
+    }
+}

@@ -1,0 +1,236 @@
+//! Leases: the engine as the coordinator that issues fencing tokens.
+//!
+//! One counter, stored in the log, issues every token: an acquisition's
+//! entry carries its token, and the token is answered only once that entry
+//! is durable, so after any crash every new token is above every token
+//! answered before. Expiry runs on the engine's monotonic [`Clock`], never a
+//! client's. Renewals and releases are not made durable: after a restart
+//! every lease the log shows live is held for its full ttl from the open,
+//! because the downtime cannot be known safely. A renewal lost in a crash
+//! therefore only shortens nothing: the restart grants a full ttl anyway.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hashbrown::HashMap;
+
+use crate::checkpoint::{Encoder, LeaseRecord};
+
+/// A monotonic clock, in milliseconds from an arbitrary origin.
+///
+/// The engine measures lease expiry with it. Tests inject a manual clock so
+/// that expiry needs no sleeping.
+pub trait Clock: Send + Sync + 'static {
+    /// Milliseconds since this clock's origin; never decreases.
+    fn now_ms(&self) -> u64;
+}
+
+/// The real monotonic clock ([`Instant`]).
+#[derive(Debug, Clone, Copy)]
+pub struct MonotonicClock {
+    origin: Instant,
+}
+
+impl Default for MonotonicClock {
+    fn default() -> Self {
+        MonotonicClock {
+            origin: Instant::now(),
+        }
+    }
+}
+
+impl Clock for MonotonicClock {
+    fn now_ms(&self) -> u64 {
+        self.origin.elapsed().as_millis() as u64
+    }
+}
+
+/// A clock that moves only when told: for tests.
+///
+/// # Examples
+///
+/// ```
+/// use fencelog::{Clock, ManualClock};
+/// use std::time::Duration;
+/// let clock = ManualClock::default();
+/// clock.advance(Duration::from_millis(1500));
+/// assert_eq!(clock.now_ms(), 1500);
+/// ```
+#[derive(Debug, Default)]
+pub struct ManualClock {
+    now: std::sync::atomic::AtomicU64,
+}
+
+impl ManualClock {
+    /// Moves the clock forward.
+    pub fn advance(&self, by: Duration) {
+        self.now
+            .fetch_add(by.as_millis() as u64, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> u64 {
+        self.now.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl<C: Clock + ?Sized> Clock for Arc<C> {
+    fn now_ms(&self) -> u64 {
+        (**self).now_ms()
+    }
+}
+
+/// One live lease.
+#[derive(Debug, Clone)]
+pub(crate) struct Lease {
+    pub owner: Box<[u8]>,
+    pub token: u64,
+    pub ttl_ms: u64,
+    /// On the engine's clock.
+    pub expires_at_ms: u64,
+    /// LSN of the acquisition entry.
+    pub lsn: u64,
+}
+
+/// The lease table and the token counter, inside the serialized section.
+pub(crate) struct Leases {
+    /// The highest token this engine has issued (or that an accepted write
+    /// carried on a stream a lease fenced).
+    last_token: u64,
+    /// LSN of the entry that issued `last_token`.
+    pub last_token_lsn: u64,
+    live: HashMap<Box<[u8]>, Lease>,
+    clock: Arc<dyn Clock>,
+    pub expired: u64,
+}
+
+impl Leases {
+    pub(crate) fn new(clock: Arc<dyn Clock>) -> Leases {
+        Leases {
+            last_token: 0,
+            last_token_lsn: 0,
+            live: HashMap::new(),
+            clock,
+            expired: 0,
+        }
+    }
+
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    pub(crate) fn last_token(&self) -> u64 {
+        self.last_token
+    }
+
+    /// The lease on `name` if it is live now; an expired one is forgotten.
+    pub(crate) fn live(&mut self, name: &[u8]) -> Option<&Lease> {
+        let now = self.clock.now_ms();
+        if self.live.get(name).is_some_and(|l| l.expires_at_ms <= now) {
+            self.live.remove(name);
+            self.expired += 1;
+        }
+        self.live.get(name)
+    }
+
+    pub(crate) fn live_mut(&mut self, name: &[u8]) -> Option<&mut Lease> {
+        self.live(name)?;
+        self.live.get_mut(name)
+    }
+
+    /// Number of leases in the table (some may have expired unnoticed).
+    pub(crate) fn len(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Drops every expired lease; answers how many.
+    pub(crate) fn sweep(&mut self) -> u64 {
+        let now = self.clock.now_ms();
+        let before = self.live.len();
+        self.live.retain(|_, l| l.expires_at_ms > now);
+        let n = (before - self.live.len()) as u64;
+        self.expired += n;
+        n
+    }
+
+    /// An accepted acquisition: `token` is issued to `owner` for `ttl_ms`
+    /// from now (from the open, when replayed: the restart rule).
+    pub(crate) fn apply_acquire(
+        &mut self,
+        name: &[u8],
+        owner: &[u8],
+        token: u64,
+        ttl_ms: u64,
+        lsn: u64,
+    ) -> Result<(), String> {
+        if token <= self.last_token {
+            return Err(format!(
+                "an acquisition issued token {token}, not above the last issued {}",
+                self.last_token
+            ));
+        }
+        self.last_token = token;
+        self.last_token_lsn = lsn;
+        let expires_at_ms = self.clock.now_ms().saturating_add(ttl_ms);
+        self.live.insert(
+            name.to_vec().into_boxed_slice(),
+            Lease {
+                owner: owner.to_vec().into_boxed_slice(),
+                token,
+                ttl_ms,
+                expires_at_ms,
+                lsn,
+            },
+        );
+        Ok(())
+    }
+
+    /// A release: drops the lease if owner and token match.
+    pub(crate) fn apply_release(&mut self, name: &[u8], owner: &[u8], token: u64) -> bool {
+        let matches = self
+            .live
+            .get(name)
+            .is_some_and(|l| &*l.owner == owner && l.token == token);
+        if matches {
+            self.live.remove(name);
+        }
+        matches
+    }
+
+    /// Raises the counter past a token seen elsewhere (a fenced stream's
+    /// highest), so the next token is above it.
+    pub(crate) fn note_token(&mut self, token: u64) {
+        self.last_token = self.last_token.max(token);
+    }
+
+    pub(crate) fn restore(&mut self, last_token: u64, leases: Vec<LeaseRecord>) {
+        let now = self.clock.now_ms();
+        self.last_token = last_token;
+        self.last_token_lsn = 0;
+        self.live.clear();
+        for l in leases {
+            self.live.insert(
+                l.name.into_boxed_slice(),
+                Lease {
+                    owner: l.owner.into_boxed_slice(),
+                    token: l.token,
+                    ttl_ms: l.ttl_ms,
+                    // The restart rule: a full ttl from the open.
+                    expires_at_ms: now.saturating_add(l.ttl_ms),
+                    lsn: 0,
+                },
+            );
+        }
+    }
+
+    /// Appends the live leases to a checkpoint being encoded.
+    pub(crate) fn checkpoint_into(&mut self, e: Encoder) -> Vec<u8> {
+        self.sweep();
+        e.finish(
+            self.live
+                .iter()
+                .map(|(name, l)| (&name[..], &l.owner[..], l.token, l.ttl_ms)),
+        )
+    }
+}

@@ -1,0 +1,1093 @@
+//! [`Log`]: the engine's public face. Every operation has a blocking form
+//! and an `_async` form; the async forms never block a runtime thread.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use event_listener::{Event, Listener};
+use fencelog_wal::{
+    FsStorage, RecoveryReport, Removal, Storage, Ticket, Wal, Writer,
+};
+
+use crate::core::Core;
+use crate::error::{Error, Result};
+use crate::footer::SegmentIndex;
+use crate::lease::{Clock, Leases, MonotonicClock};
+use crate::metrics::{Counters, Metrics};
+use crate::op::{self, Op};
+use crate::options::Options;
+use crate::token::{Offset, Token, check_stream_name};
+use crate::view::{GcQueue, StreamView, Views};
+
+/// One record read back: its offset, the token its append carried, and its
+/// payload (a slice of a memory map for sealed segments: no copy).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The record's offset in its stream.
+    pub offset: Offset,
+    /// The token of the append that wrote it.
+    pub token: Token,
+    /// The record's bytes.
+    pub payload: Bytes,
+}
+
+/// A stream's durable state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StreamStat {
+    /// The highest token accepted on the stream (0: none yet).
+    pub highest_token: u64,
+    /// The offset the next record gets.
+    pub next_offset: Offset,
+    /// The first readable offset (records below were trimmed or deleted).
+    pub start_offset: Offset,
+    /// Readable records: `next_offset - start_offset`.
+    pub records: u64,
+    /// Payload bytes of the readable records.
+    pub bytes: u64,
+}
+
+/// A fenced append-only log: many named streams in one durable,
+/// group-committed write-ahead log.
+///
+/// Cloning a `Log` is cheap and shares it; the log closes when the last
+/// clone is dropped (after syncing what was submitted).
+///
+/// # Examples
+///
+/// ```
+/// use fencelog::{Error, Log, Options, Token};
+///
+/// let dir = tempfile::tempdir().unwrap();
+/// let log = Log::open(dir.path(), Options::default()).unwrap();
+/// let t41 = Token::new(41).unwrap();
+/// let t42 = Token::new(42).unwrap();
+///
+/// // The new owner fences the stream before doing any work…
+/// log.fence("orders", t42).unwrap();
+/// // …so the old owner's late write is rejected, durably.
+/// match log.append("orders", t41, &[b"late"]) {
+///     Err(Error::Stale { presented: 41, highest: 42 }) => {}
+///     other => panic!("{other:?}"),
+/// }
+/// assert_eq!(log.append("orders", t42, &[b"first", b"second"]).unwrap(), 0);
+/// let records = log.read("orders", 0, 10).unwrap();
+/// assert_eq!(&records[1].payload[..], b"second");
+/// ```
+#[derive(Clone)]
+pub struct Log {
+    inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) wal: Wal<Core>,
+    pub(crate) views: Arc<Views>,
+    gc: Arc<GcQueue>,
+    pub(crate) opts: Options,
+    pub(crate) counters: Counters,
+    report: RecoveryReport,
+    /// Notified when a lease is released or replaced, for waiting acquirers.
+    pub(crate) lease_freed: Event,
+    pub(crate) clock: Arc<dyn Clock>,
+}
+
+/// What the serialized section decided; the answer waits for `ticket`.
+pub(crate) enum Decision {
+    /// Accepted: answer `value` once the entry is durable.
+    Accepted { value: u64, ticket: Ticket },
+    /// Rejected: answer `error` once what it cites is durable.
+    Rejected { error: Error, ticket: Ticket },
+    /// A conditional append whose expected offset is behind the stream:
+    /// perhaps the retry of one that succeeded.
+    MaybeRetry {
+        expected: u64,
+        next: u64,
+        highest: u64,
+        /// Resolves when the stream's newest entry (hence the records at
+        /// `expected..`, and the highest token) is durable.
+        ticket: Ticket,
+    },
+}
+
+impl Decision {
+    fn wait(self) -> Result<Decided> {
+        match self {
+            Decision::Accepted { value, ticket } => {
+                ticket.wait()?;
+                Ok(Decided::Value(value))
+            }
+            Decision::Rejected { error, ticket } => {
+                ticket.wait()?;
+                Ok(Decided::Error(error))
+            }
+            Decision::MaybeRetry {
+                expected,
+                next,
+                highest,
+                ticket,
+            } => {
+                ticket.wait()?;
+                Ok(Decided::Retry {
+                    expected,
+                    next,
+                    highest,
+                })
+            }
+        }
+    }
+
+    async fn wait_async(self) -> Result<Decided> {
+        match self {
+            Decision::Accepted { value, ticket } => {
+                ticket.await?;
+                Ok(Decided::Value(value))
+            }
+            Decision::Rejected { error, ticket } => {
+                ticket.await?;
+                Ok(Decided::Error(error))
+            }
+            Decision::MaybeRetry {
+                expected,
+                next,
+                highest,
+                ticket,
+            } => {
+                ticket.await?;
+                Ok(Decided::Retry {
+                    expected,
+                    next,
+                    highest,
+                })
+            }
+        }
+    }
+}
+
+enum Decided {
+    Value(u64),
+    Error(Error),
+    Retry { expected: u64, next: u64, highest: u64 },
+}
+
+fn check_payloads<P: AsRef<[u8]>>(opts: &Options, payloads: &[P]) -> Result<()> {
+    if payloads.is_empty() {
+        return Err(Error::invalid("payloads", "an append needs at least one record"));
+    }
+    if payloads.len() > opts.max_records_per_append as usize {
+        return Err(Error::TooLarge {
+            what: "records per append",
+            len: payloads.len() as u64,
+            max: u64::from(opts.max_records_per_append),
+        });
+    }
+    for p in payloads {
+        let len = p.as_ref().len();
+        if len > opts.max_payload_bytes as usize {
+            return Err(Error::TooLarge {
+                what: "payload bytes",
+                len: len as u64,
+                max: u64::from(opts.max_payload_bytes),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// What the serialized section knows of a stream: (highest, its LSN, next,
+/// start, the stream's newest LSN). A stream never seen is all zeros.
+fn stream_state(w: &mut Writer<'_, Core>, stream: &[u8]) -> (u64, u64, u64, u64, u64) {
+    w.state().streams.get(stream).map_or((0, 0, 0, 0, 0), |s| {
+        (s.highest, s.highest_lsn, s.next_offset, s.start_offset, s.last_lsn)
+    })
+}
+
+fn stale(w: &Writer<'_, Core>, presented: u64, highest: u64, highest_lsn: u64) -> Decision {
+    // The rejection cites `highest`: it is answered once that is durable.
+    Decision::Rejected {
+        error: Error::Stale { presented, highest },
+        ticket: w.ticket_for(highest_lsn),
+    }
+}
+
+/// Internal: an `apply_*` refusing what the decision just accepted would be
+/// a bug; it is reported, never a panic.
+fn internal(why: String) -> Error {
+    Error::invalid("internal state", why)
+}
+
+pub(crate) fn decide_append<P: AsRef<[u8]>>(
+    w: &mut Writer<'_, Core>,
+    stream: &[u8],
+    token: u64,
+    payloads: &[P],
+    expected: Option<u64>,
+) -> Result<Decision> {
+    let (highest, highest_lsn, next, _, last_lsn) = stream_state(w, stream);
+    if let Some(expected) = expected
+        && expected != next
+    {
+        if expected < next {
+            return Ok(Decision::MaybeRetry {
+                expected,
+                next,
+                highest,
+                ticket: w.ticket_for(last_lsn),
+            });
+        }
+        if token < highest {
+            return Ok(stale(w, token, highest, highest_lsn));
+        }
+        return Ok(Decision::Rejected {
+            error: Error::OffsetMismatch { expected, next },
+            ticket: w.ticket_for(last_lsn),
+        });
+    }
+    if token < highest {
+        return Ok(stale(w, token, highest, highest_lsn));
+    }
+    let len = op::append_len(stream, payloads);
+    let at = w.append(len, |buf| op::encode_append(buf, stream, token, next, payloads))?;
+    let bytes = payloads.iter().map(|p| p.as_ref().len() as u64).sum();
+    let effect = w
+        .state()
+        .apply_append(stream, token, next, payloads.len() as u32, bytes, at)
+        .map_err(internal)?;
+    w.on_durable(effect);
+    Ok(Decision::Accepted {
+        value: next,
+        ticket: w.ticket(),
+    })
+}
+
+fn decide_fence(w: &mut Writer<'_, Core>, stream: &[u8], token: u64) -> Result<Decision> {
+    let (highest, highest_lsn, ..) = stream_state(w, stream);
+    if token < highest {
+        return Ok(stale(w, token, highest, highest_lsn));
+    }
+    if token == highest {
+        // Nothing to write: answer once the highest token is durable.
+        return Ok(Decision::Accepted {
+            value: highest,
+            ticket: w.ticket_for(highest_lsn),
+        });
+    }
+    let entry = op::encode(&Op::Fence { stream, token });
+    let at = w.append(entry.len(), |buf| buf.copy_from_slice(&entry))?;
+    let effect = w.state().apply_fence(stream, token, at.lsn).map_err(internal)?;
+    w.on_durable(effect);
+    Ok(Decision::Accepted {
+        value: token,
+        ticket: w.ticket(),
+    })
+}
+
+fn decide_trim(
+    w: &mut Writer<'_, Core>,
+    stream: &[u8],
+    token: u64,
+    before: u64,
+    delete: bool,
+) -> Result<Decision> {
+    let (highest, highest_lsn, next, start, last_lsn) = stream_state(w, stream);
+    if token < highest {
+        return Ok(stale(w, token, highest, highest_lsn));
+    }
+    let before = if delete { next } else { before };
+    if before > next {
+        return Ok(Decision::Rejected {
+            error: Error::TrimBeyondEnd { before, next },
+            ticket: w.ticket_for(last_lsn),
+        });
+    }
+    let answer = if delete { next - start } else { before.max(start) };
+    if before <= start && token == highest {
+        // Nothing changes at all.
+        return Ok(Decision::Accepted {
+            value: if delete { 0 } else { start },
+            ticket: w.ticket_for(last_lsn),
+        });
+    }
+    let entry = if delete {
+        op::encode(&Op::Delete { stream, token })
+    } else {
+        op::encode(&Op::Trim {
+            stream,
+            token,
+            before,
+        })
+    };
+    let at = w.append(entry.len(), |buf| buf.copy_from_slice(&entry))?;
+    let effect = w
+        .state()
+        .apply_trim(stream, token, before, at.lsn)
+        .map_err(internal)?;
+    w.on_durable(effect);
+    Ok(Decision::Accepted {
+        value: answer,
+        ticket: w.ticket(),
+    })
+}
+
+impl Log {
+    /// Opens (or creates) the log in `dir` on real files.
+    ///
+    /// Fails if another process has the directory open, if acknowledged data
+    /// is damaged (see [`fencelog_wal::RecoveryMode`]), or on I/O errors.
+    pub fn open(dir: impl AsRef<Path>, opts: Options) -> Result<Log> {
+        Log::open_on(
+            Arc::new(FsStorage),
+            Arc::new(MonotonicClock::default()),
+            dir.as_ref(),
+            opts,
+        )
+    }
+
+    /// Opens the log on any storage backend (say the crash-simulating
+    /// [`fencelog_wal::SimStorage`]) with any lease clock.
+    pub fn open_on(
+        storage: Arc<dyn Storage>,
+        clock: Arc<dyn Clock>,
+        dir: &Path,
+        opts: Options,
+    ) -> Result<Log> {
+        opts.validate()?;
+        let views = Arc::new(Views::default());
+        let gc = Arc::new(GcQueue::default());
+        let core = Core::new(
+            Arc::clone(&views),
+            Arc::clone(&gc),
+            Leases::new(Arc::clone(&clock)),
+        );
+        let (wal, report) = Wal::open(storage, dir, opts.wal.clone(), |replay| core.recover(replay))?;
+        let dead = wal.with_state(|core| core.dead_segments(&wal.segments()));
+        for segment in dead {
+            gc.push(segment);
+        }
+        let log = Log {
+            inner: Arc::new(Inner {
+                wal,
+                views,
+                gc,
+                opts,
+                counters: Counters::default(),
+                report,
+                lease_freed: Event::new(),
+                clock,
+            }),
+        };
+        log.collect_garbage();
+        Ok(log)
+    }
+
+    /// What recovery found and did when this log was opened.
+    pub fn recovery_report(&self) -> &RecoveryReport {
+        &self.inner.report
+    }
+
+    /// The options the log was opened with.
+    pub fn options(&self) -> &Options {
+        &self.inner.opts
+    }
+
+    /// Whether an I/O failure stopped the log (reads go on; writes fail
+    /// until it is reopened).
+    pub fn has_failed(&self) -> bool {
+        self.inner.wal.has_failed()
+    }
+
+    pub(crate) fn inner(&self) -> &Inner {
+        &self.inner
+    }
+
+    /// The fast path: a token below the stream's durable highest token is
+    /// rejected without the write lock, the disk or an allocation.
+    fn fast_stale(&self, stream: &[u8], token: Token) -> Result<()> {
+        let highest = self.inner.views.durable_highest(stream);
+        if token.get() < highest {
+            self.inner.counters.stale.add(1);
+            return Err(Error::Stale {
+                presented: token.get(),
+                highest,
+            });
+        }
+        Ok(())
+    }
+
+    fn count(&self, result: &Result<u64>) {
+        match result {
+            Err(Error::Stale { .. }) => self.inner.counters.stale.add(1),
+            Err(Error::OffsetMismatch { .. }) => self.inner.counters.mismatches.add(1),
+            _ => {}
+        }
+    }
+
+    fn decided(&self, d: Decided) -> Result<u64> {
+        match d {
+            Decided::Value(v) => Ok(v),
+            Decided::Error(e) => Err(e),
+            Decided::Retry { .. } => Err(internal("an unexpected retry decision".into())),
+        }
+    }
+
+    /// Appends `payloads` as consecutive records of `stream` with `token`,
+    /// in one atomic, durable entry; answers the offset of the first.
+    ///
+    /// Rejected with [`Error::Stale`] if `token` is below the stream's
+    /// highest accepted token.
+    pub fn append<P: AsRef<[u8]>>(
+        &self,
+        stream: impl AsRef<[u8]>,
+        token: Token,
+        payloads: &[P],
+    ) -> Result<Offset> {
+        let stream = stream.as_ref();
+        self.check_append(stream, payloads)?;
+        self.fast_stale(stream, token)?;
+        let d = self
+            .inner
+            .wal
+            .submit(|w| decide_append(w, stream, token.get(), payloads, None))??;
+        let result = d.wait().and_then(|d| self.decided(d));
+        self.count_append(&result, payloads);
+        result
+    }
+
+    /// The async form of [`Log::append`].
+    pub async fn append_async<P: AsRef<[u8]>>(
+        &self,
+        stream: impl AsRef<[u8]>,
+        token: Token,
+        payloads: &[P],
+    ) -> Result<Offset> {
+        let stream = stream.as_ref();
+        self.check_append(stream, payloads)?;
+        self.fast_stale(stream, token)?;
+        let d = self
+            .inner
+            .wal
+            .submit_async(|w| decide_append(w, stream, token.get(), payloads, None))
+            .await??;
+        let result = match d.wait_async().await {
+            Ok(d) => self.decided(d),
+            Err(e) => Err(e),
+        };
+        self.count_append(&result, payloads);
+        result
+    }
+
+    fn check_append<P: AsRef<[u8]>>(&self, stream: &[u8], payloads: &[P]) -> Result<()> {
+        check_stream_name(stream)?;
+        check_payloads(&self.inner.opts, payloads)
+    }
+
+    fn count_append<P: AsRef<[u8]>>(&self, result: &Result<u64>, payloads: &[P]) {
+        if result.is_ok() {
+            let c = &self.inner.counters;
+            c.appends.add(1);
+            c.records.add(payloads.len() as u64);
+            c.bytes
+                .add(payloads.iter().map(|p| p.as_ref().len() as u64).sum());
+        }
+        self.count(result);
+        self.maybe_collect_garbage();
+    }
+
+    /// Appends only if `expected_offset` is the stream's next offset, else
+    /// [`Error::OffsetMismatch`].
+    ///
+    /// A retry of an `append_at` that already succeeded (same expected
+    /// offset, same token, byte-identical payloads at those offsets) answers
+    /// the original offset and writes nothing, even if a newer token has been
+    /// accepted since: a client whose answer was lost can retry safely.
+    pub fn append_at<P: AsRef<[u8]>>(
+        &self,
+        stream: impl AsRef<[u8]>,
+        token: Token,
+        expected_offset: Offset,
+        payloads: &[P],
+    ) -> Result<Offset> {
+        let stream = stream.as_ref();
+        self.check_append(stream, payloads)?;
+        let d = self.inner.wal.submit(|w| {
+            decide_append(w, stream, token.get(), payloads, Some(expected_offset))
+        })??;
+        let result = match d.wait()? {
+            Decided::Retry {
+                expected,
+                next,
+                highest,
+            } => self.settle_retry(stream, token, expected, next, highest, payloads),
+            other => self.decided(other),
+        };
+        self.count_append(&result, payloads);
+        result
+    }
+
+    /// The async form of [`Log::append_at`].
+    pub async fn append_at_async<P: AsRef<[u8]>>(
+        &self,
+        stream: impl AsRef<[u8]>,
+        token: Token,
+        expected_offset: Offset,
+        payloads: &[P],
+    ) -> Result<Offset> {
+        let stream = stream.as_ref();
+        self.check_append(stream, payloads)?;
+        let d = self
+            .inner
+            .wal
+            .submit_async(|w| {
+                decide_append(w, stream, token.get(), payloads, Some(expected_offset))
+            })
+            .await??;
+        let result = match d.wait_async().await? {
+            Decided::Retry {
+                expected,
+                next,
+                highest,
+            } => self.settle_retry(stream, token, expected, next, highest, payloads),
+            other => self.decided(other),
+        };
+        self.count_append(&result, payloads);
+        result
+    }
+
+    /// Is this conditional append a retry of one that succeeded? The records
+    /// at `expected..` are durable now; compare them.
+    fn settle_retry<P: AsRef<[u8]>>(
+        &self,
+        stream: &[u8],
+        token: Token,
+        expected: u64,
+        next: u64,
+        highest: u64,
+        payloads: &[P],
+    ) -> Result<u64> {
+        let same = expected + payloads.len() as u64 <= next
+            && match self.read(stream, expected, payloads.len() as u32) {
+                Ok(records) => {
+                    records.len() == payloads.len()
+                        && records.iter().zip(payloads).enumerate().all(|(i, (r, p))| {
+                            r.offset == expected + i as u64
+                                && r.token == token
+                                && r.payload[..] == *p.as_ref()
+                        })
+                }
+                Err(_) => false,
+            };
+        if same {
+            self.inner.counters.retries.add(1);
+            return Ok(expected);
+        }
+        if token.get() < highest {
+            return Err(Error::Stale {
+                presented: token.get(),
+                highest,
+            });
+        }
+        Err(Error::OffsetMismatch { expected, next })
+    }
+
+    /// Raises the stream's highest token to `token` without writing a
+    /// record, so that a new owner shuts out older ones before it does any
+    /// work; answers the highest token.
+    pub fn fence(&self, stream: impl AsRef<[u8]>, token: Token) -> Result<Token> {
+        let stream = stream.as_ref();
+        check_stream_name(stream)?;
+        self.fast_stale(stream, token)?;
+        let d = self
+            .inner
+            .wal
+            .submit(|w| decide_fence(w, stream, token.get()))??;
+        self.finish_fence(d.wait().and_then(|d| self.decided(d)))
+    }
+
+    /// The async form of [`Log::fence`].
+    pub async fn fence_async(&self, stream: impl AsRef<[u8]>, token: Token) -> Result<Token> {
+        let stream = stream.as_ref();
+        check_stream_name(stream)?;
+        self.fast_stale(stream, token)?;
+        let d = self
+            .inner
+            .wal
+            .submit_async(|w| decide_fence(w, stream, token.get()))
+            .await??;
+        let result = match d.wait_async().await {
+            Ok(d) => self.decided(d),
+            Err(e) => Err(e),
+        };
+        self.finish_fence(result)
+    }
+
+    fn finish_fence(&self, result: Result<u64>) -> Result<Token> {
+        self.count(&result);
+        let highest = result?;
+        self.inner.counters.fences.add(1);
+        Token::new(highest)
+    }
+
+    /// Makes records below `before` unreadable and their space reclaimable;
+    /// answers the new start offset. `before` at or below the start offset
+    /// changes nothing but the highest token; beyond the next offset it is
+    /// [`Error::TrimBeyondEnd`].
+    pub fn trim(&self, stream: impl AsRef<[u8]>, token: Token, before: Offset) -> Result<Offset> {
+        self.trim_or_delete(stream.as_ref(), token, before, false)
+    }
+
+    /// The async form of [`Log::trim`].
+    pub async fn trim_async(
+        &self,
+        stream: impl AsRef<[u8]>,
+        token: Token,
+        before: Offset,
+    ) -> Result<Offset> {
+        self.trim_or_delete_async(stream.as_ref(), token, before, false)
+            .await
+    }
+
+    /// Removes every record of the stream; its highest token and next
+    /// offset survive forever, so a stale owner cannot recreate it. Answers
+    /// how many records were removed.
+    pub fn delete(&self, stream: impl AsRef<[u8]>, token: Token) -> Result<u64> {
+        self.trim_or_delete(stream.as_ref(), token, 0, true)
+    }
+
+    /// The async form of [`Log::delete`].
+    pub async fn delete_async(&self, stream: impl AsRef<[u8]>, token: Token) -> Result<u64> {
+        self.trim_or_delete_async(stream.as_ref(), token, 0, true)
+            .await
+    }
+
+    fn trim_or_delete(&self, stream: &[u8], token: Token, before: u64, delete: bool) -> Result<u64> {
+        check_stream_name(stream)?;
+        self.fast_stale(stream, token)?;
+        let d = self
+            .inner
+            .wal
+            .submit(|w| decide_trim(w, stream, token.get(), before, delete))??;
+        self.finish_trim(d.wait().and_then(|d| self.decided(d)), delete)
+    }
+
+    async fn trim_or_delete_async(
+        &self,
+        stream: &[u8],
+        token: Token,
+        before: u64,
+        delete: bool,
+    ) -> Result<u64> {
+        check_stream_name(stream)?;
+        self.fast_stale(stream, token)?;
+        let d = self
+            .inner
+            .wal
+            .submit_async(|w| decide_trim(w, stream, token.get(), before, delete))
+            .await??;
+        let result = match d.wait_async().await {
+            Ok(d) => self.decided(d),
+            Err(e) => Err(e),
+        };
+        self.finish_trim(result, delete)
+    }
+
+    fn finish_trim(&self, result: Result<u64>, delete: bool) -> Result<u64> {
+        self.count(&result);
+        let value = result?;
+        if delete {
+            self.inner.counters.deletes.add(1);
+        } else {
+            self.inner.counters.trims.add(1);
+        }
+        self.collect_garbage();
+        Ok(value)
+    }
+
+    /// Reads up to `max_records` durable records of `stream` from `from` on.
+    /// `from` below the start offset is [`Error::Trimmed`]; at or past the
+    /// end, the answer is empty.
+    pub fn read(&self, stream: impl AsRef<[u8]>, from: Offset, max_records: u32) -> Result<Vec<Record>> {
+        let stream = stream.as_ref();
+        check_stream_name(stream)?;
+        let records = match self.inner.views.get(stream) {
+            Some(view) => self.read_view(&view, from, max_records)?,
+            None => Vec::new(),
+        };
+        let c = &self.inner.counters;
+        c.reads.add(1);
+        c.records_read.add(records.len() as u64);
+        Ok(records)
+    }
+
+    /// As [`Log::read`], but when there is nothing at `from` yet, waits up
+    /// to `timeout` for records to arrive (`Duration::MAX`: without limit).
+    pub fn read_wait(
+        &self,
+        stream: impl AsRef<[u8]>,
+        from: Offset,
+        max_records: u32,
+        timeout: Duration,
+    ) -> Result<Vec<Record>> {
+        let stream = stream.as_ref();
+        let deadline = Instant::now().checked_add(timeout);
+        loop {
+            let records = self.read(stream, from, max_records)?;
+            if !records.is_empty() {
+                return Ok(records);
+            }
+            let listener = self.listen_for_records(stream);
+            if self.has_records_at(stream, from) {
+                continue;
+            }
+            match deadline {
+                None => listener.wait(),
+                Some(d) => {
+                    if listener.wait_deadline(d).is_none() && Instant::now() >= d {
+                        return Ok(Vec::new());
+                    }
+                }
+            }
+        }
+    }
+
+    /// The async form of [`Log::read_wait`] (`Duration::ZERO`: no waiting).
+    /// Waiting with a limit needs a tokio runtime with its timer enabled.
+    pub async fn read_async(
+        &self,
+        stream: impl AsRef<[u8]>,
+        from: Offset,
+        max_records: u32,
+        timeout: Duration,
+    ) -> Result<Vec<Record>> {
+        let stream = stream.as_ref();
+        let deadline = tokio::time::Instant::now().checked_add(timeout);
+        loop {
+            let records = self.read(stream, from, max_records)?;
+            if !records.is_empty() || timeout.is_zero() {
+                return Ok(records);
+            }
+            let listener = self.listen_for_records(stream);
+            if self.has_records_at(stream, from) {
+                continue;
+            }
+            match deadline {
+                None => listener.await,
+                Some(d) => {
+                    if tokio::time::timeout_at(d, listener).await.is_err() {
+                        return Ok(Vec::new());
+                    }
+                }
+            }
+        }
+    }
+
+    fn listen_for_records(&self, stream: &[u8]) -> event_listener::EventListener {
+        match self.inner.views.get(stream) {
+            Some(view) => view.grown.listen(),
+            // Not created yet: wake on any creation, then look again.
+            None => self.inner.views.created.listen(),
+        }
+    }
+
+    fn has_records_at(&self, stream: &[u8], from: u64) -> bool {
+        self.inner
+            .views
+            .get(stream)
+            .is_some_and(|v| v.next.load(Ordering::Acquire) > from)
+    }
+
+    fn read_view(&self, view: &StreamView, from: u64, max_records: u32) -> Result<Vec<Record>> {
+        let start = view.start.load(Ordering::Acquire);
+        if from < start {
+            return Err(Error::Trimmed {
+                requested: from,
+                start,
+            });
+        }
+        let next = view.next.load(Ordering::Acquire);
+        let max = max_records.min(self.inner.opts.max_read_records);
+        if from >= next || max == 0 {
+            return Ok(Vec::new());
+        }
+        let end = next.min(from.saturating_add(u64::from(max)));
+        let mut out = Vec::with_capacity((end - from) as usize);
+        match self.collect_records(view, from, end, &mut out) {
+            Ok(()) => Ok(out),
+            Err(e) => {
+                // Trimmed (and collected) under our feet: say so.
+                let start = view.start.load(Ordering::Acquire);
+                if from < start {
+                    Err(Error::Trimmed {
+                        requested: from,
+                        start,
+                    })
+                } else {
+                    Err(e)
+                }
+            }
+        }
+    }
+
+    /// Locates the entries holding `[from, end)` and decodes their records.
+    fn collect_records(&self, view: &StreamView, from: u64, end: u64, out: &mut Vec<Record>) -> Result<()> {
+        // (segment, position) of each entry to read, in offset order.
+        let mut entries: Vec<(u64, u64)> = Vec::new();
+        let mut sealed_runs = Vec::new();
+        {
+            let ix = view.index.read();
+            for run in ix.runs.iter() {
+                if run.end_offset > from && run.first_offset < end {
+                    sealed_runs.push(*run);
+                }
+            }
+            let open = &ix.open;
+            // The last open entry starting at or below `from`, and on.
+            let first = open.partition_point(|e| e.entry.first_offset <= from).saturating_sub(1);
+            for e in open.iter().skip(first) {
+                if e.entry.first_offset >= end {
+                    break;
+                }
+                entries.push((e.segment, e.entry.position));
+            }
+        }
+        let mut cursor = from;
+        for run in sealed_runs {
+            let footer = self
+                .inner
+                .wal
+                .footer(run.segment)?
+                .ok_or_else(|| self.missing(run.segment, cursor))?;
+            let index = SegmentIndex::parse(&footer).map_err(|why| self.damaged(run.segment, why))?;
+            let dir = index
+                .stream(view.id)
+                .ok_or_else(|| self.missing(run.segment, cursor))?;
+            for (ix, entry_end) in index.entries_from(dir, cursor) {
+                if ix.first_offset >= end {
+                    break;
+                }
+                self.decode_entry(run.segment, ix.position, cursor, end, out)?;
+                cursor = entry_end.max(cursor);
+                if cursor >= end {
+                    return Ok(());
+                }
+            }
+        }
+        for (segment, position) in entries {
+            if cursor >= end {
+                break;
+            }
+            let before = out.len();
+            self.decode_entry(segment, position, cursor, end, out)?;
+            if let Some(last) = out.last()
+                && out.len() > before
+            {
+                cursor = last.offset + 1;
+            }
+        }
+        if (out.len() as u64) < end - from {
+            return Err(self.missing(0, cursor));
+        }
+        Ok(())
+    }
+
+    /// Decodes the append at `(segment, position)` and keeps its records in
+    /// `[from, end)`.
+    fn decode_entry(&self, segment: u64, position: u64, from: u64, end: u64, out: &mut Vec<Record>) -> Result<()> {
+        let entry = self.inner.wal.read_entry(segment, position)?;
+        let payload = entry.payload;
+        let Op::Append {
+            token,
+            first_offset,
+            records,
+            ..
+        } = op::decode(&payload).map_err(|why| self.damaged(segment, why))?
+        else {
+            return Err(self.damaged(segment, "the index points at an entry that is not an append".into()));
+        };
+        let token = Token::new(token)?;
+        let base = records.as_ptr() as usize - payload.as_ptr() as usize;
+        for (i, (s, e)) in op::records(records).enumerate() {
+            let offset = first_offset + i as u64;
+            if offset >= end {
+                break;
+            }
+            if offset >= from {
+                out.push(Record {
+                    offset,
+                    token,
+                    payload: payload.slice(base + s..base + e),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn missing(&self, segment: u64, offset: u64) -> Error {
+        Error::Corrupt {
+            file: self.inner.wal.dir().to_path_buf(),
+            position: 0,
+            reason: format!("the index has no entry for offset {offset} (segment {segment})"),
+        }
+    }
+
+    fn damaged(&self, segment: u64, why: String) -> Error {
+        Error::Corrupt {
+            file: self
+                .inner
+                .wal
+                .dir()
+                .join(fencelog_wal::format::segment_file_name(segment)),
+            position: 0,
+            reason: why,
+        }
+    }
+
+    /// The stream's durable state. A stream never written to is all zeros.
+    pub fn stat(&self, stream: impl AsRef<[u8]>) -> Result<StreamStat> {
+        let stream = stream.as_ref();
+        check_stream_name(stream)?;
+        let Some(view) = self.inner.views.get(stream) else {
+            return Ok(StreamStat::default());
+        };
+        let start = view.start.load(Ordering::Acquire);
+        let next = view.next.load(Ordering::Acquire);
+        let total = view.total_bytes.load(Ordering::Acquire);
+        let before_start = self.bytes_before(&view, start, next, total)?;
+        Ok(StreamStat {
+            highest_token: view.highest.load(Ordering::Acquire),
+            next_offset: next,
+            start_offset: start,
+            records: next.saturating_sub(start),
+            bytes: total.saturating_sub(before_start),
+        })
+    }
+
+    /// Payload bytes of the stream's records below `offset`.
+    fn bytes_before(&self, view: &StreamView, offset: u64, next: u64, total: u64) -> Result<u64> {
+        if offset == 0 {
+            return Ok(0);
+        }
+        if offset >= next {
+            return Ok(total);
+        }
+        // The cumulative count at the entry holding `offset`, plus the
+        // records of that entry below it.
+        let located = {
+            let ix = view.index.read();
+            let in_run = ix
+                .runs
+                .iter()
+                .find(|r| r.first_offset <= offset && offset < r.end_offset)
+                .copied();
+            let open_i = ix.open.partition_point(|e| e.entry.first_offset <= offset);
+            let open = open_i.checked_sub(1).map(|i| ix.open[i]);
+            (in_run, open)
+        };
+        let (segment, entry) = match located {
+            (Some(run), _) => {
+                let footer = self
+                    .inner
+                    .wal
+                    .footer(run.segment)?
+                    .ok_or_else(|| self.missing(run.segment, offset))?;
+                let index = SegmentIndex::parse(&footer).map_err(|why| self.damaged(run.segment, why))?;
+                let dir = index
+                    .stream(view.id)
+                    .ok_or_else(|| self.missing(run.segment, offset))?;
+                let (entry, _) = index
+                    .entries_from(dir, offset)
+                    .next()
+                    .ok_or_else(|| self.missing(run.segment, offset))?;
+                (run.segment, entry)
+            }
+            (None, Some(open)) => (open.segment, open.entry),
+            (None, None) => return Ok(0),
+        };
+        if entry.first_offset == offset {
+            return Ok(entry.cum_bytes);
+        }
+        let mut records = Vec::new();
+        self.decode_entry(segment, entry.position, entry.first_offset, offset, &mut records)?;
+        Ok(entry.cum_bytes + records.iter().map(|r| r.payload.len() as u64).sum::<u64>())
+    }
+
+    /// The names of the streams that hold records or a token.
+    pub fn streams(&self) -> Vec<Bytes> {
+        let mut names: Vec<Bytes> = self
+            .inner
+            .views
+            .all()
+            .into_iter()
+            .filter(|v| v.highest.load(Ordering::Acquire) > 0)
+            .map(|v| v.name.clone())
+            .collect();
+        names.sort_unstable();
+        names
+    }
+
+    /// A copy of the engine's counters and the log's.
+    pub fn metrics(&self) -> Metrics {
+        let c = &self.inner.counters;
+        let (leases_live, leases_expired) = self
+            .inner
+            .wal
+            .with_state(|core| (core.leases.len() as u64, core.leases.expired));
+        Metrics {
+            appends: c.appends.get(),
+            records: c.records.get(),
+            bytes: c.bytes.get(),
+            stale_rejections: c.stale.get(),
+            mismatches: c.mismatches.get(),
+            idempotent_retries: c.retries.get(),
+            fences: c.fences.get(),
+            trims: c.trims.get(),
+            deletes: c.deletes.get(),
+            reads: c.reads.get(),
+            records_read: c.records_read.get(),
+            streams: self.streams().len() as u64,
+            leases_acquired: c.leases_acquired.get(),
+            leases_renewed: c.leases_renewed.get(),
+            leases_lost: c.leases_lost.get(),
+            leases_released: c.leases_released.get(),
+            leases_expired,
+            leases_held: c.leases_held.get(),
+            lease_waiting: c.lease_waiting.load(Ordering::Relaxed),
+            leases_live,
+            wal: self.inner.wal.stats(),
+        }
+    }
+
+    fn maybe_collect_garbage(&self) {
+        if self.inner.gc.any.load(Ordering::Acquire) {
+            self.collect_garbage();
+        }
+    }
+
+    /// Removes segments whose records are all trimmed or deleted, once
+    /// recovery no longer needs them. Runs after trims and deletes, and
+    /// now and then after appends.
+    pub(crate) fn collect_garbage(&self) {
+        let gc = &self.inner.gc;
+        let pending = {
+            let mut p = gc.pending.lock();
+            gc.any.store(false, Ordering::Release);
+            std::mem::take(&mut *p)
+        };
+        let mut keep = Vec::new();
+        for segment in pending {
+            match self.inner.wal.remove_segment(segment) {
+                Ok(Removal::Removed | Removal::Absent) => {}
+                Ok(Removal::NotYet) | Err(_) => keep.push(segment),
+            }
+        }
+        if !keep.is_empty() {
+            gc.pending.lock().extend(keep);
+            gc.any.store(true, Ordering::Release);
+        }
+    }
+
+    /// The segments of the log, oldest first (for tests and tools).
+    pub fn segments(&self) -> Vec<u64> {
+        self.inner.wal.segments()
+    }
+}

@@ -1,0 +1,120 @@
+//! Counters of the engine, exported by the server (INFO, /metrics).
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use fencelog_wal::WalStatsSnapshot;
+
+const STRIPES: usize = 16;
+
+#[repr(align(128))]
+#[derive(Default)]
+struct Padded(AtomicU64);
+
+/// A counter split over cache lines: threads on different cores count
+/// without fighting over one line (the stale-write fast path counts
+/// millions per second).
+pub(crate) struct Counter {
+    cells: [Padded; STRIPES],
+}
+
+impl Default for Counter {
+    fn default() -> Self {
+        Counter {
+            cells: std::array::from_fn(|_| Padded::default()),
+        }
+    }
+}
+
+thread_local! {
+    static STRIPE: Cell<usize> = const { Cell::new(usize::MAX) };
+}
+
+fn stripe() -> usize {
+    STRIPE.with(|s| {
+        if s.get() == usize::MAX {
+            static NEXT: AtomicU64 = AtomicU64::new(0);
+            s.set(NEXT.fetch_add(1, Ordering::Relaxed) as usize % STRIPES);
+        }
+        s.get()
+    })
+}
+
+impl Counter {
+    pub(crate) fn add(&self, n: u64) {
+        self.cells[stripe()].0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn get(&self) -> u64 {
+        self.cells.iter().map(|c| c.0.load(Ordering::Relaxed)).sum()
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub appends: Counter,
+    pub records: Counter,
+    pub bytes: Counter,
+    pub stale: Counter,
+    pub mismatches: Counter,
+    pub fences: Counter,
+    pub trims: Counter,
+    pub deletes: Counter,
+    pub reads: Counter,
+    pub records_read: Counter,
+    pub retries: Counter,
+    pub leases_acquired: Counter,
+    pub leases_renewed: Counter,
+    pub leases_lost: Counter,
+    pub leases_released: Counter,
+    pub leases_held: Counter,
+    pub lease_waiting: AtomicU64,
+}
+
+/// A copy of the engine's counters.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Metrics {
+    /// Accepted appends (plain and conditional).
+    pub appends: u64,
+    /// Records appended.
+    pub records: u64,
+    /// Payload bytes appended.
+    pub bytes: u64,
+    /// Writes rejected because their token was stale.
+    pub stale_rejections: u64,
+    /// Conditional appends rejected for their expected offset.
+    pub mismatches: u64,
+    /// Conditional appends answered as a retry of one that succeeded.
+    pub idempotent_retries: u64,
+    /// Accepted fences.
+    pub fences: u64,
+    /// Accepted trims.
+    pub trims: u64,
+    /// Accepted deletes.
+    pub deletes: u64,
+    /// Reads answered.
+    pub reads: u64,
+    /// Records read.
+    pub records_read: u64,
+    /// Streams that hold records or a token.
+    pub streams: u64,
+    /// Leases granted.
+    pub leases_acquired: u64,
+    /// Leases renewed.
+    pub leases_renewed: u64,
+    /// Renewals refused because the lease was lost (expired or replaced).
+    pub leases_lost: u64,
+    /// Leases released.
+    pub leases_released: u64,
+    /// Leases that expired.
+    pub leases_expired: u64,
+    /// Acquisitions refused because the lease was held.
+    pub leases_held: u64,
+    /// Acquisitions waiting for a lease right now.
+    pub lease_waiting: u64,
+    /// Leases alive now.
+    pub leases_live: u64,
+    /// The write-ahead log's counters: syncs, their latency, batch sizes.
+    pub wal: WalStatsSnapshot,
+}

@@ -1,0 +1,421 @@
+//! The operations the engine writes into the log, one per entry. The token
+//! and the decision's effect travel in the same entry, so a crash keeps both
+//! or neither.
+//!
+//! Integers are little-endian. Every op starts with its code:
+//!
+//! ```text
+//! // Append:  { op: u8 = 1 | name_len: u8 | name | token: u64 | first_offset: u64 | count: u32 | [len: u32 | payload]* }
+//! // Fence:   { op: u8 = 2 | name_len: u8 | name | token: u64 }
+//! // Trim:    { op: u8 = 3 | name_len: u8 | name | token: u64 | before: u64 }
+//! // Delete:  { op: u8 = 4 | name_len: u8 | name | token: u64 }
+//! // Acquire: { op: u8 = 5 | name_len: u8 | name | owner_len: u8 | owner | token: u64 | ttl_ms: u64 | fence: u8 }
+//! // Release: { op: u8 = 6 | name_len: u8 | name | owner_len: u8 | owner | token: u64 }
+//! ```
+
+const APPEND: u8 = 1;
+const FENCE: u8 = 2;
+const TRIM: u8 = 3;
+const DELETE: u8 = 4;
+const ACQUIRE: u8 = 5;
+const RELEASE: u8 = 6;
+
+/// A decoded op, borrowing the entry's payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op<'a> {
+    Append {
+        stream: &'a [u8],
+        token: u64,
+        first_offset: u64,
+        count: u32,
+        /// `[len: u32 | payload]*`, `count` times.
+        records: &'a [u8],
+    },
+    Fence {
+        stream: &'a [u8],
+        token: u64,
+    },
+    Trim {
+        stream: &'a [u8],
+        token: u64,
+        before: u64,
+    },
+    Delete {
+        stream: &'a [u8],
+        token: u64,
+    },
+    Acquire {
+        name: &'a [u8],
+        owner: &'a [u8],
+        token: u64,
+        ttl_ms: u64,
+        fence: bool,
+    },
+    Release {
+        name: &'a [u8],
+        owner: &'a [u8],
+        token: u64,
+    },
+}
+
+/// Bytes of an append op with these payloads.
+pub(crate) fn append_len<P: AsRef<[u8]>>(stream: &[u8], payloads: &[P]) -> usize {
+    1 + 1 + stream.len() + 8 + 8 + 4 + payloads.iter().map(|p| 4 + p.as_ref().len()).sum::<usize>()
+}
+
+/// Writes an append op into `out`, which is exactly `append_len` long.
+pub(crate) fn encode_append<P: AsRef<[u8]>>(
+    out: &mut [u8],
+    stream: &[u8],
+    token: u64,
+    first_offset: u64,
+    payloads: &[P],
+) {
+    let mut w = Cursor { out, at: 0 };
+    w.u8(APPEND);
+    w.name(stream);
+    w.u64(token);
+    w.u64(first_offset);
+    w.u32(payloads.len() as u32);
+    for p in payloads {
+        let p = p.as_ref();
+        w.u32(p.len() as u32);
+        w.bytes(p);
+    }
+    debug_assert_eq!(w.at, w.out.len());
+}
+
+/// Encodes any op but an append into a new buffer (they are small).
+pub(crate) fn encode(op: &Op<'_>) -> Vec<u8> {
+    let len = match op {
+        Op::Append { records, stream, .. } => 22 + stream.len() + records.len(),
+        Op::Fence { stream, .. } => 10 + stream.len(),
+        Op::Trim { stream, .. } => 18 + stream.len(),
+        Op::Delete { stream, .. } => 10 + stream.len(),
+        Op::Acquire { name, owner, .. } => 20 + name.len() + owner.len(),
+        Op::Release { name, owner, .. } => 11 + name.len() + owner.len(),
+    };
+    let mut buf = vec![0u8; len];
+    let mut w = Cursor {
+        out: &mut buf,
+        at: 0,
+    };
+    match *op {
+        Op::Append {
+            stream,
+            token,
+            first_offset,
+            count,
+            records,
+        } => {
+            w.u8(APPEND);
+            w.name(stream);
+            w.u64(token);
+            w.u64(first_offset);
+            w.u32(count);
+            w.bytes(records);
+        }
+        Op::Fence { stream, token } => {
+            w.u8(FENCE);
+            w.name(stream);
+            w.u64(token);
+        }
+        Op::Trim {
+            stream,
+            token,
+            before,
+        } => {
+            w.u8(TRIM);
+            w.name(stream);
+            w.u64(token);
+            w.u64(before);
+        }
+        Op::Delete { stream, token } => {
+            w.u8(DELETE);
+            w.name(stream);
+            w.u64(token);
+        }
+        Op::Acquire {
+            name,
+            owner,
+            token,
+            ttl_ms,
+            fence,
+        } => {
+            w.u8(ACQUIRE);
+            w.name(name);
+            w.name(owner);
+            w.u64(token);
+            w.u64(ttl_ms);
+            w.u8(u8::from(fence));
+        }
+        Op::Release { name, owner, token } => {
+            w.u8(RELEASE);
+            w.name(name);
+            w.name(owner);
+            w.u64(token);
+        }
+    }
+    debug_assert_eq!(w.at, len);
+    buf
+}
+
+struct Cursor<'a> {
+    out: &'a mut [u8],
+    at: usize,
+}
+
+impl Cursor<'_> {
+    fn bytes(&mut self, b: &[u8]) {
+        self.out[self.at..self.at + b.len()].copy_from_slice(b);
+        self.at += b.len();
+    }
+    fn u8(&mut self, v: u8) {
+        self.bytes(&[v]);
+    }
+    fn u32(&mut self, v: u32) {
+        self.bytes(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.bytes(&v.to_le_bytes());
+    }
+    fn name(&mut self, n: &[u8]) {
+        self.u8(n.len() as u8);
+        self.bytes(n);
+    }
+}
+
+/// Reads little-endian fields from a byte slice, failing (never panicking)
+/// when it runs out.
+pub(crate) struct Reader<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    pub(crate) fn new(b: &'a [u8]) -> Self {
+        Reader { b, at: 0 }
+    }
+
+    pub(crate) fn bytes(&mut self, n: usize) -> Result<&'a [u8], String> {
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|&e| e <= self.b.len())
+            .ok_or_else(|| format!("truncated: {n} bytes wanted at {} of {}", self.at, self.b.len()))?;
+        let s = &self.b[self.at..end];
+        self.at = end;
+        Ok(s)
+    }
+
+    pub(crate) fn u8(&mut self) -> Result<u8, String> {
+        Ok(self.bytes(1)?[0])
+    }
+
+    pub(crate) fn u32(&mut self) -> Result<u32, String> {
+        let mut a = [0u8; 4];
+        a.copy_from_slice(self.bytes(4)?);
+        Ok(u32::from_le_bytes(a))
+    }
+
+    pub(crate) fn u64(&mut self) -> Result<u64, String> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.bytes(8)?);
+        Ok(u64::from_le_bytes(a))
+    }
+
+    pub(crate) fn name(&mut self) -> Result<&'a [u8], String> {
+        let n = self.u8()? as usize;
+        self.bytes(n)
+    }
+
+    pub(crate) fn rest(&mut self) -> &'a [u8] {
+        let s = &self.b[self.at..];
+        self.at = self.b.len();
+        s
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.at == self.b.len()
+    }
+}
+
+/// Decodes an op; an error (never a panic) on anything malformed.
+pub(crate) fn decode(b: &[u8]) -> Result<Op<'_>, String> {
+    let mut r = Reader::new(b);
+    let op = match r.u8()? {
+        APPEND => {
+            let stream = r.name()?;
+            let token = r.u64()?;
+            let first_offset = r.u64()?;
+            let count = r.u32()?;
+            let records = r.rest();
+            // Walk the records once so that readers can trust the layout.
+            let mut walk = Reader::new(records);
+            for _ in 0..count {
+                let len = walk.u32()? as usize;
+                walk.bytes(len)?;
+            }
+            if !walk.is_empty() {
+                return Err("bytes after the last record".into());
+            }
+            if count == 0 {
+                return Err("an append with no records".into());
+            }
+            Op::Append {
+                stream,
+                token,
+                first_offset,
+                count,
+                records,
+            }
+        }
+        FENCE => Op::Fence {
+            stream: r.name()?,
+            token: r.u64()?,
+        },
+        TRIM => Op::Trim {
+            stream: r.name()?,
+            token: r.u64()?,
+            before: r.u64()?,
+        },
+        DELETE => Op::Delete {
+            stream: r.name()?,
+            token: r.u64()?,
+        },
+        ACQUIRE => {
+            let name = r.name()?;
+            let owner = r.name()?;
+            let token = r.u64()?;
+            let ttl_ms = r.u64()?;
+            let fence = r.u8()? != 0;
+            Op::Acquire {
+                name,
+                owner,
+                token,
+                ttl_ms,
+                fence,
+            }
+        }
+        RELEASE => Op::Release {
+            name: r.name()?,
+            owner: r.name()?,
+            token: r.u64()?,
+        },
+        other => return Err(format!("unknown op code {other}")),
+    };
+    if !r.is_empty() {
+        return Err("bytes after the op".into());
+    }
+    let token = match op {
+        Op::Append { token, .. }
+        | Op::Fence { token, .. }
+        | Op::Trim { token, .. }
+        | Op::Delete { token, .. }
+        | Op::Acquire { token, .. }
+        | Op::Release { token, .. } => token,
+    };
+    if token == 0 || token > crate::token::MAX_TOKEN {
+        return Err(format!("token {token} out of range"));
+    }
+    Ok(op)
+}
+
+/// The records of an append op: `[len: u32 | payload]*`, already checked by
+/// [`decode`].
+pub(crate) fn records(records: &[u8]) -> impl Iterator<Item = (usize, usize)> + '_ {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        if at + 4 > records.len() {
+            return None;
+        }
+        let len = u32::from_le_bytes([records[at], records[at + 1], records[at + 2], records[at + 3]])
+            as usize;
+        let start = at + 4;
+        let end = (start + len).min(records.len());
+        at = end;
+        Some((start, end))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn append_round_trip() {
+        let payloads: [&[u8]; 3] = [b"a", b"", b"ccc"];
+        let mut buf = vec![0u8; append_len(b"orders", &payloads)];
+        encode_append(&mut buf, b"orders", 42, 7, &payloads);
+        let Op::Append {
+            stream,
+            token,
+            first_offset,
+            count,
+            records: recs,
+        } = decode(&buf).unwrap()
+        else {
+            panic!("not an append");
+        };
+        assert_eq!((stream, token, first_offset, count), (&b"orders"[..], 42, 7, 3));
+        let got: Vec<&[u8]> = records(recs).map(|(s, e)| &recs[s..e]).collect();
+        assert_eq!(got, payloads);
+    }
+
+    #[test]
+    fn other_ops_round_trip() {
+        let ops = [
+            Op::Fence {
+                stream: b"s",
+                token: 9,
+            },
+            Op::Trim {
+                stream: b"s",
+                token: 9,
+                before: 100,
+            },
+            Op::Delete {
+                stream: b"s",
+                token: 9,
+            },
+            Op::Acquire {
+                name: b"lock",
+                owner: b"me",
+                token: 77,
+                ttl_ms: 5000,
+                fence: true,
+            },
+            Op::Release {
+                name: b"lock",
+                owner: b"me",
+                token: 77,
+            },
+        ];
+        for op in ops {
+            assert_eq!(decode(&encode(&op)).unwrap(), op);
+        }
+    }
+
+    #[test]
+    fn malformed_ops_are_errors() {
+        assert!(decode(&[]).is_err());
+        assert!(decode(&[99]).is_err());
+        let mut buf = encode(&Op::Fence {
+            stream: b"s",
+            token: 9,
+        });
+        buf.pop();
+        assert!(decode(&buf).is_err());
+        let zero = encode(&Op::Fence {
+            stream: b"s",
+            token: 0,
+        });
+        assert!(decode(&zero).is_err());
+        // An append whose record lengths run past the end.
+        let mut buf = vec![0u8; append_len(b"s", &[b"abc"])];
+        encode_append(&mut buf, b"s", 1, 0, &[b"abc"]);
+        let n = buf.len();
+        buf[n - 7] = 200;
+        assert!(decode(&buf).is_err());
+    }
+}
