@@ -65,9 +65,9 @@ SEEDS = {
     + checkpoint(0) + records(3)
     + entry(epoch=1, payload=b"new epoch") + raw(b"\xff" * 40)
     + entry(lsn=3, epoch=0, payload=b"same epoch") + space(1),
-    # Damage to a synced entry: a later epoch follows it.
+    # Damage to the last entry of a synced epoch: a later epoch follows it.
     "damage_then_later_epoch": head()
-    + checkpoint(0) + records(3) + flip(64 + 40, 3)
+    + checkpoint(0) + records(3) + flip(64 + 40 + 2 * 32, 3)
     + entry(epoch=1, payload=b"later") + space(1),
     # A sealed segment whose footer disagrees with its entries.
     "footer_mismatch": head()

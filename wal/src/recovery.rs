@@ -65,8 +65,11 @@ pub struct Cut {
 /// The kind of a [`Cut`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CutKind {
-    /// The last sync epoch reached the disk partly: it was never
-    /// acknowledged, and dropping it loses nothing that was promised.
+    /// The last sync epoch is incomplete on disk and was cut. Almost always
+    /// a write torn by a crash before its sync returned, so never
+    /// acknowledged. Damage at rest to the very last synced epoch looks the
+    /// same (no later entry proves it was synced), which is why the cut is
+    /// always reported.
     TornTail,
     /// Damage to acknowledged entries, cut because the caller asked for
     /// [`RecoveryMode::Salvage`]; entries after the damage were dropped.
@@ -325,8 +328,9 @@ pub(crate) fn recover(
     for (i, &seq) in seqs.iter().enumerate().rev() {
         let seg = match Seg::open(storage, dir, seq) {
             Ok(seg) => seg,
-            Err(e @ WalError::UnknownVersion { .. }) => return Err(e),
-            Err(e) if opts.recovery != RecoveryMode::Salvage => return Err(e),
+            Err(e) if opts.recovery != RecoveryMode::Salvage || !e.is_corruption() => {
+                return Err(e);
+            }
             Err(_) => {
                 // Salvage: a segment whose header is gone cannot be read at
                 // all; set it aside and carry on with the older ones.
@@ -348,9 +352,21 @@ pub(crate) fn recover(
         }
     }
     tail_segs.reverse();
-    // Older segments are sealed and untouched here: their files are opened
-    // and mapped on first read.
+    // Older segments are sealed and are read only on demand; but a segment
+    // of an unknown format version is refused now, not at its first read.
     let older: Vec<u64> = seqs[..first_opened].to_vec();
+    for &seq in &older {
+        let path = dir.join(format::segment_file_name(seq));
+        let file = storage
+            .open(&path)
+            .map_err(|e| WalError::io("open", &path, e))?;
+        match segment::check_header(file.as_ref(), &path, seq) {
+            Err(e @ WalError::UnknownVersion { .. }) => return Err(e),
+            // Other damage to an old segment surfaces when it is read, and
+            // `verify` reports it; the tail does not depend on it.
+            _ => {}
+        }
+    }
 
     let mut report = RecoveryReport::default();
     let mut entries: Vec<Scanned> = Vec::new();
@@ -432,7 +448,19 @@ pub(crate) fn recover(
                 reason: format!("{reason} inside a sealed segment"),
             });
         }
-        let (beyond, nonzero) = look_beyond(&tail_segs, stop_index, stop_pos, exp);
+        // A footer right after the last entry, whose trailer never became
+        // durable: a seal was interrupted. Nothing was lost; seal again.
+        let interrupted_seal = format::decode_footer(&seg.data[stop_pos as usize..], seg.seq)
+            .is_some_and(|f| expected.is_some_and(|e| f.last_lsn + 1 == e));
+        let (beyond, nonzero) = if interrupted_seal {
+            let footer_len = format::decode_footer(&seg.data[stop_pos as usize..], seg.seq)
+                .map_or(0, |f| format::FOOTER_HEADER_LEN as u64 + u64::from(f.len));
+            let after = format::align_up(stop_pos + footer_len);
+            let (b, _) = look_beyond(&tail_segs, stop_index, after.saturating_sub(ALIGN), exp);
+            (b, true)
+        } else {
+            look_beyond(&tail_segs, stop_index, stop_pos, exp)
+        };
         let damage = match &beyond {
             // A valid entry of an epoch that began after the stop: the stop's
             // epoch had been synced, so acknowledged data is damaged.
@@ -464,6 +492,9 @@ pub(crate) fn recover(
                 reason: damage,
                 moved_aside: moved,
             });
+            rotate_after_junk = true;
+        } else if interrupted_seal && beyond.is_none() {
+            // Not damage: the seal is redone after recovery.
             rotate_after_junk = true;
         } else if beyond.is_some() || nonzero {
             if opts.recovery == RecoveryMode::AbsoluteConsistency {
@@ -516,6 +547,12 @@ pub(crate) fn recover(
     let mut tail = Tail::Rotate;
     let count = tail_segs.len();
     for (i, seg) in tail_segs.into_iter().enumerate() {
+        // After a killed process the page cache may hold what recovery just
+        // read (entries, a footer, a trailer) without any sync having covered
+        // it: make it durable before anything is decided on top of it.
+        seg.file
+            .sync_data()
+            .map_err(|e| WalError::io("fdatasync", &seg.path, e))?;
         segments.push(seg.seq);
         maps.insert(seg.seq, seg.data.clone());
         let last = i + 1 == count;

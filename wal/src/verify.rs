@@ -146,9 +146,23 @@ pub fn verify(
         let mut stop: Option<(u64, String)> = None;
         while pos < end {
             match format::probe_entry(&data[pos as usize..end as usize], seq, u32::MAX) {
-                // A segment's first entry may skip LSNs: the segments between
-                // were removed once nothing in them was needed.
-                Probe::Entry(h) if expected.is_none_or(|e| h.lsn == e) || pos == HEADER_LEN => {
+                // Every segment opens with a checkpoint, and only there.
+                Probe::Entry(h) if (h.kind == EntryKind::Checkpoint) != (pos == HEADER_LEN) => {
+                    stop = Some((
+                        pos,
+                        if pos == HEADER_LEN {
+                            "a segment that does not open with a checkpoint".into()
+                        } else {
+                            "a checkpoint in the middle of a segment".into()
+                        },
+                    ));
+                    break;
+                }
+                // A segment's first entry may skip LSNs forward: the segments
+                // between were removed once nothing in them was needed.
+                Probe::Entry(h)
+                    if expected.is_none_or(|e| h.lsn == e || (pos == HEADER_LEN && h.lsn > e)) =>
+                {
                     let start = pos as usize + format::ENTRY_HEADER_LEN;
                     on_entry(&VerifiedEntry {
                         segment: seq,

@@ -523,12 +523,6 @@ impl<S: Sequencer> Wal<S> {
                 first_lsn,
                 file,
             } => {
-                // After a killed process the page cache may hold entries that
-                // recovery read but no sync ever covered: sync them before
-                // anything is decided on top of them.
-                file.sync_data().map_err(|e| {
-                    WalError::io("fdatasync", dir.join(format::segment_file_name(seq)), e)
-                })?;
                 replace_handle(&mut handles, SegmentHandle::with_file(seq, dir, file));
                 locked.seg_seq = seq;
                 locked.seg_pos = pos;

@@ -262,10 +262,11 @@ fn power_cut_at_every_operation_of_a_run() {
     let mut cut = 0;
     loop {
         let mut tried_any = false;
-        for variant in 0..4 {
+        for variant in 0..5 {
             let mode = match variant {
                 0 => CrashMode::LoseUnsynced,
                 1 => CrashMode::LastWriteOnly,
+                2 => CrashMode::ProcessCrash,
                 _ => CrashMode::Torn {
                     seed: cut * 31 + variant,
                 },
