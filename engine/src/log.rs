@@ -575,7 +575,10 @@ impl Log {
                                 && r.payload[..] == *p.as_ref()
                         })
                 }
-                Err(_) => false,
+                // Trimmed away: nothing left to prove it was a retry.
+                Err(Error::Trimmed { .. }) => false,
+                // Anything else leaves the answer unknown: say so.
+                Err(e) => return Err(e),
             };
         if same {
             self.inner.counters.retries.add(1);

@@ -1,11 +1,70 @@
 #!/usr/bin/env python3
-"""Writes the seed inputs of segment_recover (see the format in
-fuzz_targets/segment_recover.rs, struct Builder) into seeds/segment_recover/."""
+"""Writes the seed inputs of both targets into seeds/<target>/.
+
+segment_recover: the format is in fuzz_targets/segment_recover.rs (struct
+Builder). entry_decode: `seq: u64 LE | max_len: u32 LE | bytes`, the bytes
+encoded as wal/src/format.rs does (so the fuzzer starts from valid headers,
+entries, footers and trailers: their checksums are hard to guess).
+"""
 import os
 import struct
+import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "segment_recover")
+OUT_DECODE = os.path.join(HERE, "entry_decode")
+
+
+def enc_header(seq):
+    b = bytearray(64)
+    b[0:8] = b"FENCELOG"
+    b[8:12] = struct.pack("<I", 1)
+    b[16:24] = struct.pack("<Q", seq)
+    b[60:64] = struct.pack("<I", zlib.crc32(bytes(b[:60])))
+    return bytes(b)
+
+
+def enc_entry(seq, lsn, epoch_first, kind, payload):
+    h = bytearray(24)
+    h[4:8] = struct.pack("<I", len(payload))
+    h[8:16] = struct.pack("<Q", lsn)
+    h[16:20] = struct.pack("<I", lsn - epoch_first)
+    h[20] = kind  # 1 checkpoint, 2 record
+    crc = zlib.crc32(struct.pack("<Q", seq) + bytes(h[4:24]) + payload)
+    h[0:4] = struct.pack("<I", crc)
+    b = bytes(h) + payload
+    return b + b"\0" * (-len(b) % 8)
+
+
+def enc_footer(seq, first, last, payload):
+    b = struct.pack("<IQQQ", len(payload), seq, first, last) + payload
+    return struct.pack("<I", zlib.crc32(b)) + b
+
+
+def enc_trailer(seq, footer_pos, footer_len):
+    b = b"FLSEALED" + struct.pack("<QQI", seq, footer_pos, footer_len)
+    return b + struct.pack("<I", zlib.crc32(b))
+
+
+def decode_input(seq, max_len, b):
+    return struct.pack("<QI", seq, max_len) + b
+
+
+footer = enc_footer(5, 100, 200, b"index")
+DECODE_SEEDS = {
+    "entries": decode_input(
+        7,
+        1 << 20,
+        enc_entry(7, 10, 8, 1, struct.pack("<QQ", 3, 0))
+        + enc_entry(7, 11, 8, 2, b"hello")
+        + enc_entry(7, 12, 12, 2, b"x" * 40),
+    ),
+    "unpadded_entry": decode_input(7, 100, enc_entry(7, 3, 1, 2, b"abc")[:27]),
+    "header": decode_input(42, 0, enc_header(42)),
+    "footer_trailer": decode_input(5, 0, footer + b"\0" * (-len(footer) % 8) + enc_trailer(5, 64, len(footer))),
+    "trailer_only": decode_input(5, 0, enc_trailer(5, 4096, 37)),
+    "name": decode_input(12, 0, b"00000000000000000012.wal"),
+}
 
 
 def head(flags=0, first_lsn=0, append_len=8):
@@ -90,4 +149,8 @@ os.makedirs(OUT, exist_ok=True)
 for name, data in SEEDS.items():
     with open(os.path.join(OUT, name), "wb") as f:
         f.write(data)
-print(f"{len(SEEDS)} seeds in {OUT}")
+os.makedirs(OUT_DECODE, exist_ok=True)
+for name, data in DECODE_SEEDS.items():
+    with open(os.path.join(OUT_DECODE, name), "wb") as f:
+        f.write(data)
+print(f"{len(SEEDS)} seeds in {OUT}, {len(DECODE_SEEDS)} in {OUT_DECODE}")

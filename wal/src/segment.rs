@@ -231,8 +231,11 @@ pub(crate) fn read_entry_at(
     max_len: u32,
 ) -> Result<Option<Entry>, WalError> {
     let mut header = [0u8; ENTRY_HEADER_LEN];
-    if file.read_exact_at(&mut header, pos).is_err() {
-        return Ok(None);
+    match file.read_exact_at(&mut header, pos) {
+        Ok(()) => {}
+        // Past the end of the file: there is no entry there.
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(WalError::io("read", path, e)),
     }
     let len = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
     if len > max_len {

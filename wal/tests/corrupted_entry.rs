@@ -199,7 +199,7 @@ fn damage_to_a_footer_or_trailer_is_detected() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(256), ..ProptestConfig::default() })]
 
     /// Whatever bit flips, no read answers wrong bytes; and a flip in any
     /// byte that carries meaning is noticed by open, a read, or verify.
@@ -239,4 +239,12 @@ proptest! {
             prop_assert!(noticed, "a flip of bit {bit} at byte {pos} of segment {seq} went unnoticed");
         }
     }
+}
+
+/// The number of cases: `default`, or `PROPTEST_CASES` for a deeper run.
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }

@@ -129,7 +129,7 @@ fn check_recovered(image: &SimStorage, dir: &Path, opts: &WalOptions, outcome: &
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(96), ..ProptestConfig::default() })]
 
     #[test]
     fn power_cut_at_any_point_keeps_every_synced_entry(
@@ -284,4 +284,12 @@ fn power_cut_at_every_operation_of_a_run() {
         cut += 1;
     }
     assert!(cut > 250, "only {cut} crash points were tried");
+}
+
+/// The number of cases: `default`, or `PROPTEST_CASES` for a deeper run.
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
