@@ -139,6 +139,7 @@ impl From<WalError> for Error {
                 reason,
             },
             WalError::Locked { dir } => Error::Locked { dir },
+            WalError::InvalidOptions { name, reason } => Error::Invalid { what: name, reason },
             WalError::TooLarge { len, max } => Error::TooLarge {
                 what: "entry bytes",
                 len,

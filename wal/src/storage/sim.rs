@@ -52,6 +52,8 @@ pub struct Faults {
     writes: AtomicU64,
     /// Faults hit only files whose name (at open) ends with this.
     only_on: Mutex<Option<String>>,
+    /// Every `sync_data` of a file faults apply to first sleeps this long.
+    sync_delay_micros: AtomicU64,
 }
 
 const DISARMED: u64 = u64::MAX;
@@ -64,6 +66,7 @@ impl Default for Faults {
             syncs: AtomicU64::new(0),
             writes: AtomicU64::new(0),
             only_on: Mutex::new(None),
+            sync_delay_micros: AtomicU64::new(0),
         }
     }
 }
@@ -100,10 +103,18 @@ impl Faults {
         }
     }
 
+    /// Makes every `sync_data` (of files faults apply to) take at least
+    /// `delay`: a slow disk, so that tests can act while a sync is in flight.
+    pub fn delay_syncs(&self, delay: std::time::Duration) {
+        self.sync_delay_micros
+            .store(delay.as_micros() as u64, Ordering::SeqCst);
+    }
+
     /// Disarms every pending fault.
     pub fn clear(&self) {
         self.fail_sync_in.store(DISARMED, Ordering::SeqCst);
         self.fail_write_in.store(DISARMED, Ordering::SeqCst);
+        self.sync_delay_micros.store(0, Ordering::SeqCst);
     }
 
     /// `sync_data` calls so far (failed ones included).
@@ -615,6 +626,11 @@ impl StorageFile for SimFile {
     }
 
     fn sync_data(&self) -> io::Result<()> {
+        let delay = self.faults.sync_delay_micros.load(Ordering::SeqCst);
+        if delay > 0 && self.faults.applies_to(&self.fs.lock(), self.ino) {
+            // Outside the file-system lock: other files stay usable.
+            std::thread::sleep(std::time::Duration::from_micros(delay));
+        }
         let mut fs = self.fs.lock();
         fs.mutate()?;
         self.faults.syncs.fetch_add(1, Ordering::SeqCst);
