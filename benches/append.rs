@@ -3,6 +3,10 @@
 //! write + fdatasync per entry, and the same bytes written with one
 //! fdatasync per batch of the size group commit achieved.
 //!
+//! Then the same load through the engine: fenced appends (`Log::append`,
+//! token checked inside the serialized section) at 1/4/16/64 writers, each
+//! writer on its own stream, beside the raw log's numbers of this run.
+//!
 //! `cargo bench -p fencelog-benches --bench append`
 
 use std::path::Path;
@@ -60,6 +64,25 @@ fn appends(wal: &Wal<Nothing>, writers: u64, total: u64) -> Duration {
     start.elapsed()
 }
 
+/// `total` fenced appends over `writers` threads, one stream each.
+fn fenced_appends(log: &fencelog::Log, writers: u64, total: u64) -> Duration {
+    let per = total.div_ceil(writers);
+    let payload = [7u8; ENTRY_BYTES];
+    let token = fencelog::Token::new(1).expect("token");
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for w in 0..writers {
+            s.spawn(move || {
+                let stream = format!("stream-{w}");
+                for _ in 0..per {
+                    log.append(stream.as_str(), token, &[&payload]).expect("append");
+                }
+            });
+        }
+    });
+    start.elapsed()
+}
+
 fn bench(c: &mut Criterion) {
     let dir =
         tempfile::tempdir_in(std::env::var("FENCELOG_BENCH_DIR").unwrap_or_else(|_| ".".into()))
@@ -100,6 +123,15 @@ fn bench(c: &mut Criterion) {
         batches.push((writers, batch));
     }
     drop(wal);
+
+    let log = fencelog::Log::open(dir.path().join("engine"), fencelog::Options::default())
+        .expect("open the engine");
+    for writers in [1u64, 4, 16, 64] {
+        group.bench_function(format!("fenced_{writers}_writers"), |b| {
+            b.iter_custom(|iters| fenced_appends(&log, writers, iters.max(writers)))
+        });
+    }
+    drop(log);
 
     // The ceiling at each achieved batch size: the same bytes, one write and
     // one fdatasync per batch, no threads.

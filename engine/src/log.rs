@@ -72,7 +72,7 @@ pub struct StreamStat {
 ///     Err(Error::Stale { presented: 41, highest: 42 }) => {}
 ///     other => panic!("{other:?}"),
 /// }
-/// assert_eq!(log.append("orders", t42, &[b"first", b"second"]).unwrap(), 0);
+/// assert_eq!(log.append("orders", t42, &["first", "second"]).unwrap(), 0);
 /// let records = log.read("orders", 0, 10).unwrap();
 /// assert_eq!(&records[1].payload[..], b"second");
 /// ```

@@ -847,19 +847,41 @@ struct SyncThread<S: Sequencer> {
     shared: Arc<Shared<S>>,
     /// The segment being written.
     current: Option<Arc<SegmentHandle>>,
+    /// Where the entries written to it end.
+    written_to: u64,
+    /// Whether the allocator was asked for the segment after it.
+    next_requested: bool,
 }
 
 impl<S: Sequencer> SyncThread<S> {
     fn new(shared: Arc<Shared<S>>) -> Self {
-        let current = {
+        let (current, written_to) = {
             let locked = shared.locked.lock();
-            shared.segments.read().get(&locked.seg_seq).cloned()
+            let current = shared.segments.read().get(&locked.seg_seq).cloned();
+            (current, locked.seg_pos)
         };
-        if let Some(current) = &current {
-            let mut alloc = shared.alloc.lock();
-            alloc.wanted = Some(current.seq + 1);
+        let mut thread = SyncThread {
+            shared,
+            current,
+            written_to,
+            next_requested: false,
+        };
+        thread.maybe_request_next();
+        thread
+    }
+
+    /// Asks the allocator for the next segment once the current one is half
+    /// full: early enough that rotation finds it ready, late enough that a
+    /// short-lived or idle log never writes a segment it will not use.
+    fn maybe_request_next(&mut self) {
+        let Some(current) = &self.current else { return };
+        if self.next_requested || self.written_to < self.shared.opts.segment_bytes / 2 {
+            return;
         }
-        SyncThread { shared, current }
+        self.next_requested = true;
+        let mut alloc = self.shared.alloc.lock();
+        alloc.wanted = Some(current.seq + 1);
+        self.shared.alloc_ready.notify_all();
     }
 
     fn run(mut self) {
@@ -906,6 +928,7 @@ impl<S: Sequencer> SyncThread<S> {
                     self.shared.durable_lsn.store(last_lsn, Ordering::Release);
                     batch.complete();
                     self.recycle(chunks);
+                    self.maybe_request_next();
                 }
                 Err(e) => {
                     drop(effects);
@@ -988,6 +1011,7 @@ impl<S: Sequencer> SyncThread<S> {
                     seg
                 }
             };
+            self.written_to = chunk.pos + chunk.buf.len() as u64;
             if !chunk.buf.is_empty() {
                 self.file_of(&seg)?
                     .write_all_at(&chunk.buf, chunk.pos)
@@ -1087,12 +1111,10 @@ impl<S: Sequencer> SyncThread<S> {
                     self.shared.segments.write().remove(&h.seq);
                     let _ = self.shared.storage.remove(&h.path);
                 }
-                self.shared.create_segment(seq)?
+                self.shared.create_segment(seq, false)?
             }
         };
-        let mut alloc = self.shared.alloc.lock();
-        alloc.wanted = Some(seq + 1);
-        self.shared.alloc_ready.notify_all();
+        self.next_requested = false;
         Ok(handle)
     }
 
@@ -1125,7 +1147,7 @@ impl<S: Sequencer> Shared<S> {
             // A failure here is not the log's failure: the sync thread will
             // try the creation itself when it needs the segment, and latch if
             // that fails too.
-            let created = seq.and_then(|seq| self.create_segment(seq).ok());
+            let created = seq.and_then(|seq| self.create_segment(seq, true).ok());
             let mut alloc = self.alloc.lock();
             alloc.creating = false;
             alloc.ready = created;
@@ -1136,7 +1158,10 @@ impl<S: Sequencer> Shared<S> {
     /// Creates segment `seq`: header, space, sync, rename into place,
     /// directory sync. A crash at any point leaves either no segment `seq`
     /// or a complete, empty one.
-    fn create_segment(&self, seq: u64) -> io::Result<Arc<SegmentHandle>> {
+    ///
+    /// An `abortable` creation (the allocator's) gives up as soon as the log
+    /// shuts down, so that closing never waits for a segment nobody needs.
+    fn create_segment(&self, seq: u64, abortable: bool) -> io::Result<Arc<SegmentHandle>> {
         let storage = self.storage.as_ref();
         let path = self.dir.join(format::segment_file_name(seq));
         let mut tmp = path.clone().into_os_string();
@@ -1154,6 +1179,14 @@ impl<S: Sequencer> Shared<S> {
                 let zeros = vec![0u8; (1 << 20).min(size as usize)];
                 let mut at = HEADER_LEN;
                 while at < size {
+                    if abortable && self.alloc.lock().shutdown {
+                        drop(file);
+                        let _ = storage.remove(&tmp);
+                        return Err(io::Error::new(
+                            io::ErrorKind::Interrupted,
+                            "the log is closing",
+                        ));
+                    }
                     let n = (size - at).min(zeros.len() as u64) as usize;
                     file.write_all_at(&zeros[..n], at)
                         .map_err(|e| annotate(e, "fill", &tmp))?;
