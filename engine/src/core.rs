@@ -258,6 +258,15 @@ impl Core {
                 self.leases.apply_release(name, owner, token);
                 Ok(Effect::Many(Vec::new()))
             }
+            Op::Renew {
+                name,
+                owner,
+                token,
+                ttl_ms,
+            } => {
+                self.leases.apply_renew(name, owner, token, ttl_ms, at.lsn);
+                Ok(Effect::Many(Vec::new()))
+            }
         }
     }
 

@@ -87,6 +87,8 @@ pub(crate) struct Lease {
     pub owner: Box<[u8]>,
     pub token: u64,
     pub ttl_ms: u64,
+    /// The ttl the log holds (acquisition, lengthening renewal, checkpoint).
+    pub durable_ttl_ms: u64,
     /// On the engine's clock.
     pub expires_at_ms: u64,
     /// LSN of the acquisition entry.
@@ -179,11 +181,26 @@ impl Leases {
                 owner: owner.to_vec().into_boxed_slice(),
                 token,
                 ttl_ms,
+                durable_ttl_ms: ttl_ms,
                 expires_at_ms,
                 lsn,
             },
         );
         Ok(())
+    }
+
+    /// A renewal that lengthened the ttl, written to the log.
+    pub(crate) fn apply_renew(&mut self, name: &[u8], owner: &[u8], token: u64, ttl_ms: u64, lsn: u64) {
+        let now = self.clock.now_ms();
+        if let Some(l) = self.live.get_mut(name)
+            && &*l.owner == owner
+            && l.token == token
+        {
+            l.ttl_ms = ttl_ms;
+            l.durable_ttl_ms = l.durable_ttl_ms.max(ttl_ms);
+            l.expires_at_ms = now.saturating_add(ttl_ms);
+            l.lsn = lsn;
+        }
     }
 
     /// A release: drops the lease if owner and token match.
@@ -198,12 +215,6 @@ impl Leases {
         matches
     }
 
-    /// Raises the counter past a token seen elsewhere (a fenced stream's
-    /// highest), so the next token is above it.
-    pub(crate) fn note_token(&mut self, token: u64) {
-        self.last_token = self.last_token.max(token);
-    }
-
     pub(crate) fn restore(&mut self, last_token: u64, leases: Vec<LeaseRecord>) {
         let now = self.clock.now_ms();
         self.last_token = last_token;
@@ -216,6 +227,7 @@ impl Leases {
                     owner: l.owner.into_boxed_slice(),
                     token: l.token,
                     ttl_ms: l.ttl_ms,
+                    durable_ttl_ms: l.ttl_ms,
                     // The restart rule: a full ttl from the open.
                     expires_at_ms: now.saturating_add(l.ttl_ms),
                     lsn: 0,
@@ -227,6 +239,11 @@ impl Leases {
     /// Appends the live leases to a checkpoint being encoded.
     pub(crate) fn checkpoint_into(&mut self, e: Encoder) -> Vec<u8> {
         self.sweep();
+        // The checkpoint is durable, so it may lower the logged ttl to a
+        // shorter renewal: the holder was told that one last.
+        for l in self.live.values_mut() {
+            l.durable_ttl_ms = l.ttl_ms;
+        }
         e.finish(
             self.live
                 .iter()

@@ -88,9 +88,8 @@ pub(crate) struct Inner {
     pub(crate) opts: Options,
     pub(crate) counters: Counters,
     report: RecoveryReport,
-    /// Notified when a lease is released or replaced, for waiting acquirers.
+    /// Notified when a lease is released, for waiting acquirers.
     pub(crate) lease_freed: Event,
-    pub(crate) clock: Arc<dyn Clock>,
 }
 
 /// What the serialized section decided; the answer waits for `ticket`.
@@ -355,11 +354,7 @@ impl Log {
         opts.validate()?;
         let views = Arc::new(Views::default());
         let gc = Arc::new(GcQueue::default());
-        let core = Core::new(
-            Arc::clone(&views),
-            Arc::clone(&gc),
-            Leases::new(Arc::clone(&clock)),
-        );
+        let core = Core::new(Arc::clone(&views), Arc::clone(&gc), Leases::new(clock));
         let (wal, report) = Wal::open(storage, dir, opts.wal.clone(), |replay| core.recover(replay))?;
         let dead = wal.with_state(|core| core.dead_segments(&wal.segments()));
         for segment in dead {
@@ -374,7 +369,6 @@ impl Log {
                 counters: Counters::default(),
                 report,
                 lease_freed: Event::new(),
-                clock,
             }),
         };
         log.collect_garbage();

@@ -11,7 +11,11 @@
 //! // Delete:  { op: u8 = 4 | name_len: u8 | name | token: u64 }
 //! // Acquire: { op: u8 = 5 | name_len: u8 | name | owner_len: u8 | owner | token: u64 | ttl_ms: u64 | fence: u8 }
 //! // Release: { op: u8 = 6 | name_len: u8 | name | owner_len: u8 | owner | token: u64 }
+//! // Renew:   { op: u8 = 7 | name_len: u8 | name | owner_len: u8 | owner | token: u64 | ttl_ms: u64 }
 //! ```
+//!
+//! A release is written but not waited for; a renewal is written (and
+//! waited for) only when it lengthens the ttl the log holds.
 
 const APPEND: u8 = 1;
 const FENCE: u8 = 2;
@@ -19,6 +23,7 @@ const TRIM: u8 = 3;
 const DELETE: u8 = 4;
 const ACQUIRE: u8 = 5;
 const RELEASE: u8 = 6;
+const RENEW: u8 = 7;
 
 /// A decoded op, borrowing the entry's payload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +60,12 @@ pub(crate) enum Op<'a> {
         name: &'a [u8],
         owner: &'a [u8],
         token: u64,
+    },
+    Renew {
+        name: &'a [u8],
+        owner: &'a [u8],
+        token: u64,
+        ttl_ms: u64,
     },
 }
 
@@ -94,6 +105,7 @@ pub(crate) fn encode(op: &Op<'_>) -> Vec<u8> {
         Op::Delete { stream, .. } => 10 + stream.len(),
         Op::Acquire { name, owner, .. } => 20 + name.len() + owner.len(),
         Op::Release { name, owner, .. } => 11 + name.len() + owner.len(),
+        Op::Renew { name, owner, .. } => 19 + name.len() + owner.len(),
     };
     let mut buf = vec![0u8; len];
     let mut w = Cursor {
@@ -154,6 +166,18 @@ pub(crate) fn encode(op: &Op<'_>) -> Vec<u8> {
             w.name(name);
             w.name(owner);
             w.u64(token);
+        }
+        Op::Renew {
+            name,
+            owner,
+            token,
+            ttl_ms,
+        } => {
+            w.u8(RENEW);
+            w.name(name);
+            w.name(owner);
+            w.u64(token);
+            w.u64(ttl_ms);
         }
     }
     debug_assert_eq!(w.at, len);
@@ -302,6 +326,12 @@ pub(crate) fn decode(b: &[u8]) -> Result<Op<'_>, String> {
             owner: r.name()?,
             token: r.u64()?,
         },
+        RENEW => Op::Renew {
+            name: r.name()?,
+            owner: r.name()?,
+            token: r.u64()?,
+            ttl_ms: r.u64()?,
+        },
         other => return Err(format!("unknown op code {other}")),
     };
     if !r.is_empty() {
@@ -313,7 +343,8 @@ pub(crate) fn decode(b: &[u8]) -> Result<Op<'_>, String> {
         | Op::Trim { token, .. }
         | Op::Delete { token, .. }
         | Op::Acquire { token, .. }
-        | Op::Release { token, .. } => token,
+        | Op::Release { token, .. }
+        | Op::Renew { token, .. } => token,
     };
     if token == 0 || token > crate::token::MAX_TOKEN {
         return Err(format!("token {token} out of range"));
@@ -389,6 +420,12 @@ mod tests {
                 name: b"lock",
                 owner: b"me",
                 token: 77,
+            },
+            Op::Renew {
+                name: b"lock",
+                owner: b"me",
+                token: 77,
+                ttl_ms: 9000,
             },
         ];
         for op in ops {

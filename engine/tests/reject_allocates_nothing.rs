@@ -30,7 +30,7 @@ static GLOBAL: Counting = Counting;
 #[test]
 fn stale_writes_allocate_nothing_and_sync_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let log = Log::open(dir.path(), Options::default()).unwrap();
+    let log = Log::open(dir.path(), small()).unwrap();
     log.fence("orders", Token::new(100).unwrap()).unwrap();
     let stale = Token::new(99).unwrap();
     let payload: [&[u8]; 1] = [b"late"];
@@ -52,4 +52,13 @@ fn stale_writes_allocate_nothing_and_sync_nothing() {
     assert_eq!(allocated, 0, "40 000 rejections allocated {allocated} times");
     assert_eq!(log.metrics().wal.syncs, syncs);
     assert_eq!(log.metrics().stale_rejections, 40_001);
+}
+
+/// Small segments: opening writes little.
+fn small() -> Options {
+    let mut o = Options::default();
+    o.wal.segment_bytes = 256 << 10;
+    o.wal.max_entry_bytes = 64 << 10;
+    o.max_payload_bytes = 16 << 10;
+    o
 }

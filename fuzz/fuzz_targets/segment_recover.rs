@@ -125,9 +125,12 @@ struct Seg {
 ///   2 RAW      len:u8 bytes[len]
 ///   3 ZEROS    n:u8   8n zero bytes
 ///   4 SPACE    n:u8   512n zero bytes (preallocated space)
-///   5 SEAL     mode pad:u8   footer then trailer now; mode bit 0: footer
-///                     LSNs off by one; bit 1: trailer points 8 bytes off;
-///                     8*pad zeros between footer and trailer
+///   5 SEAL     mode pad:u8 [first:u64 last:u64]   footer then trailer now;
+///                     mode bit 0: footer's first LSN off by one; bit 1:
+///                     trailer points 8 bytes off; bit 2: the footer's LSNs
+///                     follow (else those of the segment's entries); bit 3:
+///                     no trailer (an interrupted seal); 8*pad zeros between
+///                     footer and trailer
 ///   6 FLIP     pos:u16 bit:u8   flip a bit (pos modulo the length)
 ///   7 TRUNCATE len:u16          cut to len modulo (length + 1)
 /// ```
@@ -217,12 +220,12 @@ impl Builder {
     }
 
     /// Writes a footer and a trailer, as the log seals a segment.
-    fn seal(&mut self, mode: u8, pad: u8) {
+    fn seal(&mut self, mode: u8, pad: u8, lsns: Option<(u64, u64)>) {
         let seg = &mut self.seg;
         let b = &mut seg.bytes;
         let footer_pos = format::align_up(b.len() as u64);
         b.resize(footer_pos as usize, 0);
-        let (mut first, last) = seg.lsns.unwrap_or((0, 0));
+        let (mut first, last) = lsns.or(seg.lsns).unwrap_or((0, 0));
         if mode & 1 != 0 {
             first = first.wrapping_add(1);
         }
@@ -231,6 +234,9 @@ impl Builder {
         b.extend_from_slice(&footer);
         let trailer_pos = format::align_up(b.len() as u64) + 8 * u64::from(pad);
         b.resize(trailer_pos as usize, 0);
+        if mode & 8 != 0 {
+            return;
+        }
         let trailer = format::encode_trailer(
             seg.seq,
             format::Trailer {
@@ -251,7 +257,7 @@ impl Builder {
             return;
         }
         if mode & 1 == 0 && !self.seg.sealed {
-            self.seal(0, 0);
+            self.seal(0, 0, None);
         }
         let seq = self.seg.seq + 1 + u64::from(mode >> 3 & 1);
         let next = Builder::start(seq, mode >> 1 & 3);
@@ -297,7 +303,8 @@ fn plan(data: &[u8]) -> Plan {
             }
             5 => {
                 let (mode, pad) = (r.u8(), r.u8());
-                b.seal(mode, pad);
+                let lsns = (mode & 4 != 0).then(|| (r.u64(), r.u64()));
+                b.seal(mode, pad, lsns);
             }
             6 => {
                 let (pos, bit) = (usize::from(r.u16()), r.u8());
@@ -325,7 +332,8 @@ fn plan(data: &[u8]) -> Plan {
     }
 }
 
-/// The layer above: counts records; a checkpoint holds the count.
+/// The layer above: counts records; a checkpoint holds the count (16 bytes,
+/// so that any count read from a fuzzed checkpoint round-trips; counts wrap).
 struct Counter {
     records: u128,
     /// Entries replayed and the last LSN among them, at open.
@@ -368,7 +376,7 @@ fn build(replay: Replay<'_>) -> Result<Counter, WalError> {
             }
             EntryKind::Record => {
                 assert!(i > 0, "replay does not start with a checkpoint");
-                c.records += 1;
+                c.records = c.records.wrapping_add(1);
             }
         }
         c.replayed += 1;
@@ -471,7 +479,8 @@ fn open_append_reopen(sim: &SimStorage, mode: RecoveryMode, plan: &Plan) -> Opti
     let (at, ticket) = wal
         .submit(|w| {
             let at = w.append(payload.len(), |buf| buf.copy_from_slice(payload))?;
-            w.state().records += 1;
+            let c = w.state();
+            c.records = c.records.wrapping_add(1);
             Ok::<_, WalError>((at, w.ticket()))
         })
         .unwrap_or_else(|e| panic!("{mode:?}: submit after open failed: {e}"))
@@ -506,8 +515,9 @@ fn open_append_reopen(sim: &SimStorage, mode: RecoveryMode, plan: &Plan) -> Opti
         )
     });
     let (records, last_lsn) = wal.with_state(|c| (c.records, c.last_lsn));
+    let added = records.wrapping_sub(opened.records);
     assert!(
-        records > opened.records,
+        (1..1 << 64).contains(&added),
         "{mode:?}: {records} records after reopen, {} before the append",
         opened.records
     );

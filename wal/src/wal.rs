@@ -639,6 +639,12 @@ impl<S: Sequencer> Wal<S> {
         f(&self.shared.locked.lock().state)
     }
 
+    /// Runs `f` on the state inside the serialized section, for changes
+    /// that need no entry (in-memory bookkeeping). Works after a failure too.
+    pub fn with_state_mut<R>(&self, f: impl FnOnce(&mut S) -> R) -> R {
+        f(&mut self.shared.locked.lock().state)
+    }
+
     /// The highest LSN known durable.
     pub fn durable_lsn(&self) -> u64 {
         self.shared.durable_lsn.load(Ordering::Acquire)

@@ -1,0 +1,506 @@
+//! The lease API of [`Log`]: acquire, renew, release, inspect.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use event_listener::Listener;
+use fencelog_wal::{Ticket, Writer};
+
+use crate::core::Core;
+use crate::error::{Error, Result};
+use crate::log::Log;
+use crate::op::{self, Op};
+use crate::token::{MAX_TOKEN, Token, check_stream_name};
+
+/// The longest owner name in bytes.
+pub const MAX_OWNER: usize = 128;
+
+/// How to acquire a lease.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AcquireOptions {
+    /// Also fence the stream of the same name at the new token, in the same
+    /// durable entry: the new owner's first write cannot be beaten by an
+    /// old owner's late one.
+    pub fence: bool,
+    /// While the lease is held by another owner, wait up to this long for it
+    /// to be released or to expire (`Duration::MAX`: without limit). `None`:
+    /// answer [`Error::Held`] at once.
+    pub wait: Option<Duration>,
+}
+
+/// A granted lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    /// The fencing token: above every token this engine issued before.
+    pub token: Token,
+    /// How long the lease lasts, from the grant, on the engine's clock.
+    pub ttl: Duration,
+}
+
+/// A live lease, as [`Log::lease_info`] shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseInfo {
+    /// Who holds it.
+    pub owner: Bytes,
+    /// Its token.
+    pub token: Token,
+    /// How long it has left.
+    pub remaining: Duration,
+}
+
+/// Checks an owner: 1..=128 bytes of printable ASCII, no space.
+fn check_owner(owner: &[u8]) -> Result<()> {
+    if owner.is_empty() || owner.len() > MAX_OWNER {
+        return Err(Error::invalid(
+            "owner",
+            format!("{} bytes is not in 1..={MAX_OWNER}", owner.len()),
+        ));
+    }
+    if let Some(b) = owner.iter().find(|b| !b.is_ascii_graphic()) {
+        return Err(Error::invalid(
+            "owner",
+            format!("byte 0x{b:02x} is not printable ASCII (spaces are not allowed)"),
+        ));
+    }
+    Ok(())
+}
+
+enum Acquired {
+    Granted { token: u64, ttl_ms: u64, ticket: Ticket, fresh: bool },
+    Held { remaining_ms: u64 },
+}
+
+fn decide_acquire(
+    w: &mut Writer<'_, Core>,
+    name: &[u8],
+    owner: &[u8],
+    ttl_ms: u64,
+    fence: bool,
+    max_live: u64,
+) -> Result<Acquired> {
+    let now = w.state().leases.now_ms();
+    if let Some(l) = w.state().leases.live(name) {
+        if &*l.owner != owner {
+            return Ok(Acquired::Held {
+                remaining_ms: l.expires_at_ms.saturating_sub(now),
+            });
+        }
+        // The live holder again: same token, the new ttl.
+        let (token, lsn, durable_ttl) = (l.token, l.lsn, l.durable_ttl_ms);
+        let ticket = extend(w, name, owner, token, ttl_ms, durable_ttl, lsn)?;
+        return Ok(Acquired::Granted {
+            token,
+            ttl_ms,
+            ticket,
+            fresh: false,
+        });
+    }
+    let leases = &mut w.state().leases;
+    if leases.len() as u64 >= max_live && leases.sweep() == 0 && leases.len() as u64 >= max_live {
+        return Err(Error::TooManyLeases {
+            live: leases.len() as u64,
+            max: max_live,
+        });
+    }
+    let mut token = leases.last_token() + 1;
+    if fence {
+        let highest = w.state().streams.get(name).map_or(0, |s| s.highest);
+        token = token.max(highest + 1);
+    }
+    if token > MAX_TOKEN {
+        return Err(Error::invalid(
+            "token",
+            format!("the token counter is exhausted ({MAX_TOKEN})"),
+        ));
+    }
+    let entry = op::encode(&Op::Acquire {
+        name,
+        owner,
+        token,
+        ttl_ms,
+        fence,
+    });
+    let at = w.append(entry.len(), |buf| buf.copy_from_slice(&entry))?;
+    let Ok(acquire) = op::decode(&entry) else {
+        return Err(Error::invalid("internal state", "an acquisition that does not decode"));
+    };
+    let effect = w
+        .state()
+        .apply_op(&acquire, at)
+        .map_err(|why| Error::invalid("internal state", why))?;
+    w.on_durable(effect);
+    Ok(Acquired::Granted {
+        token,
+        ttl_ms,
+        ticket: w.ticket(),
+        fresh: true,
+    })
+}
+
+/// Gives the live lease `ttl_ms` from now: in memory if the log already
+/// holds a ttl at least that long, else through a synced entry. Answers
+/// what to wait for before answering.
+fn extend(
+    w: &mut Writer<'_, Core>,
+    name: &[u8],
+    owner: &[u8],
+    token: u64,
+    ttl_ms: u64,
+    durable_ttl_ms: u64,
+    lsn: u64,
+) -> Result<Ticket> {
+    if ttl_ms > durable_ttl_ms {
+        let entry = op::encode(&Op::Renew {
+            name,
+            owner,
+            token,
+            ttl_ms,
+        });
+        let at = w.append(entry.len(), |buf| buf.copy_from_slice(&entry))?;
+        w.state()
+            .leases
+            .apply_renew(name, owner, token, ttl_ms, at.lsn);
+        return Ok(w.ticket());
+    }
+    let now = w.state().leases.now_ms();
+    if let Some(l) = w.state().leases.live_mut(name) {
+        l.ttl_ms = ttl_ms;
+        l.expires_at_ms = now.saturating_add(ttl_ms);
+    }
+    // The grant itself must be durable before it is answered again.
+    Ok(w.ticket_for(lsn))
+}
+
+/// Releases a lease whose grant nobody will receive (its caller went away).
+struct Abandon<'a> {
+    log: &'a Log,
+    name: &'a [u8],
+    owner: &'a [u8],
+    token: u64,
+    armed: bool,
+}
+
+impl Drop for Abandon<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            // A waiter that gives up takes nothing.
+            let _ = self.log.release_raw(self.name, self.owner, self.token);
+        }
+    }
+}
+
+impl Log {
+    fn check_lease_args(&self, name: &[u8], owner: &[u8], ttl: Duration) -> Result<u64> {
+        check_stream_name(name)?;
+        check_owner(owner)?;
+        let opts = self.options();
+        if ttl < opts.lease_ttl_min || ttl > opts.lease_ttl_max {
+            return Err(Error::invalid(
+                "ttl",
+                format!(
+                    "{} ms is not in {}..={} ms",
+                    ttl.as_millis(),
+                    opts.lease_ttl_min.as_millis(),
+                    opts.lease_ttl_max.as_millis()
+                ),
+            ));
+        }
+        Ok(ttl.as_millis() as u64)
+    }
+
+    /// Acquires the lease `name` for `owner` for `ttl`, answering a fencing
+    /// token above every token issued before, once it is durable.
+    ///
+    /// Answers [`Error::Held`] (with the time left) while another owner
+    /// holds a live lease, unless `opts.wait` says to wait. Re-acquiring a
+    /// lease one holds answers the same token with the new ttl. With
+    /// `opts.fence`, the stream `name` is fenced at the new token in the same
+    /// entry.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use fencelog::{AcquireOptions, Log, Options};
+    /// use std::time::Duration;
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let log = Log::open(dir.path(), Options::default()).unwrap();
+    /// let fenced = AcquireOptions { fence: true, ..Default::default() };
+    /// let grant = log.acquire("jobs", "worker-1", Duration::from_secs(10), fenced).unwrap();
+    /// // The new owner's token is already the stream's highest.
+    /// assert_eq!(log.stat("jobs").unwrap().highest_token, grant.token.get());
+    /// log.append("jobs", grant.token, &["started"]).unwrap();
+    /// ```
+    pub fn acquire(
+        &self,
+        name: impl AsRef<[u8]>,
+        owner: impl AsRef<[u8]>,
+        ttl: Duration,
+        opts: AcquireOptions,
+    ) -> Result<Grant> {
+        let (name, owner) = (name.as_ref(), owner.as_ref());
+        let ttl_ms = self.check_lease_args(name, owner, ttl)?;
+        let deadline = opts.wait.and_then(|w| Instant::now().checked_add(w));
+        let mut waiting = WaitingGauge::new(self);
+        loop {
+            let listener = self.inner().lease_freed.listen();
+            match self.submit_acquire(name, owner, ttl_ms, opts.fence)? {
+                Acquired::Granted {
+                    token,
+                    ttl_ms,
+                    ticket,
+                    fresh,
+                } => {
+                    ticket.wait()?;
+                    return self.granted(token, ttl_ms, fresh);
+                }
+                Acquired::Held { remaining_ms } => {
+                    let Some(wake) = self.wait_until(opts.wait, deadline, remaining_ms) else {
+                        self.inner().counters.leases_held.add(1);
+                        return Err(Error::Held { remaining_ms });
+                    };
+                    waiting.start();
+                    // Woken by a release, or at the lease's expiry.
+                    let _ = listener.wait_deadline(wake);
+                }
+            }
+        }
+    }
+
+    /// The async form of [`Log::acquire`]. Dropping the future gives up:
+    /// a lease granted to a dropped caller is released at once.
+    pub async fn acquire_async(
+        &self,
+        name: impl AsRef<[u8]>,
+        owner: impl AsRef<[u8]>,
+        ttl: Duration,
+        opts: AcquireOptions,
+    ) -> Result<Grant> {
+        let (name, owner) = (name.as_ref(), owner.as_ref());
+        let ttl_ms = self.check_lease_args(name, owner, ttl)?;
+        let deadline = opts.wait.and_then(|w| Instant::now().checked_add(w));
+        let mut waiting = WaitingGauge::new(self);
+        loop {
+            let listener = self.inner().lease_freed.listen();
+            let decided = self
+                .inner()
+                .wal
+                .submit_async(|w| {
+                    decide_acquire(w, name, owner, ttl_ms, opts.fence, self.options().max_live_leases)
+                })
+                .await??;
+            match decided {
+                Acquired::Granted {
+                    token,
+                    ttl_ms,
+                    ticket,
+                    fresh,
+                } => {
+                    let mut abandon = Abandon {
+                        log: self,
+                        name,
+                        owner,
+                        token,
+                        armed: fresh,
+                    };
+                    let result = ticket.await;
+                    abandon.armed = false;
+                    result?;
+                    return self.granted(token, ttl_ms, fresh);
+                }
+                Acquired::Held { remaining_ms } => {
+                    let Some(wake) = self.wait_until(opts.wait, deadline, remaining_ms) else {
+                        self.inner().counters.leases_held.add(1);
+                        return Err(Error::Held { remaining_ms });
+                    };
+                    waiting.start();
+                    let _ = tokio::time::timeout_at(wake.into(), listener).await;
+                }
+            }
+        }
+    }
+
+    fn submit_acquire(&self, name: &[u8], owner: &[u8], ttl_ms: u64, fence: bool) -> Result<Acquired> {
+        let max_live = self.options().max_live_leases;
+        self.inner()
+            .wal
+            .submit(|w| decide_acquire(w, name, owner, ttl_ms, fence, max_live))?
+    }
+
+    /// When to look again at a held lease: at its expiry, or at the end of
+    /// the wait; `None` when not waiting (any more).
+    fn wait_until(&self, wait: Option<Duration>, deadline: Option<Instant>, remaining_ms: u64) -> Option<Instant> {
+        wait?;
+        let now = Instant::now();
+        // Expiry is on the engine's clock; a real-time wait until then is
+        // the soonest it can change without a release.
+        let expiry = now + Duration::from_millis(remaining_ms.max(1));
+        match deadline {
+            Some(d) if now >= d => None,
+            Some(d) => Some(expiry.min(d)),
+            None => Some(expiry),
+        }
+    }
+
+    fn granted(&self, token: u64, ttl_ms: u64, fresh: bool) -> Result<Grant> {
+        let c = &self.inner().counters;
+        if fresh {
+            c.leases_acquired.add(1);
+        } else {
+            c.leases_renewed.add(1);
+        }
+        Ok(Grant {
+            token: Token::new(token)?,
+            ttl: Duration::from_millis(ttl_ms),
+        })
+    }
+
+    /// Extends the live lease held by exactly this owner and token to `ttl`
+    /// from now; answers the ttl. A lease that expired is never revived:
+    /// [`Error::Lost`], even if nobody else acquired it.
+    pub fn renew(
+        &self,
+        name: impl AsRef<[u8]>,
+        owner: impl AsRef<[u8]>,
+        token: Token,
+        ttl: Duration,
+    ) -> Result<Duration> {
+        let (name, owner) = (name.as_ref(), owner.as_ref());
+        let ttl_ms = self.check_lease_args(name, owner, ttl)?;
+        let ticket = self.submit_renew(name, owner, token, ttl_ms)?;
+        ticket.wait()?;
+        self.inner().counters.leases_renewed.add(1);
+        Ok(ttl)
+    }
+
+    /// The async form of [`Log::renew`].
+    pub async fn renew_async(
+        &self,
+        name: impl AsRef<[u8]>,
+        owner: impl AsRef<[u8]>,
+        token: Token,
+        ttl: Duration,
+    ) -> Result<Duration> {
+        let (name, owner) = (name.as_ref(), owner.as_ref());
+        let ttl_ms = self.check_lease_args(name, owner, ttl)?;
+        let ticket = self.submit_renew(name, owner, token, ttl_ms)?;
+        ticket.await?;
+        self.inner().counters.leases_renewed.add(1);
+        Ok(ttl)
+    }
+
+    fn submit_renew(&self, name: &[u8], owner: &[u8], token: Token, ttl_ms: u64) -> Result<Ticket> {
+        let decided = self.inner().wal.submit(|w| {
+            let lease = w
+                .state()
+                .leases
+                .live(name)
+                .filter(|l| &*l.owner == owner && l.token == token.get())
+                .map(|l| (l.durable_ttl_ms, l.lsn));
+            match lease {
+                Some((durable_ttl, lsn)) => {
+                    extend(w, name, owner, token.get(), ttl_ms, durable_ttl, lsn).map(Some)
+                }
+                None => Ok(None),
+            }
+        })??;
+        decided.ok_or_else(|| {
+            self.inner().counters.leases_lost.add(1);
+            Error::Lost
+        })
+    }
+
+    /// Releases the lease if this owner holds it with this token; answers
+    /// whether it did. Idempotent: another owner or token changes nothing.
+    /// The release is written to the log but not waited for.
+    pub fn release(&self, name: impl AsRef<[u8]>, owner: impl AsRef<[u8]>, token: Token) -> Result<bool> {
+        let (name, owner) = (name.as_ref(), owner.as_ref());
+        check_stream_name(name)?;
+        check_owner(owner)?;
+        let released = self.release_raw(name, owner, token.get())?;
+        if released {
+            self.inner().counters.leases_released.add(1);
+        }
+        Ok(released)
+    }
+
+    fn release_raw(&self, name: &[u8], owner: &[u8], token: u64) -> Result<bool> {
+        let released = self.inner().wal.submit(|w| {
+            let holds = w
+                .state()
+                .leases
+                .live(name)
+                .is_some_and(|l| &*l.owner == owner && l.token == token);
+            if !holds {
+                return Ok(false);
+            }
+            let entry = op::encode(&Op::Release { name, owner, token });
+            w.append(entry.len(), |buf| buf.copy_from_slice(&entry))?;
+            Ok::<_, Error>(w.state().leases.apply_release(name, owner, token))
+        })??;
+        if released {
+            self.inner().lease_freed.notify(usize::MAX);
+        }
+        Ok(released)
+    }
+
+    /// The live lease on `name`: owner, token, time left; `None` if free.
+    pub fn lease_info(&self, name: impl AsRef<[u8]>) -> Result<Option<LeaseInfo>> {
+        let name = name.as_ref();
+        check_stream_name(name)?;
+        let info = self.inner().wal.with_state_mut(|core| {
+            let now = core.leases.now_ms();
+            core.leases.live(name).map(|l| {
+                (
+                    Bytes::copy_from_slice(&l.owner),
+                    l.token,
+                    l.expires_at_ms.saturating_sub(now),
+                )
+            })
+        });
+        info.map(|(owner, token, remaining_ms)| {
+            Ok(LeaseInfo {
+                owner,
+                token: Token::new(token)?,
+                remaining: Duration::from_millis(remaining_ms),
+            })
+        })
+        .transpose()
+    }
+}
+
+/// Counts an acquisition as waiting while it waits.
+struct WaitingGauge<'a> {
+    log: &'a Log,
+    counted: bool,
+}
+
+impl<'a> WaitingGauge<'a> {
+    fn new(log: &'a Log) -> Self {
+        WaitingGauge { log, counted: false }
+    }
+
+    fn start(&mut self) {
+        if !self.counted {
+            self.counted = true;
+            self.log
+                .inner()
+                .counters
+                .lease_waiting
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for WaitingGauge<'_> {
+    fn drop(&mut self) {
+        if self.counted {
+            self.log
+                .inner()
+                .counters
+                .lease_waiting
+                .fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
