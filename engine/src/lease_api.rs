@@ -69,6 +69,8 @@ fn check_owner(owner: &[u8]) -> Result<()> {
 enum Acquired {
     Granted { token: u64, ttl_ms: u64, ticket: Ticket, fresh: bool },
     Held { remaining_ms: u64 },
+    /// A re-acquisition with `fence` whose token is below the stream's.
+    Stale { presented: u64, highest: u64, ticket: Ticket },
 }
 
 fn decide_acquire(
@@ -88,7 +90,34 @@ fn decide_acquire(
         }
         // The live holder again: same token, the new ttl.
         let (token, lsn, durable_ttl) = (l.token, l.lsn, l.durable_ttl_ms);
-        let ticket = extend(w, name, owner, token, ttl_ms, durable_ttl, lsn)?;
+        let (highest, highest_lsn) = w
+            .state()
+            .streams
+            .get(name)
+            .map_or((0, 0), |s| (s.highest, s.highest_lsn));
+        if fence && highest > token {
+            // Tokens from elsewhere passed this lease's on the stream: it
+            // cannot fence, and its writes would be rejected. Say so.
+            return Ok(Acquired::Stale {
+                presented: token,
+                highest,
+                ticket: w.ticket_for(highest_lsn),
+            });
+        }
+        let mut ticket = extend(w, name, owner, token, ttl_ms, durable_ttl, lsn)?;
+        if fence && highest < token {
+            let entry = op::encode(&Op::Fence {
+                stream: name,
+                token,
+            });
+            let at = w.append(entry.len(), |buf| buf.copy_from_slice(&entry))?;
+            let effect = w
+                .state()
+                .apply_fence(name, token, at.lsn)
+                .map_err(|why| Error::invalid("internal state", why))?;
+            w.on_durable(effect);
+            ticket = w.ticket();
+        }
         return Ok(Acquired::Granted {
             token,
             ttl_ms,
@@ -264,6 +293,14 @@ impl Log {
                     // Woken by a release, or at the lease's expiry.
                     let _ = listener.wait_deadline(wake);
                 }
+                Acquired::Stale {
+                    presented,
+                    highest,
+                    ticket,
+                } => {
+                    ticket.wait()?;
+                    return Err(Error::Stale { presented, highest });
+                }
             }
         }
     }
@@ -316,6 +353,14 @@ impl Log {
                     };
                     waiting.start();
                     let _ = tokio::time::timeout_at(wake.into(), listener).await;
+                }
+                Acquired::Stale {
+                    presented,
+                    highest,
+                    ticket,
+                } => {
+                    ticket.await?;
+                    return Err(Error::Stale { presented, highest });
                 }
             }
         }

@@ -50,7 +50,7 @@ fn payloads() -> impl Strategy<Value = Vec<Vec<u8>>> {
     prop::collection::vec(
         prop_oneof![
             3 => prop::collection::vec(any::<u8>(), 0..40),
-            1 => prop::collection::vec(any::<u8>(), 500..3000),
+            1 => prop::collection::vec(any::<u8>(), 2000..12000),
         ],
         1..4,
     )

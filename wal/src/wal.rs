@@ -927,11 +927,14 @@ impl<S: Sequencer> SyncThread<S> {
                     stats.batch_entries.record(entries);
                     stats.syncs.fetch_add(1, Ordering::Relaxed);
                     stats.entries.fetch_add(entries, Ordering::Relaxed);
+                    // The sync returned: the entries are durable, and the
+                    // durable LSN says so before any effect wakes a reader
+                    // that will read them back.
+                    self.shared.durable_lsn.store(last_lsn, Ordering::Release);
+                    self.note_durable_checkpoint();
                     for effect in effects {
                         effect.durable();
                     }
-                    self.note_durable_checkpoint();
-                    self.shared.durable_lsn.store(last_lsn, Ordering::Release);
                     batch.complete();
                     self.recycle(chunks);
                     self.maybe_request_next();
