@@ -75,7 +75,8 @@ fn fenced_appends(log: &fencelog::Log, writers: u64, total: u64) -> Duration {
             s.spawn(move || {
                 let stream = format!("stream-{w}");
                 for _ in 0..per {
-                    log.append(stream.as_str(), token, &[&payload]).expect("append");
+                    log.append(stream.as_str(), token, &[&payload])
+                        .expect("append");
                 }
             });
         }

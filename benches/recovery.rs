@@ -49,8 +49,9 @@ fn fill(dir: &Path, bytes: u64) {
 }
 
 fn bench(c: &mut Criterion) {
-    let root = tempfile::tempdir_in(std::env::var("FENCELOG_BENCH_DIR").unwrap_or_else(|_| ".".into()))
-        .expect("a directory for the logs");
+    let root =
+        tempfile::tempdir_in(std::env::var("FENCELOG_BENCH_DIR").unwrap_or_else(|_| ".".into()))
+            .expect("a directory for the logs");
     let mut group = c.benchmark_group("recovery");
     group.sample_size(20);
     for (name, bytes) in [("empty", 0u64), ("64MiB", 64 << 20), ("1GiB", 1 << 30)] {

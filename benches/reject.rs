@@ -12,8 +12,9 @@ use criterion::{Criterion, Throughput, black_box, criterion_group, criterion_mai
 use fencelog::{Error, Log, Options, Token};
 
 fn bench(c: &mut Criterion) {
-    let dir = tempfile::tempdir_in(std::env::var("FENCELOG_BENCH_DIR").unwrap_or_else(|_| ".".into()))
-        .expect("a directory for the log");
+    let dir =
+        tempfile::tempdir_in(std::env::var("FENCELOG_BENCH_DIR").unwrap_or_else(|_| ".".into()))
+            .expect("a directory for the log");
     let log = Log::open(dir.path(), Options::default()).expect("open");
     // A thousand streams, each fenced at token 100, so the lookup is real.
     for i in 0..1000 {

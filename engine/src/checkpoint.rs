@@ -97,10 +97,14 @@ impl Encoder {
         self.streams += 1;
     }
 
-    pub(crate) fn finish<'a>(mut self, leases: impl ExactSizeIterator<Item = (&'a [u8], &'a [u8], u64, u64)>) -> Vec<u8> {
+    pub(crate) fn finish<'a>(
+        mut self,
+        leases: impl ExactSizeIterator<Item = (&'a [u8], &'a [u8], u64, u64)>,
+    ) -> Vec<u8> {
         let at = self.streams_at;
         self.buf[at..at + 8].copy_from_slice(&self.streams.to_le_bytes());
-        self.buf.extend_from_slice(&(leases.len() as u64).to_le_bytes());
+        self.buf
+            .extend_from_slice(&(leases.len() as u64).to_le_bytes());
         for (name, owner, token, ttl_ms) in leases {
             self.buf.push(name.len() as u8);
             self.buf.extend_from_slice(name);
@@ -129,7 +133,10 @@ pub(crate) fn decode(b: &[u8]) -> Result<Checkpoint, String> {
     let stream_count = r.u64()?;
     // Each stream takes at least 45 bytes: bound the count by what is left.
     if stream_count > (b.len() as u64) / 45 {
-        return Err(format!("{stream_count} streams cannot fit in {} bytes", b.len()));
+        return Err(format!(
+            "{stream_count} streams cannot fit in {} bytes",
+            b.len()
+        ));
     }
     let mut streams = Vec::with_capacity(stream_count as usize);
     for _ in 0..stream_count {

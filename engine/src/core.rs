@@ -159,10 +159,18 @@ impl Core {
     }
 
     /// An accepted fence.
-    pub(crate) fn apply_fence(&mut self, name: &[u8], token: u64, lsn: u64) -> Result<Effect, String> {
+    pub(crate) fn apply_fence(
+        &mut self,
+        name: &[u8],
+        token: u64,
+        lsn: u64,
+    ) -> Result<Effect, String> {
         let s = self.stream_mut(name);
         if token < s.highest {
-            return Err(format!("a fence with token {token} below the highest {}", s.highest));
+            return Err(format!(
+                "a fence with token {token} below the highest {}",
+                s.highest
+            ));
         }
         Self::raise(s, token, lsn);
         Ok(Self::advance(s))
@@ -251,7 +259,8 @@ impl Core {
                 } else {
                     None
                 };
-                self.leases.apply_acquire(name, owner, token, ttl_ms, at.lsn)?;
+                self.leases
+                    .apply_acquire(name, owner, token, ttl_ms, at.lsn)?;
                 Ok(fenced.unwrap_or(Effect::Many(Vec::new())))
             }
             Op::Release { name, owner, token } => {
@@ -388,13 +397,15 @@ impl Core {
             }
             match e.kind {
                 EntryKind::Checkpoint => {
-                    let c = checkpoint::decode(&e.payload)
-                        .map_err(|why| e.corrupt(format!("a checkpoint that does not decode: {why}")))?;
+                    let c = checkpoint::decode(&e.payload).map_err(|why| {
+                        e.corrupt(format!("a checkpoint that does not decode: {why}"))
+                    })?;
                     self.restore(c).map_err(|why| e.corrupt(why))?;
                 }
                 EntryKind::Record => {
-                    let op = op::decode(&e.payload)
-                        .map_err(|why| e.corrupt(format!("an entry that does not decode: {why}")))?;
+                    let op = op::decode(&e.payload).map_err(|why| {
+                        e.corrupt(format!("an entry that does not decode: {why}"))
+                    })?;
                     let at = Appended {
                         lsn: e.lsn,
                         segment: e.segment,
@@ -402,7 +413,9 @@ impl Core {
                     };
                     // Everything replayed is durable: its effects apply now.
                     self.apply_op(&op, at)
-                        .map_err(|why| e.corrupt(format!("an entry that breaks the fencing rule: {why}")))?
+                        .map_err(|why| {
+                            e.corrupt(format!("an entry that breaks the fencing rule: {why}"))
+                        })?
                         .durable();
                 }
             }

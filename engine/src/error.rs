@@ -99,7 +99,9 @@ pub enum Error {
     /// An earlier write or sync failed: the log accepts no writes until it is
     /// reopened; durable reads go on. The outcome of writes that were
     /// pending then is unknown.
-    #[error("the log stopped accepting writes after an I/O failure ({cause}); reopen it to recover")]
+    #[error(
+        "the log stopped accepting writes after an I/O failure ({cause}); reopen it to recover"
+    )]
     Failed {
         /// The failure that stopped the log.
         #[source]

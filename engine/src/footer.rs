@@ -111,11 +111,15 @@ impl<'a> SegmentIndex<'a> {
             .filter(|&e| e <= b.len())
             .ok_or("the directory runs past the end")?;
         let rest = b.len() - dir_end;
-        if rest % IX != 0 {
+        if !rest.is_multiple_of(IX) {
             return Err("the entries do not divide evenly".into());
         }
         let entries = rest / IX;
-        let idx = SegmentIndex { b, streams, entries };
+        let idx = SegmentIndex {
+            b,
+            streams,
+            entries,
+        };
         let mut prev_id = None;
         for i in 0..streams {
             let at = HEADER + i * DIR;
@@ -125,7 +129,10 @@ impl<'a> SegmentIndex<'a> {
             }
             prev_id = Some(id);
             let d = idx.dir_at(i);
-            if d.ix_count == 0 || d.first_ix + d.ix_count > entries || d.first_offset >= d.end_offset {
+            if d.ix_count == 0
+                || d.first_ix + d.ix_count > entries
+                || d.first_offset >= d.end_offset
+            {
                 return Err(format!("stream {id}: a directory entry out of range"));
             }
         }
@@ -235,7 +242,10 @@ mod tests {
         let from10: Vec<_> = idx.entries_from(d, 10).map(|x| x.0.first_offset).collect();
         assert_eq!(from10, vec![10, 12, 15]);
         let d9 = idx.stream(9).unwrap();
-        assert_eq!(idx.entries_from(d9, 0).collect::<Vec<_>>(), vec![(e(0, 0, 128), 1)]);
+        assert_eq!(
+            idx.entries_from(d9, 0).collect::<Vec<_>>(),
+            vec![(e(0, 0, 128), 1)]
+        );
     }
 
     #[test]

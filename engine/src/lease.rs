@@ -190,7 +190,14 @@ impl Leases {
     }
 
     /// A renewal that lengthened the ttl, written to the log.
-    pub(crate) fn apply_renew(&mut self, name: &[u8], owner: &[u8], token: u64, ttl_ms: u64, lsn: u64) {
+    pub(crate) fn apply_renew(
+        &mut self,
+        name: &[u8],
+        owner: &[u8],
+        token: u64,
+        ttl_ms: u64,
+        lsn: u64,
+    ) {
         let now = self.clock.now_ms();
         if let Some(l) = self.live.get_mut(name)
             && &*l.owner == owner

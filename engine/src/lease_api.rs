@@ -67,10 +67,21 @@ fn check_owner(owner: &[u8]) -> Result<()> {
 }
 
 enum Acquired {
-    Granted { token: u64, ttl_ms: u64, ticket: Ticket, fresh: bool },
-    Held { remaining_ms: u64 },
+    Granted {
+        token: u64,
+        ttl_ms: u64,
+        ticket: Ticket,
+        fresh: bool,
+    },
+    Held {
+        remaining_ms: u64,
+    },
     /// A re-acquisition with `fence` whose token is below the stream's.
-    Stale { presented: u64, highest: u64, ticket: Ticket },
+    Stale {
+        presented: u64,
+        highest: u64,
+        ticket: Ticket,
+    },
 }
 
 fn decide_acquire(
@@ -152,7 +163,10 @@ fn decide_acquire(
     });
     let at = w.append(entry.len(), |buf| buf.copy_from_slice(&entry))?;
     let Ok(acquire) = op::decode(&entry) else {
-        return Err(Error::invalid("internal state", "an acquisition that does not decode"));
+        return Err(Error::invalid(
+            "internal state",
+            "an acquisition that does not decode",
+        ));
     };
     let effect = w
         .state()
@@ -324,7 +338,14 @@ impl Log {
                 .inner()
                 .wal
                 .submit_async(|w| {
-                    decide_acquire(w, name, owner, ttl_ms, opts.fence, self.options().max_live_leases)
+                    decide_acquire(
+                        w,
+                        name,
+                        owner,
+                        ttl_ms,
+                        opts.fence,
+                        self.options().max_live_leases,
+                    )
                 })
                 .await??;
             match decided {
@@ -366,7 +387,13 @@ impl Log {
         }
     }
 
-    fn submit_acquire(&self, name: &[u8], owner: &[u8], ttl_ms: u64, fence: bool) -> Result<Acquired> {
+    fn submit_acquire(
+        &self,
+        name: &[u8],
+        owner: &[u8],
+        ttl_ms: u64,
+        fence: bool,
+    ) -> Result<Acquired> {
         let max_live = self.options().max_live_leases;
         self.inner()
             .wal
@@ -375,7 +402,12 @@ impl Log {
 
     /// When to look again at a held lease: at its expiry, or at the end of
     /// the wait; `None` when not waiting (any more).
-    fn wait_until(&self, wait: Option<Duration>, deadline: Option<Instant>, remaining_ms: u64) -> Option<Instant> {
+    fn wait_until(
+        &self,
+        wait: Option<Duration>,
+        deadline: Option<Instant>,
+        remaining_ms: u64,
+    ) -> Option<Instant> {
         wait?;
         let now = Instant::now();
         // Expiry is on the engine's clock; a real-time wait until then is
@@ -459,7 +491,12 @@ impl Log {
     /// Releases the lease if this owner holds it with this token; answers
     /// whether it did. Idempotent: another owner or token changes nothing.
     /// The release is written to the log but not waited for.
-    pub fn release(&self, name: impl AsRef<[u8]>, owner: impl AsRef<[u8]>, token: Token) -> Result<bool> {
+    pub fn release(
+        &self,
+        name: impl AsRef<[u8]>,
+        owner: impl AsRef<[u8]>,
+        token: Token,
+    ) -> Result<bool> {
         let (name, owner) = (name.as_ref(), owner.as_ref());
         check_stream_name(name)?;
         check_owner(owner)?;
@@ -523,7 +560,10 @@ struct WaitingGauge<'a> {
 
 impl<'a> WaitingGauge<'a> {
     fn new(log: &'a Log) -> Self {
-        WaitingGauge { log, counted: false }
+        WaitingGauge {
+            log,
+            counted: false,
+        }
     }
 
     fn start(&mut self) {

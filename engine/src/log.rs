@@ -8,9 +8,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use event_listener::{Event, Listener};
-use fencelog_wal::{
-    FsStorage, RecoveryReport, Removal, Storage, Ticket, Wal, Writer,
-};
+use fencelog_wal::{FsStorage, RecoveryReport, Removal, Storage, Ticket, Wal, Writer};
 
 use crate::core::Core;
 use crate::error::{Error, Result};
@@ -167,12 +165,19 @@ impl Decision {
 enum Decided {
     Value(u64),
     Error(Error),
-    Retry { expected: u64, next: u64, highest: u64 },
+    Retry {
+        expected: u64,
+        next: u64,
+        highest: u64,
+    },
 }
 
 fn check_payloads<P: AsRef<[u8]>>(opts: &Options, payloads: &[P]) -> Result<()> {
     if payloads.is_empty() {
-        return Err(Error::invalid("payloads", "an append needs at least one record"));
+        return Err(Error::invalid(
+            "payloads",
+            "an append needs at least one record",
+        ));
     }
     if payloads.len() > opts.max_records_per_append as usize {
         return Err(Error::TooLarge {
@@ -198,7 +203,13 @@ fn check_payloads<P: AsRef<[u8]>>(opts: &Options, payloads: &[P]) -> Result<()> 
 /// start, the stream's newest LSN). A stream never seen is all zeros.
 fn stream_state(w: &mut Writer<'_, Core>, stream: &[u8]) -> (u64, u64, u64, u64, u64) {
     w.state().streams.get(stream).map_or((0, 0, 0, 0, 0), |s| {
-        (s.highest, s.highest_lsn, s.next_offset, s.start_offset, s.last_lsn)
+        (
+            s.highest,
+            s.highest_lsn,
+            s.next_offset,
+            s.start_offset,
+            s.last_lsn,
+        )
     })
 }
 
@@ -247,7 +258,9 @@ pub(crate) fn decide_append<P: AsRef<[u8]>>(
         return Ok(stale(w, token, highest, highest_lsn));
     }
     let len = op::append_len(stream, payloads);
-    let at = w.append(len, |buf| op::encode_append(buf, stream, token, next, payloads))?;
+    let at = w.append(len, |buf| {
+        op::encode_append(buf, stream, token, next, payloads)
+    })?;
     let bytes = payloads.iter().map(|p| p.as_ref().len() as u64).sum();
     let effect = w
         .state()
@@ -274,7 +287,10 @@ fn decide_fence(w: &mut Writer<'_, Core>, stream: &[u8], token: u64) -> Result<D
     }
     let entry = op::encode(&Op::Fence { stream, token });
     let at = w.append(entry.len(), |buf| buf.copy_from_slice(&entry))?;
-    let effect = w.state().apply_fence(stream, token, at.lsn).map_err(internal)?;
+    let effect = w
+        .state()
+        .apply_fence(stream, token, at.lsn)
+        .map_err(internal)?;
     w.on_durable(effect);
     Ok(Decision::Accepted {
         value: token,
@@ -300,7 +316,11 @@ fn decide_trim(
             ticket: w.ticket_for(last_lsn),
         });
     }
-    let answer = if delete { next - start } else { before.max(start) };
+    let answer = if delete {
+        next - start
+    } else {
+        before.max(start)
+    };
     if before <= start && token == highest {
         // Nothing changes at all.
         return Ok(Decision::Accepted {
@@ -355,7 +375,9 @@ impl Log {
         let views = Arc::new(Views::default());
         let gc = Arc::new(GcQueue::default());
         let core = Core::new(Arc::clone(&views), Arc::clone(&gc), Leases::new(clock));
-        let (wal, report) = Wal::open(storage, dir, opts.wal.clone(), |replay| core.recover(replay))?;
+        let (wal, report) = Wal::open(storage, dir, opts.wal.clone(), |replay| {
+            core.recover(replay)
+        })?;
         let dead = wal.with_state(|core| core.dead_segments(&wal.segments()));
         for segment in dead {
             gc.push(segment);
@@ -504,9 +526,10 @@ impl Log {
     ) -> Result<Offset> {
         let stream = stream.as_ref();
         self.check_append(stream, payloads)?;
-        let d = self.inner.wal.submit(|w| {
-            decide_append(w, stream, token.get(), payloads, Some(expected_offset))
-        })??;
+        let d = self
+            .inner
+            .wal
+            .submit(|w| decide_append(w, stream, token.get(), payloads, Some(expected_offset)))??;
         let result = match d.wait()? {
             Decided::Retry {
                 expected,
@@ -657,7 +680,13 @@ impl Log {
             .await
     }
 
-    fn trim_or_delete(&self, stream: &[u8], token: Token, before: u64, delete: bool) -> Result<u64> {
+    fn trim_or_delete(
+        &self,
+        stream: &[u8],
+        token: Token,
+        before: u64,
+        delete: bool,
+    ) -> Result<u64> {
         check_stream_name(stream)?;
         self.fast_stale(stream, token)?;
         let d = self
@@ -703,7 +732,12 @@ impl Log {
     /// Reads up to `max_records` durable records of `stream` from `from` on.
     /// `from` below the start offset is [`Error::Trimmed`]; at or past the
     /// end, the answer is empty.
-    pub fn read(&self, stream: impl AsRef<[u8]>, from: Offset, max_records: u32) -> Result<Vec<Record>> {
+    pub fn read(
+        &self,
+        stream: impl AsRef<[u8]>,
+        from: Offset,
+        max_records: u32,
+    ) -> Result<Vec<Record>> {
         let stream = stream.as_ref();
         check_stream_name(stream)?;
         let records = match self.inner.views.get(stream) {
@@ -826,7 +860,13 @@ impl Log {
     }
 
     /// Locates the entries holding `[from, end)` and decodes their records.
-    fn collect_records(&self, view: &StreamView, from: u64, end: u64, out: &mut Vec<Record>) -> Result<()> {
+    fn collect_records(
+        &self,
+        view: &StreamView,
+        from: u64,
+        end: u64,
+        out: &mut Vec<Record>,
+    ) -> Result<()> {
         // (segment, position) of each entry to read, in offset order.
         let mut entries: Vec<(u64, u64)> = Vec::new();
         let mut sealed_runs = Vec::new();
@@ -839,7 +879,9 @@ impl Log {
             }
             let open = &ix.open;
             // The last open entry starting at or below `from`, and on.
-            let first = open.partition_point(|e| e.entry.first_offset <= from).saturating_sub(1);
+            let first = open
+                .partition_point(|e| e.entry.first_offset <= from)
+                .saturating_sub(1);
             for e in open.iter().skip(first) {
                 if e.entry.first_offset >= end {
                     break;
@@ -854,7 +896,8 @@ impl Log {
                 .wal
                 .footer(run.segment)?
                 .ok_or_else(|| self.missing(run.segment, cursor))?;
-            let index = SegmentIndex::parse(&footer).map_err(|why| self.damaged(run.segment, why))?;
+            let index =
+                SegmentIndex::parse(&footer).map_err(|why| self.damaged(run.segment, why))?;
             let dir = index
                 .stream(view.id)
                 .ok_or_else(|| self.missing(run.segment, cursor))?;
@@ -889,7 +932,14 @@ impl Log {
 
     /// Decodes the append at `(segment, position)` and keeps its records in
     /// `[from, end)`.
-    fn decode_entry(&self, segment: u64, position: u64, from: u64, end: u64, out: &mut Vec<Record>) -> Result<()> {
+    fn decode_entry(
+        &self,
+        segment: u64,
+        position: u64,
+        from: u64,
+        end: u64,
+        out: &mut Vec<Record>,
+    ) -> Result<()> {
         let entry = self.inner.wal.read_entry(segment, position)?;
         let payload = entry.payload;
         let Op::Append {
@@ -899,7 +949,10 @@ impl Log {
             ..
         } = op::decode(&payload).map_err(|why| self.damaged(segment, why))?
         else {
-            return Err(self.damaged(segment, "the index points at an entry that is not an append".into()));
+            return Err(self.damaged(
+                segment,
+                "the index points at an entry that is not an append".into(),
+            ));
         };
         let token = Token::new(token)?;
         let base = records.as_ptr() as usize - payload.as_ptr() as usize;
@@ -987,7 +1040,8 @@ impl Log {
                     .wal
                     .footer(run.segment)?
                     .ok_or_else(|| self.missing(run.segment, offset))?;
-                let index = SegmentIndex::parse(&footer).map_err(|why| self.damaged(run.segment, why))?;
+                let index =
+                    SegmentIndex::parse(&footer).map_err(|why| self.damaged(run.segment, why))?;
                 let dir = index
                     .stream(view.id)
                     .ok_or_else(|| self.missing(run.segment, offset))?;
@@ -1004,7 +1058,13 @@ impl Log {
             return Ok(entry.cum_bytes);
         }
         let mut records = Vec::new();
-        self.decode_entry(segment, entry.position, entry.first_offset, offset, &mut records)?;
+        self.decode_entry(
+            segment,
+            entry.position,
+            entry.first_offset,
+            offset,
+            &mut records,
+        )?;
         Ok(entry.cum_bytes + records.iter().map(|r| r.payload.len() as u64).sum::<u64>())
     }
 

@@ -99,7 +99,9 @@ pub(crate) fn encode_append<P: AsRef<[u8]>>(
 /// Encodes any op but an append into a new buffer (they are small).
 pub(crate) fn encode(op: &Op<'_>) -> Vec<u8> {
     let len = match op {
-        Op::Append { records, stream, .. } => 22 + stream.len() + records.len(),
+        Op::Append {
+            records, stream, ..
+        } => 22 + stream.len() + records.len(),
         Op::Fence { stream, .. } => 10 + stream.len(),
         Op::Trim { stream, .. } => 18 + stream.len(),
         Op::Delete { stream, .. } => 10 + stream.len(),
@@ -226,7 +228,13 @@ impl<'a> Reader<'a> {
             .at
             .checked_add(n)
             .filter(|&e| e <= self.b.len())
-            .ok_or_else(|| format!("truncated: {n} bytes wanted at {} of {}", self.at, self.b.len()))?;
+            .ok_or_else(|| {
+                format!(
+                    "truncated: {n} bytes wanted at {} of {}",
+                    self.at,
+                    self.b.len()
+                )
+            })?;
         let s = &self.b[self.at..end];
         self.at = end;
         Ok(s)
@@ -360,8 +368,12 @@ pub(crate) fn records(records: &[u8]) -> impl Iterator<Item = (usize, usize)> + 
         if at + 4 > records.len() {
             return None;
         }
-        let len = u32::from_le_bytes([records[at], records[at + 1], records[at + 2], records[at + 3]])
-            as usize;
+        let len = u32::from_le_bytes([
+            records[at],
+            records[at + 1],
+            records[at + 2],
+            records[at + 3],
+        ]) as usize;
         let start = at + 4;
         let end = (start + len).min(records.len());
         at = end;
@@ -388,7 +400,10 @@ mod tests {
         else {
             panic!("not an append");
         };
-        assert_eq!((stream, token, first_offset, count), (&b"orders"[..], 42, 7, 3));
+        assert_eq!(
+            (stream, token, first_offset, count),
+            (&b"orders"[..], 42, 7, 3)
+        );
         let got: Vec<&[u8]> = records(recs).map(|(s, e)| &recs[s..e]).collect();
         assert_eq!(got, payloads);
     }

@@ -117,7 +117,9 @@ impl Views {
     }
 
     pub(crate) fn insert(&self, view: Arc<StreamView>) {
-        self.map.write().insert(view.name.to_vec().into_boxed_slice(), view);
+        self.map
+            .write()
+            .insert(view.name.to_vec().into_boxed_slice(), view);
         self.created.notify(usize::MAX);
     }
 

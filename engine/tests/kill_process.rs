@@ -71,7 +71,13 @@ struct Acked {
 
 fn run_child(dir: &std::path::Path, round: u64, acked: &mut Acked, want: usize) {
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "child", "--nocapture", "--test-threads=1"])
+        .args([
+            "--ignored",
+            "--exact",
+            "child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(DIR, dir)
         .env(ROUND, round.to_string())
         .stdout(Stdio::piped())
@@ -89,7 +95,11 @@ fn run_child(dir: &std::path::Path, round: u64, acked: &mut Acked, want: usize) 
                 let v: Vec<u64> = f[1..].iter().map(|x| x.parse().unwrap()).collect();
                 let stream = v[0] as usize;
                 let prev = acked.records.insert((stream, v[1]), (v[2], v[3], v[4]));
-                assert!(prev.is_none(), "offset {} of stream {stream} handed out twice", v[1]);
+                assert!(
+                    prev.is_none(),
+                    "offset {} of stream {stream} handed out twice",
+                    v[1]
+                );
                 let h = acked.highest.entry(stream).or_default();
                 *h = (*h).max(v[2]);
                 seen += 1;
@@ -115,7 +125,11 @@ fn kill_mid_write() {
         let log = Log::open(dir.path(), opts()).unwrap();
         for (&(stream, offset), &(token, r, n)) in &acked.records {
             let got = log.read(format!("stream-{stream}"), offset, 1).unwrap();
-            assert_eq!(got.len(), 1, "round {round}: stream {stream} lost offset {offset}");
+            assert_eq!(
+                got.len(),
+                1,
+                "round {round}: stream {stream} lost offset {offset}"
+            );
             assert_eq!(got[0].token.get(), token);
             assert_eq!(&got[0].payload[..], &payload(stream, r, n)[..]);
         }
@@ -123,7 +137,10 @@ fn kill_mid_write() {
             let name = format!("stream-{stream}");
             assert!(log.stat(&name).unwrap().highest_token >= highest);
             let old = Token::new(highest - 1).unwrap();
-            assert!(matches!(log.append(&name, old, &[b"late"]), Err(Error::Stale { .. })));
+            assert!(matches!(
+                log.append(&name, old, &[b"late"]),
+                Err(Error::Stale { .. })
+            ));
         }
         assert!(log.stat("fenced").unwrap().highest_token >= acked.fenced);
     }

@@ -60,11 +60,16 @@ fn tokens_increase_and_a_held_lease_says_for_how_long() {
     let e = Env::new();
     let a = e.log.acquire("lock", "a", 10 * SEC, plain()).unwrap();
     match e.log.acquire("lock", "b", 10 * SEC, plain()) {
-        Err(Error::Held { remaining_ms: 10_000 }) => {}
+        Err(Error::Held {
+            remaining_ms: 10_000,
+        }) => {}
         other => panic!("{other:?}"),
     }
     e.advance(4 * SEC);
-    assert!(matches!(e.log.acquire("lock", "b", SEC, plain()), Err(Error::Held { remaining_ms: 6000 })));
+    assert!(matches!(
+        e.log.acquire("lock", "b", SEC, plain()),
+        Err(Error::Held { remaining_ms: 6000 })
+    ));
     let other = e.log.acquire("other", "b", SEC, plain()).unwrap();
     assert!(other.token > a.token);
     e.advance(6 * SEC);
@@ -82,12 +87,21 @@ fn a_late_renew_after_expiry_is_lost_even_with_no_new_owner() {
     e.advance(3 * SEC);
     assert_eq!(e.log.renew("lock", "a", g.token, 5 * SEC).unwrap(), 5 * SEC);
     e.advance(5 * SEC);
-    assert!(matches!(e.log.renew("lock", "a", g.token, 5 * SEC), Err(Error::Lost)));
+    assert!(matches!(
+        e.log.renew("lock", "a", g.token, 5 * SEC),
+        Err(Error::Lost)
+    ));
     assert!(e.log.lease_info("lock").unwrap().is_none(), "never revived");
     // Another owner's token, or the wrong token, is lost too.
     let g2 = e.log.acquire("lock", "b", 5 * SEC, plain()).unwrap();
-    assert!(matches!(e.log.renew("lock", "a", g2.token, SEC), Err(Error::Lost)));
-    assert!(matches!(e.log.renew("lock", "b", g.token, SEC), Err(Error::Lost)));
+    assert!(matches!(
+        e.log.renew("lock", "a", g2.token, SEC),
+        Err(Error::Lost)
+    ));
+    assert!(matches!(
+        e.log.renew("lock", "b", g.token, SEC),
+        Err(Error::Lost)
+    ));
     assert_eq!(e.log.metrics().leases_lost, 3);
 }
 
@@ -97,7 +111,10 @@ fn a_late_release_with_an_old_token_changes_nothing() {
     let g1 = e.log.acquire("lock", "a", SEC, plain()).unwrap();
     e.advance(2 * SEC);
     let g2 = e.log.acquire("lock", "a", SEC, plain()).unwrap();
-    assert!(g2.token > g1.token, "an expired lease is not re-acquired: a new one is");
+    assert!(
+        g2.token > g1.token,
+        "an expired lease is not re-acquired: a new one is"
+    );
     assert!(!e.log.release("lock", "a", g1.token).unwrap());
     assert!(!e.log.release("lock", "b", g2.token).unwrap());
     assert_eq!(e.log.lease_info("lock").unwrap().unwrap().token, g2.token);
@@ -114,7 +131,12 @@ fn the_live_holder_re_acquiring_gets_the_same_token_and_the_new_ttl() {
     let again = e.log.acquire("lock", "a", 30 * SEC, plain()).unwrap();
     assert_eq!((again.token, again.ttl), (g.token, 30 * SEC));
     e.advance(20 * SEC);
-    assert!(matches!(e.log.acquire("lock", "b", SEC, plain()), Err(Error::Held { remaining_ms: 10_000 })));
+    assert!(matches!(
+        e.log.acquire("lock", "b", SEC, plain()),
+        Err(Error::Held {
+            remaining_ms: 10_000
+        })
+    ));
 }
 
 #[test]
@@ -122,13 +144,19 @@ fn acquire_with_fence_shuts_out_the_old_owner_in_the_same_entry() {
     let e = Env::new();
     // Tokens from another source reached 1000 on this stream.
     e.log.fence("jobs", Token::new(1000).unwrap()).unwrap();
-    let fenced = AcquireOptions { fence: true, ..plain() };
+    let fenced = AcquireOptions {
+        fence: true,
+        ..plain()
+    };
     let g = e.log.acquire("jobs", "new-owner", SEC, fenced).unwrap();
     assert!(g.token.get() > 1000, "never fails on its own fence");
     assert_eq!(e.log.stat("jobs").unwrap().highest_token, g.token.get());
     assert!(matches!(
         e.log.append("jobs", Token::new(1000).unwrap(), &[b"late"]),
-        Err(Error::Stale { presented: 1000, .. })
+        Err(Error::Stale {
+            presented: 1000,
+            ..
+        })
     ));
     // And the counter moved past it for everyone.
     let other = e.log.acquire("other", "x", SEC, plain()).unwrap();
@@ -143,7 +171,10 @@ fn tokens_survive_crashes_and_the_restart_rule_holds_leases_a_full_ttl() {
     e.crash(CrashMode::LoseUnsynced);
     // The downtime is unknown: held for a full ttl from the restart.
     e.advance(9 * SEC);
-    assert!(matches!(e.log.acquire("lock", "b", SEC, plain()), Err(Error::Held { remaining_ms: 1000 })));
+    assert!(matches!(
+        e.log.acquire("lock", "b", SEC, plain()),
+        Err(Error::Held { remaining_ms: 1000 })
+    ));
     e.advance(SEC);
     let b = e.log.acquire("lock", "b", SEC, plain()).unwrap();
     assert!(b.token > g.token);
@@ -160,7 +191,10 @@ fn a_renewal_that_lengthens_the_ttl_survives_a_crash() {
     e.crash(CrashMode::LoseUnsynced);
     e.advance(59 * SEC);
     assert!(
-        matches!(e.log.acquire("lock", "b", SEC, plain()), Err(Error::Held { .. })),
+        matches!(
+            e.log.acquire("lock", "b", SEC, plain()),
+            Err(Error::Held { .. })
+        ),
         "the holder was promised 60 s; a crash must not shorten that"
     );
 }
@@ -216,7 +250,10 @@ fn a_waiter_gets_the_lease_when_it_is_released() {
     let waiter = {
         let log = e.log.clone();
         std::thread::spawn(move || {
-            let wait = AcquireOptions { wait: Some(Duration::from_secs(30)), ..plain() };
+            let wait = AcquireOptions {
+                wait: Some(Duration::from_secs(30)),
+                ..plain()
+            };
             log.acquire("lock", "b", SEC, wait)
         })
     };
@@ -229,8 +266,14 @@ fn a_waiter_gets_the_lease_when_it_is_released() {
     assert!(b.token > g.token);
     assert_eq!(e.log.metrics().lease_waiting, 0);
     // A wait that runs out takes nothing.
-    let short = AcquireOptions { wait: Some(Duration::from_millis(20)), ..plain() };
-    assert!(matches!(e.log.acquire("lock", "c", SEC, short), Err(Error::Held { .. })));
+    let short = AcquireOptions {
+        wait: Some(Duration::from_millis(20)),
+        ..plain()
+    };
+    assert!(matches!(
+        e.log.acquire("lock", "c", SEC, short),
+        Err(Error::Held { .. })
+    ));
     assert_eq!(&e.log.lease_info("lock").unwrap().unwrap().owner[..], b"b");
 }
 
@@ -238,11 +281,18 @@ fn a_waiter_gets_the_lease_when_it_is_released() {
 fn a_waiter_gets_the_lease_when_it_expires_on_the_real_clock() {
     let dir = tempfile::tempdir().unwrap();
     let log = Log::open(dir.path(), opts()).unwrap();
-    log.acquire("lock", "a", Duration::from_millis(50), plain()).unwrap();
-    let wait = AcquireOptions { wait: Some(Duration::from_secs(10)), ..plain() };
+    log.acquire("lock", "a", Duration::from_millis(50), plain())
+        .unwrap();
+    let wait = AcquireOptions {
+        wait: Some(Duration::from_secs(10)),
+        ..plain()
+    };
     let started = std::time::Instant::now();
     log.acquire("lock", "b", SEC, wait).unwrap();
-    assert!(started.elapsed() < Duration::from_secs(5), "woken at expiry, not at the end of the wait");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "woken at expiry, not at the end of the wait"
+    );
 }
 
 #[test]
@@ -251,7 +301,10 @@ fn a_dropped_async_acquisition_takes_nothing() {
     sim.faults().only_on(".wal");
     let clock = Arc::new(ManualClock::default());
     let log = open(&sim, &clock);
-    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
     sim.faults().delay_syncs(Duration::from_millis(200));
     rt.block_on(async {
         // Give up long before the acquisition's sync returns.
@@ -263,26 +316,58 @@ fn a_dropped_async_acquisition_takes_nothing() {
         assert!(r.is_err(), "the acquisition should still be in flight");
     });
     sim.faults().delay_syncs(Duration::ZERO);
-    assert!(log.lease_info("lock").unwrap().is_none(), "nobody received that grant");
+    assert!(
+        log.lease_info("lock").unwrap().is_none(),
+        "nobody received that grant"
+    );
     let g = log.acquire("lock", "real", SEC, plain()).unwrap();
-    assert!(g.token.get() >= 2, "the abandoned token is a gap, never reused");
+    assert!(
+        g.token.get() >= 2,
+        "the abandoned token is a gap, never reused"
+    );
 }
 
 #[test]
 fn bad_lease_arguments_are_clear_errors() {
     let e = Env::new();
     for owner in ["", "has space", "tab\there", "é"] {
-        assert!(matches!(e.log.acquire("lock", owner, SEC, plain()), Err(Error::Invalid { what: "owner", .. })), "{owner:?}");
+        assert!(
+            matches!(
+                e.log.acquire("lock", owner, SEC, plain()),
+                Err(Error::Invalid { what: "owner", .. })
+            ),
+            "{owner:?}"
+        );
     }
-    assert!(matches!(e.log.acquire("lock", "x".repeat(129), SEC, plain()), Err(Error::Invalid { .. })));
-    assert!(matches!(e.log.acquire("lock", "a", Duration::from_millis(1), plain()), Err(Error::Invalid { what: "ttl", .. })));
-    assert!(matches!(e.log.acquire("lock", "a", Duration::from_secs(90_000), plain()), Err(Error::Invalid { what: "ttl", .. })));
+    assert!(matches!(
+        e.log.acquire("lock", "x".repeat(129), SEC, plain()),
+        Err(Error::Invalid { .. })
+    ));
+    assert!(matches!(
+        e.log
+            .acquire("lock", "a", Duration::from_millis(1), plain()),
+        Err(Error::Invalid { what: "ttl", .. })
+    ));
+    assert!(matches!(
+        e.log
+            .acquire("lock", "a", Duration::from_secs(90_000), plain()),
+        Err(Error::Invalid { what: "ttl", .. })
+    ));
     let mut o = opts();
     o.max_live_leases = 2;
-    let log = Log::open_on(Arc::new(SimStorage::new()), e.clock.clone(), Path::new("/db"), o).unwrap();
+    let log = Log::open_on(
+        Arc::new(SimStorage::new()),
+        e.clock.clone(),
+        Path::new("/db"),
+        o,
+    )
+    .unwrap();
     log.acquire("l1", "a", SEC, plain()).unwrap();
     log.acquire("l2", "a", SEC, plain()).unwrap();
-    assert!(matches!(log.acquire("l3", "a", SEC, plain()), Err(Error::TooManyLeases { live: 2, max: 2 })));
+    assert!(matches!(
+        log.acquire("l3", "a", SEC, plain()),
+        Err(Error::TooManyLeases { live: 2, max: 2 })
+    ));
     e.clock.advance(2 * SEC);
     log.acquire("l3", "a", SEC, plain()).unwrap();
 }

@@ -23,12 +23,30 @@ const OWNERS: [&str; 3] = ["a", "b", "c"];
 
 #[derive(Debug, Clone)]
 enum Action {
-    Acquire { n: usize, o: usize, ttl_s: u64, fence: bool },
-    Renew { n: usize, o: usize, ttl_s: u64 },
-    Release { n: usize, o: usize },
-    Advance { ms: u64 },
-    Crash { mode: CrashMode },
-    ArmCut { after: u64 },
+    Acquire {
+        n: usize,
+        o: usize,
+        ttl_s: u64,
+        fence: bool,
+    },
+    Renew {
+        n: usize,
+        o: usize,
+        ttl_s: u64,
+    },
+    Release {
+        n: usize,
+        o: usize,
+    },
+    Advance {
+        ms: u64,
+    },
+    Crash {
+        mode: CrashMode,
+    },
+    ArmCut {
+        after: u64,
+    },
     Reopen,
     /// A big append elsewhere: segments rotate, so that recovery starts
     /// from checkpoints (which carry the leases and the counter).
@@ -97,7 +115,7 @@ fn run(actions: Vec<Action>) {
         m.exact.insert(n, None);
     }
     let mut armed = false;
-    let mut crash = |sim: &mut SimStorage, log: &mut Log, m: &mut Model, mode: CrashMode| {
+    let crash = |sim: &mut SimStorage, log: &mut Log, m: &mut Model, mode: CrashMode| {
         *sim = sim.image().unwrap_or_else(|| sim.cut_power(mode));
         *log = open(sim, &clock);
         // The restart rule and unsynced releases make the engine's view
@@ -115,9 +133,14 @@ fn run(actions: Vec<Action>) {
                         let same = match m.exact.get(&n) {
                             // Known exactly: the same token iff this owner holds it.
                             Some(state) => {
-                                let live_here = matches!(state, Some((h, _, until)) if *h == o && *until > now);
+                                let live_here =
+                                    matches!(state, Some((h, _, until)) if *h == o && *until > now);
                                 if live_here {
-                                    assert_eq!(Some(token), state.map(|s| s.1), "the live holder gets its token back");
+                                    assert_eq!(
+                                        Some(token),
+                                        state.map(|s| s.1),
+                                        "the live holder gets its token back"
+                                    );
                                 }
                                 live_here
                             }
@@ -127,17 +150,34 @@ fn run(actions: Vec<Action>) {
                             None => m.granted.get(&(n, o)).is_some_and(|t| t.contains(&token)),
                         };
                         if !same {
-                            assert!(token > m.max_token, "token {token} not above {} answered before", m.max_token);
+                            assert!(
+                                token > m.max_token,
+                                "token {token} not above {} answered before",
+                                m.max_token
+                            );
                         }
                         for (&(bn, bo), b) in &m.beliefs {
                             if bn == n && bo != o {
-                                assert!(b.until_ms <= now, "{} granted to {} while {} holds it until {} (now {now})", NAMES[n], OWNERS[o], OWNERS[bo], b.until_ms);
+                                assert!(
+                                    b.until_ms <= now,
+                                    "{} granted to {} while {} holds it until {} (now {now})",
+                                    NAMES[n],
+                                    OWNERS[o],
+                                    OWNERS[bo],
+                                    b.until_ms
+                                );
                             }
                         }
                         m.granted.entry((n, o)).or_default().insert(token);
                         m.max_token = m.max_token.max(token);
                         let until = now + ttl_s * 1000;
-                        m.beliefs.insert((n, o), Belief { token, until_ms: until });
+                        m.beliefs.insert(
+                            (n, o),
+                            Belief {
+                                token,
+                                until_ms: until,
+                            },
+                        );
                         m.exact.insert(n, Some((o, token, until)));
                         if fence {
                             assert!(log.stat(NAMES[n]).unwrap().highest_token >= token);
@@ -157,7 +197,11 @@ fn run(actions: Vec<Action>) {
                         // Only the live holder re-acquiring with fence, after
                         // the stream passed its token.
                         assert!(fence && highest > presented);
-                        assert!(m.granted.get(&(n, o)).is_some_and(|t| t.contains(&presented)));
+                        assert!(
+                            m.granted
+                                .get(&(n, o))
+                                .is_some_and(|t| t.contains(&presented))
+                        );
                     }
                     Err(Error::Failed { .. } | Error::Io(_)) if armed => {
                         armed = false;
@@ -167,22 +211,36 @@ fn run(actions: Vec<Action>) {
                 }
             }
             Action::Renew { n, o, ttl_s } => {
-                let Some(b) = m.beliefs.get(&(n, o)).copied() else { continue };
+                let Some(b) = m.beliefs.get(&(n, o)).copied() else {
+                    continue;
+                };
                 let token = Token::new(b.token).unwrap();
                 match log.renew(NAMES[n], OWNERS[o], token, Duration::from_secs(ttl_s)) {
                     Ok(_) => {
                         if let Some(state) = m.exact.get(&n) {
-                            assert!(matches!(state, Some((h, t, until)) if *h == o && *t == b.token && *until > now), "renewed a lease the engine should consider lost: {state:?}");
+                            assert!(
+                                matches!(state, Some((h, t, until)) if *h == o && *t == b.token && *until > now),
+                                "renewed a lease the engine should consider lost: {state:?}"
+                            );
                         }
                         let until = now + ttl_s * 1000;
-                        m.beliefs.insert((n, o), Belief { token: b.token, until_ms: until });
+                        m.beliefs.insert(
+                            (n, o),
+                            Belief {
+                                token: b.token,
+                                until_ms: until,
+                            },
+                        );
                         if m.exact.contains_key(&n) {
                             m.exact.insert(n, Some((o, b.token, until)));
                         }
                     }
                     Err(Error::Lost) => {
                         if let Some(Some((h, t, until))) = m.exact.get(&n) {
-                            assert!(!(*h == o && *t == b.token && *until > now), "LOST for a live lease");
+                            assert!(
+                                !(*h == o && *t == b.token && *until > now),
+                                "LOST for a live lease"
+                            );
                         }
                         m.beliefs.remove(&(n, o));
                     }
@@ -194,7 +252,9 @@ fn run(actions: Vec<Action>) {
                 }
             }
             Action::Release { n, o } => {
-                let Some(b) = m.beliefs.get(&(n, o)).copied() else { continue };
+                let Some(b) = m.beliefs.get(&(n, o)).copied() else {
+                    continue;
+                };
                 match log.release(NAMES[n], OWNERS[o], Token::new(b.token).unwrap()) {
                     Ok(released) => {
                         if let Some(state) = m.exact.get(&n) {
@@ -242,7 +302,10 @@ fn run(actions: Vec<Action>) {
                 } else {
                     // Close before reopening: the directory's lock admits
                     // one open log (a throwaway one stands in meanwhile).
-                    drop(std::mem::replace(&mut log, open(&SimStorage::new(), &clock)));
+                    drop(std::mem::replace(
+                        &mut log,
+                        open(&SimStorage::new(), &clock),
+                    ));
                     log = open(&sim, &clock);
                     m.exact.clear();
                 }

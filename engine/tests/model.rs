@@ -21,19 +21,47 @@ const STREAMS: [&str; 3] = ["a", "b", "c"];
 
 #[derive(Debug, Clone)]
 enum Action {
-    Append { s: usize, t: u64, payloads: Vec<Vec<u8>> },
-    AppendAt { s: usize, t: u64, delta: i64, payloads: Vec<Vec<u8>> },
+    Append {
+        s: usize,
+        t: u64,
+        payloads: Vec<Vec<u8>>,
+    },
+    AppendAt {
+        s: usize,
+        t: u64,
+        delta: i64,
+        payloads: Vec<Vec<u8>>,
+    },
     /// Repeats the last conditional append exactly (a client retrying).
     Retry,
-    Fence { s: usize, t: u64 },
-    Trim { s: usize, t: u64, frac: f64 },
-    Delete { s: usize, t: u64 },
-    Read { s: usize, frac: f64, max: u32 },
+    Fence {
+        s: usize,
+        t: u64,
+    },
+    Trim {
+        s: usize,
+        t: u64,
+        frac: f64,
+    },
+    Delete {
+        s: usize,
+        t: u64,
+    },
+    Read {
+        s: usize,
+        frac: f64,
+        max: u32,
+    },
     /// Cuts the power now, between operations.
-    Cut { mode: CrashMode },
+    Cut {
+        mode: CrashMode,
+    },
     /// Arms a power cut at the n-th next file operation: it lands in the
     /// middle of some later operation (or of the background allocator).
-    ArmCut { after: u64, mode: CrashMode },
+    ArmCut {
+        after: u64,
+        mode: CrashMode,
+    },
     Reopen,
 }
 
@@ -121,9 +149,10 @@ impl Model {
         if expected != st.next {
             let retry = expected < st.next
                 && expected + ps.len() as u64 <= st.next
-                && ps.iter().enumerate().all(|(i, p)| {
-                    st.records.get(&(expected + i as u64)) == Some(&(t, p.clone()))
-                });
+                && ps
+                    .iter()
+                    .enumerate()
+                    .all(|(i, p)| st.records.get(&(expected + i as u64)) == Some(&(t, p.clone())));
             if retry {
                 return Answer::Ok(expected);
             }
@@ -192,7 +221,7 @@ fn tok(t: u64) -> Token {
 fn opts() -> Options {
     let mut o = Options::default();
     o.wal.segment_bytes = 64 << 10;
-    o.wal.max_entry_bytes = 32 << 10;
+    o.wal.max_entry_bytes = 48 << 10;
     o.wal.max_batch_bytes = 64 << 10;
     o.max_payload_bytes = 16 << 10;
     o
@@ -206,9 +235,17 @@ struct World {
 impl World {
     fn open(sim: SimStorage) -> World {
         let storage: Arc<dyn Storage> = Arc::new(sim.clone());
-        let log = Log::open_on(storage, Arc::new(ManualClock::default()), Path::new("/db"), opts())
-            .unwrap_or_else(|e| panic!("recovery failed: {e}"));
-        World { sim, log: Some(log) }
+        let log = Log::open_on(
+            storage,
+            Arc::new(ManualClock::default()),
+            Path::new("/db"),
+            opts(),
+        )
+        .unwrap_or_else(|e| panic!("recovery failed: {e}"));
+        World {
+            sim,
+            log: Some(log),
+        }
     }
 
     fn log(&self) -> &Log {
@@ -238,7 +275,8 @@ fn engine_stream(log: &Log, s: usize) -> MStream {
             "stream {name}: stat failed: {e}\nsegments {:?}\nreport {:?}\nrecords from 0: {:?}",
             log.segments(),
             log.recovery_report(),
-            log.read(name, 0, 5).map(|r| r.iter().map(|r| r.offset).collect::<Vec<_>>())
+            log.read(name, 0, 5)
+                .map(|r| r.iter().map(|r| r.offset).collect::<Vec<_>>())
         )
     });
     let mut records = BTreeMap::new();
@@ -251,7 +289,11 @@ fn engine_stream(log: &Log, s: usize) -> MStream {
                 log.recovery_report()
             )
         });
-        assert!(!got.is_empty(), "stream {name}: nothing readable at {from} < {}", st.next_offset);
+        assert!(
+            !got.is_empty(),
+            "stream {name}: nothing readable at {from} < {}",
+            st.next_offset
+        );
         for r in got {
             assert_eq!(r.offset, from);
             records.insert(r.offset, (r.token.get(), r.payload.to_vec()));
@@ -270,8 +312,8 @@ fn engine_stream(log: &Log, s: usize) -> MStream {
 }
 
 fn check_all(log: &Log, model: &Model) {
-    for s in 0..STREAMS.len() {
-        assert_eq!(engine_stream(log, s), model.get(s), "stream {}", STREAMS[s]);
+    for (s, name) in STREAMS.iter().enumerate() {
+        assert_eq!(engine_stream(log, s), model.get(s), "stream {name}");
     }
 }
 
@@ -280,7 +322,12 @@ fn brief(a: &Action) -> String {
     let sizes = |ps: &Vec<Vec<u8>>| ps.iter().map(Vec::len).collect::<Vec<_>>();
     match a {
         Action::Append { s, t, payloads } => format!("append {s} t{t} {:?}", sizes(payloads)),
-        Action::AppendAt { s, t, delta, payloads } => {
+        Action::AppendAt {
+            s,
+            t,
+            delta,
+            payloads,
+        } => {
             format!("append_at {s} t{t} next{delta:+} {:?}", sizes(payloads))
         }
         other => format!("{other:?}"),
@@ -305,7 +352,10 @@ fn run(actions: Vec<Action>) {
             }
         }
     }
-    let mut trace = Trace(std::env::var_os("FENCELOG_MODEL_TRACE").map(Into::into), Vec::new());
+    let mut trace = Trace(
+        std::env::var_os("FENCELOG_MODEL_TRACE").map(Into::into),
+        Vec::new(),
+    );
     for action in actions {
         trace.1.push(brief(&action));
         // Each write: what the engine answered, and the model's other
@@ -316,21 +366,38 @@ fn run(actions: Vec<Action>) {
                 let r = world.log().append(STREAMS[*s], tok(*t), payloads);
                 (before, answer(r), model.append(*s, *t, payloads))
             }
-            Action::AppendAt { s, t, delta, payloads } => {
+            Action::AppendAt {
+                s,
+                t,
+                delta,
+                payloads,
+            } => {
                 let next = model.get(*s).next;
                 let expected = (next as i64 + delta).max(0) as u64;
                 last_at = Some((*s, *t, expected, payloads.clone()));
                 let before = model.clone();
-                let r = world.log().append_at(STREAMS[*s], tok(*t), expected, payloads);
-                (before, answer(r), model.append_at(*s, *t, expected, payloads))
+                let r = world
+                    .log()
+                    .append_at(STREAMS[*s], tok(*t), expected, payloads);
+                (
+                    before,
+                    answer(r),
+                    model.append_at(*s, *t, expected, payloads),
+                )
             }
             Action::Retry => {
                 let Some((s, t, expected, payloads)) = last_at.clone() else {
                     continue;
                 };
                 let before = model.clone();
-                let r = world.log().append_at(STREAMS[s], tok(t), expected, &payloads);
-                (before, answer(r), model.append_at(s, t, expected, &payloads))
+                let r = world
+                    .log()
+                    .append_at(STREAMS[s], tok(t), expected, &payloads);
+                (
+                    before,
+                    answer(r),
+                    model.append_at(s, t, expected, &payloads),
+                )
             }
             Action::Fence { s, t } => {
                 let before = model.clone();
@@ -361,7 +428,9 @@ fn run(actions: Vec<Action>) {
                     continue;
                 }
                 if from < m.start {
-                    assert!(matches!(got, Err(Error::Trimmed { requested, start }) if requested == from && start == m.start));
+                    assert!(
+                        matches!(got, Err(Error::Trimmed { requested, start }) if requested == from && start == m.start)
+                    );
                 } else {
                     let got = got.unwrap();
                     let want: Vec<_> = m.records.range(from..).take(*max as usize).collect();
@@ -395,7 +464,7 @@ fn run(actions: Vec<Action>) {
             }
         };
         match result {
-            Ok(got) => assert_eq!(got, expect, "{action:?}"),
+            Ok(got) => assert_eq!(got, expect, "{}", brief(&action)),
             Err(Error::Failed { .. } | Error::Io(_))
                 if armed.is_some() && world.sim.image().is_some() =>
             {
@@ -418,12 +487,17 @@ fn run(actions: Vec<Action>) {
                 if shown == happened.get(s) {
                     model = happened;
                 } else {
-                    assert_eq!(shown, before.get(s), "neither outcome of the cut-short {action:?}");
+                    assert_eq!(
+                        shown,
+                        before.get(s),
+                        "neither outcome of the cut-short {}",
+                        brief(&action)
+                    );
                     model = before;
                 }
                 check_all(world.log(), &model);
             }
-            Err(e) => panic!("{action:?}: unexpected error {e}"),
+            Err(e) => panic!("{}: unexpected error {e}", brief(&action)),
         }
         for (s, seen) in highest_seen.iter_mut().enumerate() {
             let h = model.get(s).highest;

@@ -40,10 +40,24 @@ fn append_read_stat_across_reopen_and_sealed_segments() {
     }
     let log = Log::open(dir.path(), small()).unwrap();
     let st = log.stat("s").unwrap();
-    assert_eq!((st.highest_token, st.next_offset, st.start_offset, st.records), (3, 3000, 0, 3000));
-    assert_eq!(st.bytes, expected.iter().map(|p| p.len() as u64).sum::<u64>());
+    assert_eq!(
+        (
+            st.highest_token,
+            st.next_offset,
+            st.start_offset,
+            st.records
+        ),
+        (3, 3000, 0, 3000)
+    );
+    assert_eq!(
+        st.bytes,
+        expected.iter().map(|p| p.len() as u64).sum::<u64>()
+    );
     let recs = log.read("s", 1234, 3).unwrap();
-    assert_eq!(recs.iter().map(|r| r.offset).collect::<Vec<_>>(), vec![1234, 1235, 1236]);
+    assert_eq!(
+        recs.iter().map(|r| r.offset).collect::<Vec<_>>(),
+        vec![1234, 1235, 1236]
+    );
     assert_eq!(&recs[0].payload[..], b"record 1234");
     assert!(log.recovery_report().scanned_segments <= 2);
 }
@@ -54,7 +68,15 @@ fn the_fencing_rule_on_every_write_path() {
     let log = Log::open(dir.path(), small()).unwrap();
     log.append("s", t(5), &[b"a"]).unwrap();
     log.fence("s", t(10)).unwrap();
-    let stale = |r: Result<u64, Error>| matches!(r, Err(Error::Stale { presented: 9, highest: 10 }));
+    let stale = |r: Result<u64, Error>| {
+        matches!(
+            r,
+            Err(Error::Stale {
+                presented: 9,
+                highest: 10
+            })
+        )
+    };
     assert!(stale(log.append("s", t(9), &[b"x"])));
     assert!(stale(log.append_at("s", t(9), 1, &[b"x"])));
     assert!(stale(log.fence("s", t(9)).map(|t| t.get())));
@@ -62,7 +84,10 @@ fn the_fencing_rule_on_every_write_path() {
     assert!(stale(log.delete("s", t(9))));
     // Nothing changed.
     let st = log.stat("s").unwrap();
-    assert_eq!((st.highest_token, st.next_offset, st.start_offset), (10, 1, 0));
+    assert_eq!(
+        (st.highest_token, st.next_offset, st.start_offset),
+        (10, 1, 0)
+    );
     // Equal tokens are accepted.
     assert_eq!(log.append("s", t(10), &[b"b"]).unwrap(), 1);
     assert_eq!(log.fence("s", t(10)).unwrap().get(), 10);
@@ -78,7 +103,10 @@ fn append_at_and_its_idempotent_retry() {
     let log = Log::open(dir.path(), small()).unwrap();
     assert_eq!(log.append_at("s", t(3), 0, &[b"a", b"b"]).unwrap(), 0);
     match log.append_at("s", t(3), 5, &[b"c"]) {
-        Err(Error::OffsetMismatch { expected: 5, next: 2 }) => {}
+        Err(Error::OffsetMismatch {
+            expected: 5,
+            next: 2,
+        }) => {}
         other => panic!("{other:?}"),
     }
     // The retry of the first append (its answer was lost) answers 0 again
@@ -87,10 +115,16 @@ fn append_at_and_its_idempotent_retry() {
     assert_eq!(log.append_at("s", t(3), 0, &[b"a", b"b"]).unwrap(), 0);
     assert_eq!(log.stat("s").unwrap().next_offset, 2);
     // Not a retry: other bytes, or another token.
-    assert!(matches!(log.append_at("s", t(3), 0, &[b"a", b"X"]), Err(Error::Stale { .. })));
+    assert!(matches!(
+        log.append_at("s", t(3), 0, &[b"a", b"X"]),
+        Err(Error::Stale { .. })
+    ));
     assert!(matches!(
         log.append_at("s", t(4), 0, &[b"a", b"b"]),
-        Err(Error::OffsetMismatch { expected: 0, next: 2 })
+        Err(Error::OffsetMismatch {
+            expected: 0,
+            next: 2
+        })
     ));
     assert_eq!(log.metrics().idempotent_retries, 1);
 }
@@ -102,13 +136,30 @@ fn trim_and_delete_keep_tokens_and_offsets_forever() {
         let log = Log::open(dir.path(), small()).unwrap();
         for i in 0..2000u64 {
             log.append("s", t(2), &[vec![7u8; 100]]).unwrap();
-            log.append("other", t(2), &[format!("{i}").as_bytes()]).unwrap();
+            log.append("other", t(2), &[format!("{i}").as_bytes()])
+                .unwrap();
         }
         assert_eq!(log.trim("s", t(2), 1500).unwrap(), 1500);
-        assert!(matches!(log.read("s", 1499, 1), Err(Error::Trimmed { requested: 1499, start: 1500 })));
+        assert!(matches!(
+            log.read("s", 1499, 1),
+            Err(Error::Trimmed {
+                requested: 1499,
+                start: 1500
+            })
+        ));
         assert_eq!(log.read("s", 1500, 1).unwrap()[0].offset, 1500);
-        assert!(matches!(log.trim("s", t(2), 2001), Err(Error::TrimBeyondEnd { before: 2001, next: 2000 })));
-        assert_eq!(log.trim("s", t(2), 10).unwrap(), 1500, "trimming below the start changes nothing");
+        assert!(matches!(
+            log.trim("s", t(2), 2001),
+            Err(Error::TrimBeyondEnd {
+                before: 2001,
+                next: 2000
+            })
+        ));
+        assert_eq!(
+            log.trim("s", t(2), 10).unwrap(),
+            1500,
+            "trimming below the start changes nothing"
+        );
         let st = log.stat("s").unwrap();
         assert_eq!((st.records, st.bytes), (500, 500 * 100));
         assert_eq!(log.delete("s", t(3)).unwrap(), 500);
@@ -117,9 +168,28 @@ fn trim_and_delete_keep_tokens_and_offsets_forever() {
     }
     let log = Log::open(dir.path(), small()).unwrap();
     let st = log.stat("s").unwrap();
-    assert_eq!((st.highest_token, st.next_offset, st.start_offset, st.records, st.bytes), (3, 2000, 2000, 0, 0));
-    assert!(matches!(log.append("s", t(2), &[b"late"]), Err(Error::Stale { presented: 2, highest: 3 })));
-    assert_eq!(log.append("s", t(3), &[b"new"]).unwrap(), 2000, "offsets are never reused");
+    assert_eq!(
+        (
+            st.highest_token,
+            st.next_offset,
+            st.start_offset,
+            st.records,
+            st.bytes
+        ),
+        (3, 2000, 2000, 0, 0)
+    );
+    assert!(matches!(
+        log.append("s", t(2), &[b"late"]),
+        Err(Error::Stale {
+            presented: 2,
+            highest: 3
+        })
+    ));
+    assert_eq!(
+        log.append("s", t(3), &[b"new"]).unwrap(),
+        2000,
+        "offsets are never reused"
+    );
     assert_eq!(log.streams(), vec![&b"other"[..], &b"s"[..]]);
 }
 
@@ -136,7 +206,11 @@ fn blocking_read_wakes_on_a_new_record() {
     let recs = reader.join().unwrap();
     assert_eq!(&recs[0].payload[..], b"hello");
     // A timeout answers empty.
-    assert!(log.read_wait("q", 1, 10, Duration::from_millis(30)).unwrap().is_empty());
+    assert!(
+        log.read_wait("q", 1, 10, Duration::from_millis(30))
+            .unwrap()
+            .is_empty()
+    );
 }
 
 #[test]
@@ -144,15 +218,38 @@ fn bad_arguments_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let log = Log::open(dir.path(), small()).unwrap();
     assert!(Token::new(0).is_err());
-    assert!(matches!(log.append("", t(1), &[b"x"]), Err(Error::Invalid { what: "stream name", .. })));
-    assert!(matches!(log.append(vec![b'n'; 256], t(1), &[b"x"]), Err(Error::Invalid { .. })));
+    assert!(matches!(
+        log.append("", t(1), &[b"x"]),
+        Err(Error::Invalid {
+            what: "stream name",
+            ..
+        })
+    ));
+    assert!(matches!(
+        log.append(vec![b'n'; 256], t(1), &[b"x"]),
+        Err(Error::Invalid { .. })
+    ));
     let none: [&[u8]; 0] = [];
-    assert!(matches!(log.append("s", t(1), &none), Err(Error::Invalid { .. })));
+    assert!(matches!(
+        log.append("s", t(1), &none),
+        Err(Error::Invalid { .. })
+    ));
     assert!(matches!(
         log.append("s", t(1), &[vec![0u8; (16 << 10) + 1]]),
-        Err(Error::TooLarge { what: "payload bytes", len: 16385, max: 16384 })
+        Err(Error::TooLarge {
+            what: "payload bytes",
+            len: 16385,
+            max: 16384
+        })
     ));
-    assert_eq!(log.stat("s").unwrap().highest_token, 0, "nothing was written");
+    assert_eq!(
+        log.stat("s").unwrap().highest_token,
+        0,
+        "nothing was written"
+    );
     // A second open of the directory is refused.
-    assert!(matches!(Log::open(dir.path(), small()), Err(Error::Locked { .. })));
+    assert!(matches!(
+        Log::open(dir.path(), small()),
+        Err(Error::Locked { .. })
+    ));
 }

@@ -41,7 +41,10 @@ fn stale_writes_allocate_nothing_and_sync_nothing() {
     let before = ALLOCATIONS.load(Ordering::SeqCst);
     for _ in 0..10_000 {
         match log.append("orders", stale, &payload) {
-            Err(Error::Stale { presented: 99, highest: 100 }) => {}
+            Err(Error::Stale {
+                presented: 99,
+                highest: 100,
+            }) => {}
             other => panic!("{other:?}"),
         }
         assert!(log.fence("orders", stale).is_err());
@@ -49,7 +52,10 @@ fn stale_writes_allocate_nothing_and_sync_nothing() {
         assert!(log.delete("orders", stale).is_err());
     }
     let allocated = ALLOCATIONS.load(Ordering::SeqCst) - before;
-    assert_eq!(allocated, 0, "40 000 rejections allocated {allocated} times");
+    assert_eq!(
+        allocated, 0,
+        "40 000 rejections allocated {allocated} times"
+    );
     assert_eq!(log.metrics().wal.syncs, syncs);
     assert_eq!(log.metrics().stale_rejections, 40_001);
 }

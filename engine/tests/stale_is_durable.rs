@@ -22,7 +22,13 @@ fn a_rejection_waits_for_the_token_it_cites() {
     let sim = SimStorage::new();
     sim.faults().only_on(".wal");
     let storage: Arc<dyn Storage> = Arc::new(sim.clone());
-    let log = Log::open_on(storage, Arc::new(ManualClock::default()), Path::new("/db"), small()).unwrap();
+    let log = Log::open_on(
+        storage,
+        Arc::new(ManualClock::default()),
+        Path::new("/db"),
+        small(),
+    )
+    .unwrap();
     log.append("s", t(5), &[b"before"]).unwrap();
 
     sim.faults().delay_syncs(Duration::from_millis(300));
@@ -50,11 +56,27 @@ fn a_rejection_waits_for_the_token_it_cites() {
 fn a_rejection_citing_a_durable_token_is_immediate() {
     let sim = SimStorage::new();
     let storage: Arc<dyn Storage> = Arc::new(sim.clone());
-    let log = Log::open_on(storage, Arc::new(ManualClock::default()), Path::new("/db"), small()).unwrap();
+    let log = Log::open_on(
+        storage,
+        Arc::new(ManualClock::default()),
+        Path::new("/db"),
+        small(),
+    )
+    .unwrap();
     log.fence("s", t(10)).unwrap();
     let syncs = log.metrics().wal.syncs;
-    assert!(matches!(log.append("s", t(9), &[b"late"]), Err(Error::Stale { presented: 9, highest: 10 })));
-    assert_eq!(log.metrics().wal.syncs, syncs, "a rejection touches no disk");
+    assert!(matches!(
+        log.append("s", t(9), &[b"late"]),
+        Err(Error::Stale {
+            presented: 9,
+            highest: 10
+        })
+    ));
+    assert_eq!(
+        log.metrics().wal.syncs,
+        syncs,
+        "a rejection touches no disk"
+    );
     assert_eq!(log.metrics().stale_rejections, 1);
 }
 

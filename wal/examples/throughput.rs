@@ -31,11 +31,13 @@ fn main() -> Result<(), WalError> {
                 source: e,
             }
         })?;
-    let mut opts = WalOptions::default();
-    opts.preallocation = match std::env::var("PREALLOC").as_deref() {
-        Ok("reserve") => Preallocation::Reserve,
-        Ok("none") => Preallocation::None,
-        _ => Preallocation::Fill,
+    let opts = WalOptions {
+        preallocation: match std::env::var("PREALLOC").as_deref() {
+            Ok("reserve") => Preallocation::Reserve,
+            Ok("none") => Preallocation::None,
+            _ => Preallocation::Fill,
+        },
+        ..WalOptions::default()
     };
     let (wal, _) = Wal::open(Arc::new(FsStorage), dir.path(), opts, |_| Ok(Nothing))?;
     let stop = AtomicBool::new(false);

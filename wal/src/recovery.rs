@@ -360,11 +360,12 @@ pub(crate) fn recover(
         let file = storage
             .open(&path)
             .map_err(|e| WalError::io("open", &path, e))?;
-        match segment::check_header(file.as_ref(), &path, seq) {
-            Err(e @ WalError::UnknownVersion { .. }) => return Err(e),
-            // Other damage to an old segment surfaces when it is read, and
-            // `verify` reports it; the tail does not depend on it.
-            _ => {}
+        // Other damage to an old segment surfaces when it is read, and
+        // `verify` reports it; the tail does not depend on it.
+        if let Err(e @ WalError::UnknownVersion { .. }) =
+            segment::check_header(file.as_ref(), &path, seq)
+        {
+            return Err(e);
         }
     }
 

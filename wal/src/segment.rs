@@ -202,7 +202,7 @@ pub struct Entry {
 
 /// Decodes the entry at `pos` of a mapped sealed segment, without copying.
 pub(crate) fn entry_in_view(view: &SealedView, seq: u64, pos: u64) -> Option<Entry> {
-    if pos < HEADER_LEN || pos >= view.footer_pos || pos % format::ALIGN != 0 {
+    if pos < HEADER_LEN || pos >= view.footer_pos || !pos.is_multiple_of(format::ALIGN) {
         return None;
     }
     let bytes = &view.data[pos as usize..view.footer_pos as usize];

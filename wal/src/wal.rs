@@ -1109,6 +1109,10 @@ impl<S: Sequencer> SyncThread<S> {
             while alloc.creating {
                 self.shared.alloc_ready.wait(&mut alloc);
             }
+            // A request the allocator has not picked up yet is withdrawn:
+            // exactly one creator per segment number, or the late one would
+            // rename an empty file over a live segment.
+            alloc.wanted = None;
             alloc.ready.take()
         };
         let handle = match ready {
@@ -1209,6 +1213,16 @@ impl<S: Sequencer> Shared<S> {
         }
         file.sync_data()
             .map_err(|e| annotate(e, "fdatasync", &tmp))?;
+        // Never replace a segment: a rename over a live one would drop its
+        // entries with no error anywhere.
+        if storage.open(&path).is_ok() || self.segments.read().contains_key(&seq) {
+            drop(file);
+            let _ = storage.remove(&tmp);
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("internal error: segment {} exists already", path.display()),
+            ));
+        }
         storage
             .rename(&tmp, &path)
             .map_err(|e| annotate(e, "rename", &tmp))?;

@@ -131,7 +131,11 @@ fn removed_segments_stay_removed_and_the_log_still_opens() {
     assert_eq!(wal.remove_segment(active).unwrap(), Removal::NotYet);
     assert_eq!(wal.remove_segment(active + 1).unwrap(), Removal::NotYet);
     for &seq in segments.iter().filter(|&&s| s < active) {
-        assert_eq!(wal.remove_segment(seq).unwrap(), Removal::Removed, "segment {seq}");
+        assert_eq!(
+            wal.remove_segment(seq).unwrap(),
+            Removal::Removed,
+            "segment {seq}"
+        );
     }
     assert_eq!(wal.remove_segment(1).unwrap(), Removal::Absent);
     assert!(matches!(

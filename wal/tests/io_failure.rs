@@ -12,12 +12,10 @@ use std::sync::Arc;
 use common::*;
 use fencelog_wal::{SimStorage, Storage, WalError};
 
-fn setup() -> (
-    SimStorage,
-    Arc<dyn Storage>,
-    fencelog_wal::Wal<Counter>,
-    Vec<(fencelog_wal::Appended, Vec<u8>)>,
-) {
+/// Entries written and synced before the fault: (where, payload).
+type Durable = Vec<(fencelog_wal::Appended, Vec<u8>)>;
+
+fn setup() -> (SimStorage, Arc<dyn Storage>, fencelog_wal::Wal<Counter>, Durable) {
     let sim = SimStorage::new();
     // Spare the segment the allocator prepares in the background.
     sim.faults().only_on(".wal");
@@ -33,7 +31,7 @@ fn setup() -> (
     (sim, storage, wal, durable)
 }
 
-fn assert_latched(wal: &fencelog_wal::Wal<Counter>, durable: &[(fencelog_wal::Appended, Vec<u8>)]) {
+fn assert_latched(wal: &fencelog_wal::Wal<Counter>, durable: &Durable) {
     assert!(wal.has_failed());
     match append(wal, b"after the failure") {
         Err(WalError::Failed { cause }) => assert!(cause.to_string().contains("simulated")),

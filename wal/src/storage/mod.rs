@@ -57,6 +57,7 @@ pub trait Storage: Send + Sync + 'static {
 pub trait DirLock: Send + Sync {}
 
 /// One open file.
+#[allow(clippy::len_without_is_empty)] // a file's length is data, not a collection's
 pub trait StorageFile: Send + Sync {
     /// The file's current length in bytes.
     fn len(&self) -> io::Result<u64>;

@@ -383,7 +383,7 @@ impl SimFs {
                         while sector_start < end {
                             let sector_end = ((sector_start / SECTOR) + 1) * SECTOR;
                             let piece_end = sector_end.min(end);
-                            if rng.next() % 2 == 0 {
+                            if rng.next().is_multiple_of(2) {
                                 let from = (sector_start - pos) as usize;
                                 let to = (piece_end - pos) as usize;
                                 write_into(&mut image, sector_start, &bytes[from..to]);
