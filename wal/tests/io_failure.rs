@@ -15,7 +15,12 @@ use fencelog_wal::{SimStorage, Storage, WalError};
 /// Entries written and synced before the fault: (where, payload).
 type Durable = Vec<(fencelog_wal::Appended, Vec<u8>)>;
 
-fn setup() -> (SimStorage, Arc<dyn Storage>, fencelog_wal::Wal<Counter>, Durable) {
+fn setup() -> (
+    SimStorage,
+    Arc<dyn Storage>,
+    fencelog_wal::Wal<Counter>,
+    Durable,
+) {
     let sim = SimStorage::new();
     // Spare the segment the allocator prepares in the background.
     sim.faults().only_on(".wal");
