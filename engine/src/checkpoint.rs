@@ -131,8 +131,9 @@ pub(crate) fn decode(b: &[u8]) -> Result<Checkpoint, String> {
     let next_stream_id = r.u64()?;
     let last_token = r.u64()?;
     let stream_count = r.u64()?;
-    // Each stream takes at least 45 bytes: bound the count by what is left.
-    if stream_count > (b.len() as u64) / 45 {
+    // Each stream takes at least 46 bytes (with its non-empty name): bound
+    // the count by the payload's length before allocating for it.
+    if stream_count > (b.len() as u64) / 46 {
         return Err(format!(
             "{stream_count} streams cannot fit in {} bytes",
             b.len()

@@ -4,10 +4,16 @@
 //! entry carries its token, and the token is answered only once that entry
 //! is durable, so after any crash every new token is above every token
 //! answered before. Expiry runs on the engine's monotonic [`Clock`], never a
-//! client's. Renewals and releases are not made durable: after a restart
-//! every lease the log shows live is held for its full ttl from the open,
-//! because the downtime cannot be known safely. A renewal lost in a crash
-//! therefore only shortens nothing: the restart grants a full ttl anyway.
+//! client's. After a restart every lease the log shows live is held for its
+//! full ttl from the open, because the downtime cannot be known safely.
+//!
+//! Renewals that keep or shorten the ttl the log holds (the common case:
+//! renewing with the same ttl) stay in memory: losing one in a crash costs
+//! nothing, since the restart grants the logged ttl anew. A renewal that
+//! *lengthens* the ttl is written and synced before it is answered:
+//! otherwise a crash would hold the lease for less than its holder was
+//! promised. Releases are written but not waited for: a lost release only
+//! keeps the lease held until its ttl runs out after the restart.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -97,8 +103,7 @@ pub(crate) struct Lease {
 
 /// The lease table and the token counter, inside the serialized section.
 pub(crate) struct Leases {
-    /// The highest token this engine has issued (or that an accepted write
-    /// carried on a stream a lease fenced).
+    /// The highest token this engine has issued.
     last_token: u64,
     /// LSN of the entry that issued `last_token`.
     pub last_token_lsn: u64,

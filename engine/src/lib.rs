@@ -44,9 +44,10 @@
 //! ## Storage
 //!
 //! All streams share one write-ahead log ([`fencelog_wal`]) with group
-//! commit: concurrent writers share one write and one `fdatasync`. Sealed
-//! segments carry a checkpoint of the stream table and an index of their
-//! records, so [`Log::open`] reads only the log's tail. Memory: 32 bytes per
+//! commit: concurrent writers share one write and one `fdatasync`. Every
+//! segment opens with a checkpoint of the engine's state, and a sealed
+//! segment ends with an index of its records, so [`Log::open`] reads only
+//! the log's tail. Memory: 32 bytes per
 //! entry (an append of any number of records) in the segment being written,
 //! plus 32 bytes per stream per sealed segment it has records in; the index
 //! of sealed segments stays on disk, memory-mapped.

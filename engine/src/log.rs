@@ -868,7 +868,7 @@ impl Log {
         out: &mut Vec<Record>,
     ) -> Result<()> {
         // (segment, position) of each entry to read, in offset order.
-        let mut entries: Vec<(u64, u64)> = Vec::new();
+        let mut entries: Vec<(u64, u64, u64)> = Vec::new();
         let mut sealed_runs = Vec::new();
         {
             let ix = view.index.read();
@@ -886,7 +886,7 @@ impl Log {
                 if e.entry.first_offset >= end {
                     break;
                 }
-                entries.push((e.segment, e.entry.position));
+                entries.push((e.segment, e.entry.position, e.entry.first_offset));
             }
         }
         let mut cursor = from;
@@ -905,19 +905,27 @@ impl Log {
                 if ix.first_offset >= end {
                     break;
                 }
-                self.decode_entry(run.segment, ix.position, cursor, end, out)?;
+                self.decode_entry(
+                    view,
+                    run.segment,
+                    ix.position,
+                    ix.first_offset,
+                    cursor,
+                    end,
+                    out,
+                )?;
                 cursor = entry_end.max(cursor);
                 if cursor >= end {
                     return Ok(());
                 }
             }
         }
-        for (segment, position) in entries {
+        for (segment, position, first) in entries {
             if cursor >= end {
                 break;
             }
             let before = out.len();
-            self.decode_entry(segment, position, cursor, end, out)?;
+            self.decode_entry(view, segment, position, first, cursor, end, out)?;
             if let Some(last) = out.last()
                 && out.len() > before
             {
@@ -930,12 +938,16 @@ impl Log {
         Ok(())
     }
 
-    /// Decodes the append at `(segment, position)` and keeps its records in
+    /// Decodes the append at `(segment, position)`, which the index says
+    /// holds `view`'s records from `first`, and keeps its records in
     /// `[from, end)`.
+    #[allow(clippy::too_many_arguments)]
     fn decode_entry(
         &self,
+        view: &StreamView,
         segment: u64,
         position: u64,
+        first: u64,
         from: u64,
         end: u64,
         out: &mut Vec<Record>,
@@ -943,6 +955,7 @@ impl Log {
         let entry = self.inner.wal.read_entry(segment, position)?;
         let payload = entry.payload;
         let Op::Append {
+            stream,
             token,
             first_offset,
             records,
@@ -954,6 +967,17 @@ impl Log {
                 "the index points at an entry that is not an append".into(),
             ));
         };
+        // Checked after reading, before answering: never another stream's
+        // records, nor other offsets than the index promised.
+        if stream != &view.name[..] || first_offset != first {
+            return Err(self.damaged(
+                segment,
+                format!(
+                    "the index says byte {position} holds offset {first} of this stream; \
+                     the entry there says otherwise"
+                ),
+            ));
+        }
         let token = Token::new(token)?;
         let base = records.as_ptr() as usize - payload.as_ptr() as usize;
         for (i, (s, e)) in op::records(records).enumerate() {
@@ -1059,8 +1083,10 @@ impl Log {
         }
         let mut records = Vec::new();
         self.decode_entry(
+            view,
             segment,
             entry.position,
+            entry.first_offset,
             entry.first_offset,
             offset,
             &mut records,

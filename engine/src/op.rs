@@ -345,6 +345,21 @@ pub(crate) fn decode(b: &[u8]) -> Result<Op<'_>, String> {
     if !r.is_empty() {
         return Err("bytes after the op".into());
     }
+    let (name, owner) = match op {
+        Op::Append { stream, .. }
+        | Op::Fence { stream, .. }
+        | Op::Trim { stream, .. }
+        | Op::Delete { stream, .. } => (stream, None),
+        Op::Acquire { name, owner, .. }
+        | Op::Release { name, owner, .. }
+        | Op::Renew { name, owner, .. } => (name, Some(owner)),
+    };
+    if name.is_empty() {
+        return Err("an empty stream or lease name".into());
+    }
+    if owner.is_some_and(|o| o.is_empty() || o.len() > 128 || !o.iter().all(u8::is_ascii_graphic)) {
+        return Err("an owner that is not 1..=128 bytes of printable ASCII".into());
+    }
     let token = match op {
         Op::Append { token, .. }
         | Op::Fence { token, .. }

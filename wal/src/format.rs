@@ -232,7 +232,8 @@ pub fn probe_entry(b: &[u8], seq: u64, max_len: u32) -> Probe {
     let Some(kind) = kind else {
         return Probe::Invalid(Invalid::BadHeader);
     };
-    if lsn == 0 || u64::from(back) >= lsn || h[21..24] != [0, 0, 0] {
+    // LSN 0 is never written, nor u64::MAX (its successor would overflow).
+    if lsn == 0 || lsn == u64::MAX || u64::from(back) >= lsn || h[21..24] != [0, 0, 0] {
         return Probe::Invalid(Invalid::BadHeader);
     }
     if len > max_len || ENTRY_HEADER_LEN + len as usize > b.len() {

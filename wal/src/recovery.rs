@@ -325,22 +325,29 @@ pub(crate) fn recover(
     // a valid checkpoint: replay starts there.
     let mut tail_segs: Vec<Seg> = Vec::new();
     let mut first_opened = seqs.len();
+    // Segments salvage set aside whole (unreadable header or footer), with
+    // the damage that made it.
+    let mut set_aside_whole: Vec<(PathBuf, WalError)> = Vec::new();
     for (i, &seq) in seqs.iter().enumerate().rev() {
         let seg = match Seg::open(storage, dir, seq) {
             Ok(seg) => seg,
             Err(e) if opts.recovery != RecoveryMode::Salvage || !e.is_corruption() => {
                 return Err(e);
             }
-            Err(_) => {
-                // Salvage: a segment whose header is gone cannot be read at
-                // all; set it aside and carry on with the older ones.
+            Err(e) => {
+                // Salvage: a segment whose header or footer is damaged cannot
+                // be read at all; set it aside and carry on with the older
+                // ones. The report says so.
                 let path = dir.join(format::segment_file_name(seq));
                 let mut aside = path.clone().into_os_string();
                 aside.push(".damaged");
+                let aside = PathBuf::from(aside);
                 storage
-                    .rename(&path, Path::new(&aside))
+                    .rename(&path, &aside)
                     .map_err(|e| WalError::io("rename", &path, e))?;
                 dir_changed = true;
+                first_opened = i;
+                set_aside_whole.push((aside, e));
                 continue;
             }
         };
@@ -352,22 +359,11 @@ pub(crate) fn recover(
         }
     }
     tail_segs.reverse();
-    // Older segments are sealed and are read only on demand; but a segment
-    // of an unknown format version is refused now, not at its first read.
+    // Older segments are sealed and are read only on demand: open reads the
+    // tail only. Their format version is that of the tail or older (a build
+    // writes its own version, and versions only grow), so a tail this build
+    // can read means older segments it can read too.
     let older: Vec<u64> = seqs[..first_opened].to_vec();
-    for &seq in &older {
-        let path = dir.join(format::segment_file_name(seq));
-        let file = storage
-            .open(&path)
-            .map_err(|e| WalError::io("open", &path, e))?;
-        // Other damage to an old segment surfaces when it is read, and
-        // `verify` reports it; the tail does not depend on it.
-        if let Err(e @ WalError::UnknownVersion { .. }) =
-            segment::check_header(file.as_ref(), &path, seq)
-        {
-            return Err(e);
-        }
-    }
 
     let mut report = RecoveryReport::default();
     let mut entries: Vec<Scanned> = Vec::new();
@@ -452,7 +448,7 @@ pub(crate) fn recover(
         // A footer right after the last entry, whose trailer never became
         // durable: a seal was interrupted. Nothing was lost; seal again.
         let interrupted_seal = format::decode_footer(&seg.data[stop_pos as usize..], seg.seq)
-            .is_some_and(|f| expected.is_some_and(|e| f.last_lsn + 1 == e));
+            .is_some_and(|f| expected.is_some_and(|e| f.last_lsn.checked_add(1) == Some(e)));
         let (beyond, nonzero) = if interrupted_seal {
             let footer_len = format::decode_footer(&seg.data[stop_pos as usize..], seg.seq)
                 .map_or(0, |f| format::FOOTER_HEADER_LEN as u64 + u64::from(f.len));
@@ -541,6 +537,23 @@ pub(crate) fn recover(
             .map_err(|e| WalError::io("sync directory", dir, e))?;
     }
 
+    if !set_aside_whole.is_empty() && cut.is_none() {
+        let reason = set_aside_whole
+            .iter()
+            .map(|(_, e)| e.to_string())
+            .collect::<Vec<_>>()
+            .join("; ");
+        let last_kept = tail_segs.last().map(|s| (s.path.clone(), s.entries_end()));
+        cut = Some(Cut {
+            kind: CutKind::Salvaged,
+            file: last_kept
+                .as_ref()
+                .map_or_else(|| dir.to_path_buf(), |k| k.0.clone()),
+            position: last_kept.map_or(0, |k| k.1),
+            reason,
+            moved_aside: set_aside_whole.into_iter().map(|(p, _)| p).collect(),
+        });
+    }
     let next_lsn = expected.unwrap_or(1);
     let mut maps = HashMap::new();
     let mut sealed = HashMap::new();

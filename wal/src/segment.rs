@@ -107,8 +107,13 @@ pub(crate) fn check_header(file: &dyn StorageFile, path: &Path, seq: u64) -> Res
         position: 0,
         reason: reason.to_string(),
     };
-    file.read_exact_at(&mut header, 0)
-        .map_err(|_| corrupt("the segment header is missing (file shorter than 64 bytes)"))?;
+    file.read_exact_at(&mut header, 0).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            corrupt("the segment header is missing (file shorter than 64 bytes)")
+        } else {
+            WalError::io("read", path, e)
+        }
+    })?;
     match format::decode_header(&header) {
         Ok(found) if found == seq => Ok(()),
         Ok(found) => Err(corrupt(&format!(

@@ -204,6 +204,10 @@ pub fn verify(
                     .get_or_insert((at, format!("{what} inside a sealed segment")));
             } else {
                 let exp = expected.unwrap_or(1);
+                // A footer right after the last entry with no trailer: a seal
+                // interrupted by a crash, which recovery redoes. Not damage.
+                let interrupted_seal = format::decode_footer(&data[at as usize..], seq)
+                    .is_some_and(|f| f.last_lsn.checked_add(1) == Some(exp));
                 let (found, nonzero) = first_valid_after(&data, seq, at + 8, len, exp);
                 match found {
                     Some((p, h)) if h.epoch_first_lsn > exp => {
@@ -215,6 +219,7 @@ pub fn verify(
                             ),
                         ));
                     }
+                    None if interrupted_seal => {}
                     Some(_) => seg.torn_tail_at = Some(at),
                     None if nonzero || what != "zeros" => seg.torn_tail_at = Some(at),
                     None => {}

@@ -736,9 +736,12 @@ impl<S: Sequencer> Wal<S> {
             }
         };
         let storage = self.shared.storage.as_ref();
-        storage
-            .remove(&handle.path)
-            .map_err(|e| WalError::io("remove", &handle.path, e))?;
+        if let Err(e) = storage.remove(&handle.path) {
+            // Still there: keep it known, so that a later call tries again.
+            let path = handle.path.clone();
+            self.shared.segments.write().insert(segment, handle);
+            return Err(WalError::io("remove", path, e));
+        }
         storage
             .sync_dir(&self.shared.dir)
             .map_err(|e| WalError::io("sync directory", &self.shared.dir, e))?;
@@ -1102,7 +1105,8 @@ impl<S: Sequencer> SyncThread<S> {
     }
 
     /// The file of new segment `seq`: the allocator's, if it made that one,
-    /// else created here. Either way the allocator starts on the next.
+    /// else created here (the allocator is asked for the one after once
+    /// this one is half full).
     fn take_or_create(&mut self, seq: u64) -> io::Result<Arc<SegmentHandle>> {
         let ready = {
             let mut alloc = self.shared.alloc.lock();

@@ -198,6 +198,48 @@ fn damage_to_a_footer_or_trailer_is_detected() {
     }
 }
 
+#[test]
+fn salvage_sets_aside_an_unreadable_segment_and_says_so() {
+    let b = base();
+    let last = b.records.last().unwrap().0.segment;
+    // Damage the header of the segment the log ends in: nothing in it can
+    // be read any more.
+    let storage = flipped(&seg_path(last), 20, 2);
+    assert!(open(&storage, Path::new(DIR), &small_opts()).is_err());
+    let mut opts = small_opts();
+    opts.recovery = RecoveryMode::Salvage;
+    let (wal, report) = open(&storage, Path::new(DIR), &opts).unwrap();
+    let cut = report.cut.expect("what salvage dropped is reported");
+    assert_eq!(cut.kind, CutKind::Salvaged);
+    assert!(cut.moved_aside.iter().any(|p| {
+        p.to_string_lossy()
+            .contains(&format::segment_file_name(last))
+    }));
+    // What precedes the damaged segment is intact.
+    for (a, p) in b.records.iter().filter(|(a, _)| a.segment < last) {
+        assert_eq!(
+            &wal.read_entry(a.segment, a.position).unwrap().payload[..],
+            &p[..]
+        );
+    }
+}
+
+#[test]
+fn salvage_of_a_log_whose_only_segment_is_unreadable_opens_empty() {
+    let image = SimStorage::new();
+    let storage: Arc<dyn Storage> = Arc::new(image.clone());
+    let (wal, _) = open(&storage, Path::new(DIR), &small_opts()).unwrap();
+    let (_, t) = append(&wal, b"one").unwrap();
+    t.wait().unwrap();
+    wal.close().unwrap();
+    image.flip_bit(&seg_path(1), 3, 0).unwrap();
+    let mut opts = small_opts();
+    opts.recovery = RecoveryMode::Salvage;
+    let (wal, report) = open(&storage, Path::new(DIR), &opts).unwrap();
+    assert_eq!(report.cut.map(|c| c.kind), Some(CutKind::Salvaged));
+    wal.with_state(|c| assert_eq!(c.records, 0));
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: cases(256), ..ProptestConfig::default() })]
 

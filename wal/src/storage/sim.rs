@@ -499,7 +499,8 @@ impl Storage for SimStorage {
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         let mut fs = self.fs.lock();
         fs.mutate()?;
-        if Faults::trip(&self.faults.fail_sync_in) {
+        // Faults aimed at some files (`only_on`) spare directories.
+        if self.faults.only_on.lock().is_none() && Faults::trip(&self.faults.fail_sync_in) {
             return Err(eio("directory sync"));
         }
         let SimFs {
