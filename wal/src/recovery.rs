@@ -447,11 +447,17 @@ pub(crate) fn recover(
         }
         // A footer right after the last entry, whose trailer never became
         // durable: a seal was interrupted. Nothing was lost; seal again.
-        let interrupted_seal = format::decode_footer(&seg.data[stop_pos as usize..], seg.seq)
+        // (The last entry's padding may run past the end of the file, so the
+        // stop can lie beyond it.)
+        let footer_at_stop = seg
+            .data
+            .get(stop_pos as usize..)
+            .and_then(|rest| format::decode_footer(rest, seg.seq));
+        let interrupted_seal = footer_at_stop
             .is_some_and(|f| expected.is_some_and(|e| f.last_lsn.checked_add(1) == Some(e)));
         let (beyond, nonzero) = if interrupted_seal {
-            let footer_len = format::decode_footer(&seg.data[stop_pos as usize..], seg.seq)
-                .map_or(0, |f| format::FOOTER_HEADER_LEN as u64 + u64::from(f.len));
+            let footer_len =
+                footer_at_stop.map_or(0, |f| format::FOOTER_HEADER_LEN as u64 + u64::from(f.len));
             let after = format::align_up(stop_pos + footer_len);
             let (b, _) = look_beyond(&tail_segs, stop_index, after.saturating_sub(ALIGN), exp);
             (b, true)

@@ -206,7 +206,9 @@ pub fn verify(
                 let exp = expected.unwrap_or(1);
                 // A footer right after the last entry with no trailer: a seal
                 // interrupted by a crash, which recovery redoes. Not damage.
-                let interrupted_seal = format::decode_footer(&data[at as usize..], seq)
+                let interrupted_seal = data
+                    .get(at as usize..)
+                    .and_then(|rest| format::decode_footer(rest, seq))
                     .is_some_and(|f| f.last_lsn.checked_add(1) == Some(exp));
                 let (found, nonzero) = first_valid_after(&data, seq, at + 8, len, exp);
                 match found {
