@@ -60,7 +60,8 @@ fn check_probe(b: &[u8], seq: u64, max_len: u32) -> Option<usize> {
             let len = h.len as usize;
             assert!(h.len <= max_len, "entry over max_len");
             assert!(ENTRY_HEADER_LEN + len <= b.len(), "entry runs past the end");
-            assert!(h.lsn >= 1, "entry with LSN 0");
+            // LSN 0 is never written, nor u64::MAX (its successor overflows).
+            assert!(h.lsn >= 1 && h.lsn < u64::MAX, "entry with LSN {}", h.lsn);
             assert!(
                 h.epoch_first_lsn >= 1 && h.epoch_first_lsn <= h.lsn,
                 "epoch_first_lsn {} outside 1..={}",
@@ -159,7 +160,11 @@ fn check_footer(b: &[u8], seq: u64) {
 fn check_trailer(b: &[u8], seq: u64) {
     if let Some(t) = format::decode_trailer(b, seq) {
         assert_eq!(b.len(), TRAILER_LEN as usize);
-        assert_eq!(format::encode_trailer(seq, t)[..], b[..], "re-encoded trailer differs");
+        assert_eq!(
+            format::encode_trailer(seq, t)[..],
+            b[..],
+            "re-encoded trailer differs"
+        );
     }
 }
 
@@ -200,7 +205,11 @@ fuzz_target!(|data: &[u8]| {
     // File names.
     let name = String::from_utf8_lossy(b);
     if let Some(n) = format::parse_segment_file_name(&name) {
-        assert_eq!(format::segment_file_name(n), name, "name does not round trip");
+        assert_eq!(
+            format::segment_file_name(n),
+            name,
+            "name does not round trip"
+        );
     }
     let own = format::segment_file_name(seq);
     assert_eq!(format::parse_segment_file_name(&own), Some(seq));

@@ -31,7 +31,7 @@
 #![no_main]
 
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use fencelog_wal::format::{self, ENTRY_HEADER_LEN, EntryKind, HEADER_LEN, Probe};
 use fencelog_wal::{
@@ -45,19 +45,6 @@ const DIR: &str = "/db";
 const MAX_SEGMENTS: usize = 3;
 const MAX_SEGMENT_BYTES: usize = 128 << 10;
 const MAX_OPS: usize = 256;
-
-/// With `FENCELOG_FUZZ_SKIP_KNOWN=1`, steer around the known, reported bugs
-/// (see README.md) so that a run can find others: LSNs the input names are
-/// kept below 2^62 (no `lsn + 1` overflow), and the torn-tail check is off.
-/// The same input may then build other files: reproduce without it.
-fn skip_known() -> bool {
-    static SKIP: OnceLock<bool> = OnceLock::new();
-    *SKIP.get_or_init(|| std::env::var_os("FENCELOG_FUZZ_SKIP_KNOWN").is_some())
-}
-
-fn tame(lsn: u64) -> u64 {
-    if skip_known() { lsn & ((1 << 62) - 1) } else { lsn }
-}
 
 /// Reads the input front to back; past its end every byte reads as zero.
 struct Reader<'a> {
@@ -190,7 +177,7 @@ impl Builder {
         let lsn = match r.u8() {
             0 => self.last_lsn.wrapping_add(1),
             1 => self.last_lsn,
-            2 => tame(r.u64()),
+            2 => r.u64(),
             n @ 3..=127 => self.last_lsn.wrapping_add(u64::from(n) - 2),
             n => self.last_lsn.saturating_sub(u64::from(n) - 127),
         };
@@ -317,7 +304,7 @@ fn plan(data: &[u8]) -> Plan {
             }
             5 => {
                 let (mode, pad) = (r.u8(), r.u8());
-                let lsns = (mode & 4 != 0).then(|| (tame(r.u64()), tame(r.u64())));
+                let lsns = (mode & 4 != 0).then(|| (r.u64(), r.u64()));
                 b.seal(mode, pad, lsns);
             }
             6 => {
@@ -481,7 +468,7 @@ fn open_append_reopen(sim: &SimStorage, mode: RecoveryMode, plan: &Plan) -> Opti
             cut.kind == CutKind::TornTail || mode == RecoveryMode::Salvage,
             "{mode:?}: a salvage cut outside Salvage: {cut:?}"
         );
-        if cut.kind == CutKind::TornTail && !skip_known() {
+        if cut.kind == CutKind::TornTail {
             check_torn_tail(plan, mode, cut, report.next_lsn);
         }
     }
@@ -556,7 +543,11 @@ fuzz_target!(|data: &[u8]| {
     if std::env::var_os("FENCELOG_FUZZ_DUMP").is_some() {
         for (seq, bytes) in &plan.files {
             let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-            eprintln!("DUMP {} ({} bytes): {hex}", format::segment_file_name(*seq), bytes.len());
+            eprintln!(
+                "DUMP {} ({} bytes): {hex}",
+                format::segment_file_name(*seq),
+                bytes.len()
+            );
         }
     }
     let dir = Path::new(DIR);

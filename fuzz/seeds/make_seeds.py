@@ -75,6 +75,11 @@ def entry(kind=0, lsn=0, epoch=0, payload=b""):
     return bytes([0, kind, lsn, epoch, len(payload)]) + payload
 
 
+def entry_at(lsn, kind=0, epoch=1, payload=b""):
+    """An entry with an absolute LSN."""
+    return bytes([0, kind, 2]) + struct.pack("<Q", lsn) + bytes([epoch, len(payload)]) + payload
+
+
 def checkpoint(count):
     return entry(kind=1, payload=struct.pack("<QQ", count, 0))
 
@@ -99,8 +104,10 @@ def space(n):
     return bytes([4, n])
 
 
-def seal(mode=0, pad=0):
-    return bytes([5, mode, pad])
+def seal(mode=0, pad=0, lsns=None):
+    if lsns is None:
+        return bytes([5, mode, pad])
+    return bytes([5, mode | 4, pad]) + struct.pack("<QQ", *lsns)
 
 
 def flip(pos, bit):
@@ -143,7 +150,29 @@ SEEDS = {
     + checkpoint(0) + records(2) + segment(mode=4) + checkpoint(2) + records(2),
     # A truncated tail segment.
     "truncated": head() + checkpoint(0) + records(5, size=30) + truncate(200),
+    # Once crashes (fixed): a checkpoint with LSN u64::MAX (now invalid).
+    "lsn_u64_max": head() + entry_at(2**64 - 1, kind=1),
+    # Once a crash (fixed): an interrupted seal whose footer names LSN u64::MAX.
+    "footer_last_lsn_u64_max": head() + entry(kind=1) + seal(mode=8, lsns=(1, 2**64 - 1)) + space(1),
 }
+
+# Inputs that once crashed segment_recover (fixed; see README.md): seeds too.
+SEEDS.update({
+    # Records 2..4 of epoch 1, then LSN 5 of epoch 5; LSN 2's checksum is
+    # flipped. Recovery takes the stop for a torn tail and drops 2..5.
+    "torn_tail_hides_acked_damage": head()
+    + checkpoint(0) + records(3) + flip(64 + 40, 3)
+    + entry(epoch=1, payload=b"later") + space(1),
+    # A checkpoint with LSN u64::MAX - 1: the next LSN is u64::MAX, and the
+    # first append overflows it.
+    "next_lsn_u64_max_append_overflow": head() + entry_at(2**64 - 2, kind=1),
+    # The file ends inside the last entry's padding (130 bytes: header,
+    # checkpoint to 104, a 2-byte record to 130 whose padding would run to
+    # 136): the scan stops at 136, past the end, and the interrupted-seal
+    # check slices data[136..] of 130 bytes.
+    "unpadded_last_entry_slice_panic": head()
+    + checkpoint(0) + entry(payload=b"ab") + truncate(130),
+})
 
 os.makedirs(OUT, exist_ok=True)
 for name, data in SEEDS.items():

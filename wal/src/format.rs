@@ -32,6 +32,10 @@ pub const TRAILER_LEN: u64 = 32;
 /// Entries and footers start at multiples of this.
 pub const ALIGN: u64 = 8;
 
+/// LSNs are below this: 2^62 entries is more than any log will hold, and
+/// the margin keeps every `lsn + 1` from overflowing.
+pub const MAX_LSN: u64 = 1 << 62;
+
 /// Rounds `n` up to a multiple of [`ALIGN`].
 pub const fn align_up(n: u64) -> u64 {
     (n + ALIGN - 1) & !(ALIGN - 1)
@@ -232,8 +236,9 @@ pub fn probe_entry(b: &[u8], seq: u64, max_len: u32) -> Probe {
     let Some(kind) = kind else {
         return Probe::Invalid(Invalid::BadHeader);
     };
-    // LSN 0 is never written, nor u64::MAX (its successor would overflow).
-    if lsn == 0 || lsn == u64::MAX || u64::from(back) >= lsn || h[21..24] != [0, 0, 0] {
+    // LSN 0 is never written, nor anything from MAX_LSN on (no log gets
+    // there, and the LSN after it must not overflow).
+    if lsn == 0 || lsn >= MAX_LSN || u64::from(back) >= lsn || h[21..24] != [0, 0, 0] {
         return Probe::Invalid(Invalid::BadHeader);
     }
     if len > max_len || ENTRY_HEADER_LEN + len as usize > b.len() {

@@ -177,9 +177,12 @@ struct Beyond {
     epoch_first_lsn: u64,
 }
 
-/// The first valid entry of segment `seq` in `data[from..end]` (at an
-/// aligned position, with an LSN at or above `expected`), and whether any
-/// byte in that range is non-zero.
+/// The valid entries of segment `seq` in `data[from..end]` (at aligned
+/// positions, with an LSN at or above `expected`) that matter to the
+/// classification: the first one of a sync epoch begun after `expected` if
+/// there is one, else the first one at all; and whether any byte in that
+/// range is non-zero. Every position is looked at: a same-epoch entry right
+/// after the damage must not hide a later-epoch one behind it.
 pub(crate) fn first_valid_after(
     data: &[u8],
     seq: u64,
@@ -189,6 +192,7 @@ pub(crate) fn first_valid_after(
 ) -> (Option<(u64, format::EntryHeader)>, bool) {
     let end = end.min(data.len() as u64);
     let mut nonzero = false;
+    let mut first: Option<(u64, format::EntryHeader)> = None;
     let mut pos = from;
     while pos + ALIGN <= end {
         let at = pos as usize;
@@ -200,41 +204,34 @@ pub(crate) fn first_valid_after(
         if let Probe::Entry(h) = format::probe_entry(&data[at..end as usize], seq, u32::MAX)
             && h.lsn >= expected
         {
-            return (Some((pos, h)), true);
+            if h.epoch_first_lsn > expected {
+                return (Some((pos, h)), true);
+            }
+            first.get_or_insert((pos, h));
         }
         pos += ALIGN;
     }
     if pos < end && data[pos as usize..end as usize].iter().any(|&b| b != 0) {
         nonzero = true;
     }
-    (None, nonzero)
+    (first, nonzero)
 }
 
 /// Looks at everything after the stop: the first valid entry (with an LSN
 /// at or above `expected`), and whether any non-zero byte follows the stop in
 /// its own segment.
-fn look_beyond(
-    segs: &[Seg],
-    stop_index: usize,
-    stop_pos: u64,
-    expected: u64,
-) -> (Option<Beyond>, bool) {
+fn look_beyond(segs: &[Seg], stop_index: usize, stop_pos: u64, expected: u64) -> (Option<Beyond>, bool) {
     let mut nonzero_here = false;
+    // A valid entry of the stop's own epoch, kept while looking further for
+    // one that proves the epoch was synced.
+    let mut same_epoch: Option<Beyond> = None;
     for (i, seg) in segs.iter().enumerate().skip(stop_index) {
         // The entry at the stop itself is not "beyond" it.
-        let from = if i == stop_index {
-            stop_pos + ALIGN
-        } else {
-            HEADER_LEN
-        };
-        let end = seg
-            .len
-            .saturating_sub(if seg.sealed.is_some() { TRAILER_LEN } else { 0 });
+        let from = if i == stop_index { stop_pos + ALIGN } else { HEADER_LEN };
+        let end = seg.len.saturating_sub(if seg.sealed.is_some() { TRAILER_LEN } else { 0 });
         let (found, nonzero) = first_valid_after(&seg.data, seg.seq, from, end, expected);
         if i == stop_index {
-            let at_stop = seg
-                .data
-                .get(stop_pos as usize..(stop_pos + ALIGN).min(seg.len) as usize);
+            let at_stop = seg.data.get(stop_pos as usize..(stop_pos + ALIGN).min(seg.len) as usize);
             nonzero_here = nonzero || at_stop.is_some_and(|b| b.iter().any(|&x| x != 0));
         }
         if let Some((pos, h)) = found {
@@ -244,10 +241,15 @@ fn look_beyond(
                 lsn: h.lsn,
                 epoch_first_lsn: h.epoch_first_lsn,
             };
-            return (Some(beyond), nonzero_here);
+            // A later epoch, or any valid entry in a later segment (each
+            // segment starts a new epoch): proof of a completed sync.
+            if h.epoch_first_lsn > expected || i != stop_index {
+                return (Some(beyond), nonzero_here);
+            }
+            same_epoch.get_or_insert(beyond);
         }
     }
-    (None, nonzero_here)
+    (same_epoch, nonzero_here)
 }
 
 fn describe(probe: Probe, expected: Option<u64>, at_start: bool) -> String {
