@@ -93,38 +93,60 @@ impl StreamView {
     }
 }
 
+/// Shards of the stream map: threads rejecting (or reading) different
+/// streams take different locks, so they do not fight over one cache line.
+const SHARDS: usize = 32;
+
 /// Every stream's view, by name.
-#[derive(Default)]
 pub(crate) struct Views {
-    map: RwLock<HashMap<Box<[u8]>, Arc<StreamView>>>,
+    shards: [RwLock<HashMap<Box<[u8]>, Arc<StreamView>>>; SHARDS],
+    hasher: hashbrown::DefaultHashBuilder,
     /// Notified when a stream is created, for readers blocked on a stream
     /// that does not exist yet.
     pub created: Event,
 }
 
+impl Default for Views {
+    fn default() -> Self {
+        Views {
+            shards: std::array::from_fn(|_| RwLock::new(HashMap::new())),
+            hasher: hashbrown::DefaultHashBuilder::default(),
+            created: Event::new(),
+        }
+    }
+}
+
 impl Views {
+    fn shard(&self, name: &[u8]) -> &RwLock<HashMap<Box<[u8]>, Arc<StreamView>>> {
+        use std::hash::BuildHasher;
+        &self.shards[(self.hasher.hash_one(name) % SHARDS as u64) as usize]
+    }
+
     pub(crate) fn get(&self, name: &[u8]) -> Option<Arc<StreamView>> {
-        self.map.read().get(name).cloned()
+        self.shard(name).read().get(name).cloned()
     }
 
     /// The durable highest token of `name` (0 for a stream never seen):
     /// the fast path that rejects stale writes without the write lock.
     pub(crate) fn durable_highest(&self, name: &[u8]) -> u64 {
-        self.map
+        self.shard(name)
             .read()
             .get(name)
             .map_or(0, |v| v.highest.load(Ordering::Acquire))
     }
 
     pub(crate) fn insert(&self, view: Arc<StreamView>) {
-        self.map
+        self.shard(&view.name)
             .write()
             .insert(view.name.to_vec().into_boxed_slice(), view);
         self.created.notify(usize::MAX);
     }
 
     pub(crate) fn all(&self) -> Vec<Arc<StreamView>> {
-        self.map.read().values().cloned().collect()
+        self.shards
+            .iter()
+            .flat_map(|s| s.read().values().cloned().collect::<Vec<_>>())
+            .collect()
     }
 }
 

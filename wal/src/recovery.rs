@@ -220,18 +220,31 @@ pub(crate) fn first_valid_after(
 /// Looks at everything after the stop: the first valid entry (with an LSN
 /// at or above `expected`), and whether any non-zero byte follows the stop in
 /// its own segment.
-fn look_beyond(segs: &[Seg], stop_index: usize, stop_pos: u64, expected: u64) -> (Option<Beyond>, bool) {
+fn look_beyond(
+    segs: &[Seg],
+    stop_index: usize,
+    stop_pos: u64,
+    expected: u64,
+) -> (Option<Beyond>, bool) {
     let mut nonzero_here = false;
     // A valid entry of the stop's own epoch, kept while looking further for
     // one that proves the epoch was synced.
     let mut same_epoch: Option<Beyond> = None;
     for (i, seg) in segs.iter().enumerate().skip(stop_index) {
         // The entry at the stop itself is not "beyond" it.
-        let from = if i == stop_index { stop_pos + ALIGN } else { HEADER_LEN };
-        let end = seg.len.saturating_sub(if seg.sealed.is_some() { TRAILER_LEN } else { 0 });
+        let from = if i == stop_index {
+            stop_pos + ALIGN
+        } else {
+            HEADER_LEN
+        };
+        let end = seg
+            .len
+            .saturating_sub(if seg.sealed.is_some() { TRAILER_LEN } else { 0 });
         let (found, nonzero) = first_valid_after(&seg.data, seg.seq, from, end, expected);
         if i == stop_index {
-            let at_stop = seg.data.get(stop_pos as usize..(stop_pos + ALIGN).min(seg.len) as usize);
+            let at_stop = seg
+                .data
+                .get(stop_pos as usize..(stop_pos + ALIGN).min(seg.len) as usize);
             nonzero_here = nonzero || at_stop.is_some_and(|b| b.iter().any(|&x| x != 0));
         }
         if let Some((pos, h)) = found {

@@ -848,9 +848,6 @@ impl<S: Sequencer> Shared<S> {
     }
 }
 
-/// How long the sync thread spins for new work before it sleeps.
-const SPIN_FOR_WORK: std::time::Duration = std::time::Duration::from_micros(30);
-
 /// The sync thread: takes whole pending batches and makes them durable.
 struct SyncThread<S: Sequencer> {
     shared: Arc<Shared<S>>,
@@ -895,7 +892,6 @@ impl<S: Sequencer> SyncThread<S> {
 
     fn run(mut self) {
         loop {
-            self.spin_for_work();
             let (pending, last_lsn) = {
                 let mut locked = self.shared.locked.lock();
                 while locked.pending.is_empty() && !locked.shutdown {
@@ -947,23 +943,6 @@ impl<S: Sequencer> SyncThread<S> {
                     self.fail_batch(e, &batch);
                     return;
                 }
-            }
-        }
-    }
-
-    /// Just after a sync, the writers it woke are about to submit again:
-    /// waiting a few microseconds for them is cheaper than sleeping and
-    /// being woken (a thread switch each way on a virtual machine).
-    fn spin_for_work(&self) {
-        let deadline = Instant::now() + SPIN_FOR_WORK;
-        while Instant::now() < deadline {
-            if let Some(locked) = self.shared.locked.try_lock()
-                && (!locked.pending.is_empty() || locked.shutdown)
-            {
-                return;
-            }
-            for _ in 0..64 {
-                std::hint::spin_loop();
             }
         }
     }

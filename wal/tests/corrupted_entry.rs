@@ -350,7 +350,14 @@ fn a_later_epoch_behind_same_epoch_entries_is_still_corruption() {
 
 #[test]
 fn a_valid_entry_in_a_later_segment_proves_the_damage_was_acknowledged() {
-    let mut one = segment(1, &[(1, 1, CKPT, ZERO), (2, 1, REC, b"two"), (3, 1, REC, b"three")]);
+    let mut one = segment(
+        1,
+        &[
+            (1, 1, CKPT, ZERO),
+            (2, 1, REC, b"two"),
+            (3, 1, REC, b"three"),
+        ],
+    );
     let lsn2 = (format::HEADER_LEN + format::entry_len(8)) as usize;
     one[lsn2 + format::ENTRY_HEADER_LEN] ^= 1;
     // Segment 2's checkpoint is damaged too, so replay starts at segment 1.
