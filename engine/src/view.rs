@@ -97,9 +97,12 @@ impl StreamView {
 /// streams take different locks, so they do not fight over one cache line.
 const SHARDS: usize = 32;
 
+/// One shard of the stream map.
+type Shard = RwLock<HashMap<Box<[u8]>, Arc<StreamView>>>;
+
 /// Every stream's view, by name.
 pub(crate) struct Views {
-    shards: [RwLock<HashMap<Box<[u8]>, Arc<StreamView>>>; SHARDS],
+    shards: [Shard; SHARDS],
     hasher: hashbrown::DefaultHashBuilder,
     /// Notified when a stream is created, for readers blocked on a stream
     /// that does not exist yet.
@@ -117,7 +120,7 @@ impl Default for Views {
 }
 
 impl Views {
-    fn shard(&self, name: &[u8]) -> &RwLock<HashMap<Box<[u8]>, Arc<StreamView>>> {
+    fn shard(&self, name: &[u8]) -> &Shard {
         use std::hash::BuildHasher;
         &self.shards[(self.hasher.hash_one(name) % SHARDS as u64) as usize]
     }
