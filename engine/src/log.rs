@@ -32,6 +32,31 @@ pub struct Record {
     pub payload: Bytes,
 }
 
+/// The answer to a write already decided (see [`Log::append_deferred`]):
+/// resolves once the write, or what its rejection cites, is durable.
+/// Dropping it does not undo the write.
+#[must_use = "the write is decided; its answer comes when this resolves"]
+pub struct Deferred<T> {
+    inner: std::pin::Pin<Box<dyn std::future::Future<Output = Result<T>> + Send>>,
+}
+
+impl<T> Deferred<T> {
+    fn new(f: impl std::future::Future<Output = Result<T>> + Send + 'static) -> Self {
+        Deferred { inner: Box::pin(f) }
+    }
+}
+
+impl<T> std::future::Future for Deferred<T> {
+    type Output = Result<T>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        self.inner.as_mut().poll(cx)
+    }
+}
+
 /// A stream's durable state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct StreamStat {
@@ -1167,6 +1192,146 @@ impl Log {
             gc.pending.lock().extend(keep);
             gc.any.store(true, Ordering::Release);
         }
+    }
+
+    /// Decides an append now, in queue order with every other write, and
+    /// answers a future that resolves to its answer once the entry (or what
+    /// a rejection cites) is durable.
+    ///
+    /// This is how a connection pipelines: decide each command in the order
+    /// it arrived, then await the answers, so that consecutive appends share
+    /// one group commit instead of waiting one sync each.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use bytes::Bytes;
+    /// use fencelog::{Log, Options, Token};
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let log = Log::open(dir.path(), Options::default()).unwrap();
+    /// let t = Token::new(1).unwrap();
+    /// let first = log.append_deferred(b"s", t, vec![Bytes::from("a")]).await.unwrap();
+    /// let second = log.append_deferred(b"s", t, vec![Bytes::from("b")]).await.unwrap();
+    /// // Both are decided (offsets 0 and 1); their syncs overlap.
+    /// assert_eq!((first.await.unwrap(), second.await.unwrap()), (0, 1));
+    /// # });
+    /// ```
+    pub async fn append_deferred(
+        &self,
+        stream: &[u8],
+        token: Token,
+        payloads: Vec<Bytes>,
+    ) -> Result<Deferred<Offset>> {
+        self.check_append(stream, &payloads)?;
+        self.fast_stale(stream, token)?;
+        let d = self
+            .inner
+            .wal
+            .submit_async(|w| decide_append(w, stream, token.get(), &payloads, None))
+            .await??;
+        let log = self.clone();
+        Ok(Deferred::new(async move {
+            let result = match d.wait_async().await {
+                Ok(d) => log.decided(d),
+                Err(e) => Err(e),
+            };
+            log.count_append(&result, &payloads);
+            result
+        }))
+    }
+
+    /// The deferred form of [`Log::append_at`] (see
+    /// [`Log::append_deferred`]).
+    pub async fn append_at_deferred(
+        &self,
+        stream: &[u8],
+        token: Token,
+        expected_offset: Offset,
+        payloads: Vec<Bytes>,
+    ) -> Result<Deferred<Offset>> {
+        self.check_append(stream, &payloads)?;
+        let d = self
+            .inner
+            .wal
+            .submit_async(|w| {
+                decide_append(w, stream, token.get(), &payloads, Some(expected_offset))
+            })
+            .await??;
+        let log = self.clone();
+        let stream = stream.to_vec();
+        Ok(Deferred::new(async move {
+            let result = match d.wait_async().await {
+                Ok(Decided::Retry {
+                    expected,
+                    next,
+                    highest,
+                }) => log.settle_retry(&stream, token, expected, next, highest, &payloads),
+                Ok(other) => log.decided(other),
+                Err(e) => Err(e),
+            };
+            log.count_append(&result, &payloads);
+            result
+        }))
+    }
+
+    /// The deferred form of [`Log::fence`] (see [`Log::append_deferred`]).
+    pub async fn fence_deferred(&self, stream: &[u8], token: Token) -> Result<Deferred<Token>> {
+        check_stream_name(stream)?;
+        self.fast_stale(stream, token)?;
+        let d = self
+            .inner
+            .wal
+            .submit_async(|w| decide_fence(w, stream, token.get()))
+            .await??;
+        let log = self.clone();
+        Ok(Deferred::new(async move {
+            let result = match d.wait_async().await {
+                Ok(d) => log.decided(d),
+                Err(e) => Err(e),
+            };
+            log.finish_fence(result)
+        }))
+    }
+
+    /// The deferred form of [`Log::trim`] (see [`Log::append_deferred`]).
+    pub async fn trim_deferred(
+        &self,
+        stream: &[u8],
+        token: Token,
+        before: Offset,
+    ) -> Result<Deferred<Offset>> {
+        self.trim_or_delete_deferred(stream, token, before, false)
+            .await
+    }
+
+    /// The deferred form of [`Log::delete`] (see [`Log::append_deferred`]).
+    pub async fn delete_deferred(&self, stream: &[u8], token: Token) -> Result<Deferred<u64>> {
+        self.trim_or_delete_deferred(stream, token, 0, true).await
+    }
+
+    async fn trim_or_delete_deferred(
+        &self,
+        stream: &[u8],
+        token: Token,
+        before: u64,
+        delete: bool,
+    ) -> Result<Deferred<u64>> {
+        check_stream_name(stream)?;
+        self.fast_stale(stream, token)?;
+        let d = self
+            .inner
+            .wal
+            .submit_async(|w| decide_trim(w, stream, token.get(), before, delete))
+            .await??;
+        let log = self.clone();
+        Ok(Deferred::new(async move {
+            let result = match d.wait_async().await {
+                Ok(d) => log.decided(d),
+                Err(e) => Err(e),
+            };
+            log.finish_trim(result, delete)
+        }))
     }
 
     /// The segments of the log, oldest first (for tests and tools).

@@ -1,0 +1,750 @@
+//! Commands: parsed from a request, run against the engine, answered as a
+//! [`Reply`]. Writes are decided at once (in arrival order) and answered
+//! later, so that a connection's pipelined writes share one group commit.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::Bytes;
+use fencelog::{AcquireOptions, Deferred, Error, Log, Token};
+
+use crate::config::ServeConfig;
+use crate::connection::Session;
+use crate::info;
+use crate::protocol::Reply;
+use crate::server::ServerStats;
+
+/// What the server shares with every connection.
+pub struct Context {
+    pub log: Log,
+    pub config: ServeConfig,
+    pub stats: ServerStats,
+}
+
+/// How a command is answered.
+pub enum Outcome {
+    /// Now.
+    Reply(Reply),
+    /// When the decided write is durable.
+    Later(Later),
+    /// Now, then the connection closes.
+    Close(Reply),
+    /// A command that may wait (LOG.READ BLOCK, LEASE.ACQUIRE WAIT): run it
+    /// while watching the connection, so that a client that goes away takes
+    /// nothing.
+    Blocking(Blocking),
+}
+
+/// A decided write's answer to come.
+pub enum Later {
+    Integer(Deferred<u64>),
+    Token(Deferred<Token>),
+}
+
+impl Later {
+    /// Waits for the answer.
+    pub async fn reply(self) -> Reply {
+        match self {
+            Later::Integer(d) => match d.await {
+                Ok(n) => integer(n),
+                Err(e) => error_reply(&e),
+            },
+            Later::Token(d) => match d.await {
+                Ok(t) => integer(t.get()),
+                Err(e) => error_reply(&e),
+            },
+        }
+    }
+}
+
+/// A command that may block for a while.
+pub enum Blocking {
+    Read {
+        stream: Bytes,
+        from: u64,
+        count: u32,
+        timeout: Duration,
+    },
+    Acquire {
+        name: Bytes,
+        owner: Bytes,
+        ttl: Duration,
+        opts: AcquireOptions,
+    },
+}
+
+impl Blocking {
+    /// Runs it to its answer.
+    pub async fn run(self, log: &Log) -> Reply {
+        match self {
+            Blocking::Read {
+                stream,
+                from,
+                count,
+                timeout,
+            } => match log.read_async(&stream, from, count, timeout).await {
+                Ok(records) => records_reply(records),
+                Err(e) => error_reply(&e),
+            },
+            Blocking::Acquire {
+                name,
+                owner,
+                ttl,
+                opts,
+            } => match log.acquire_async(&name, &owner, ttl, opts).await {
+                Ok(g) => Reply::Array(vec![
+                    integer(g.token.get()),
+                    integer(g.ttl.as_millis() as u64),
+                ]),
+                Err(e) => error_reply(&e),
+            },
+        }
+    }
+}
+
+fn integer(n: u64) -> Reply {
+    Reply::Integer(i64::try_from(n).unwrap_or(i64::MAX))
+}
+
+/// The engine's errors on the wire: a code, then a sentence with the numbers.
+/// The first number of STALE, MISMATCH and TRIMMED is the client's.
+pub fn error_reply(e: &Error) -> Reply {
+    let text = match e {
+        Error::Stale { presented, highest } => {
+            format!("STALE token {presented} is below the highest accepted token {highest}")
+        }
+        Error::OffsetMismatch { expected, next } => {
+            format!("MISMATCH expected offset {expected} but the next offset is {next}")
+        }
+        Error::Trimmed { requested, start } => {
+            format!("TRIMMED offset {requested} is below the start offset {start}")
+        }
+        Error::Held { remaining_ms } => {
+            format!("HELD lease is held by another owner for {remaining_ms} ms")
+        }
+        Error::Lost => "LOST lease is not held by this owner and token".into(),
+        Error::TooLarge { .. } => format!("TOOBIG {e}"),
+        Error::Io(_) | Error::Failed { .. } | Error::Corrupt { .. } | Error::Locked { .. } => {
+            format!("IOERR {e}")
+        }
+        _ => format!("ERR {e}"),
+    };
+    Reply::Error(text)
+}
+
+fn records_reply(records: Vec<fencelog::Record>) -> Reply {
+    Reply::Array(
+        records
+            .into_iter()
+            .map(|r| {
+                Reply::Array(vec![
+                    integer(r.offset),
+                    integer(r.token.get()),
+                    Reply::Bulk(r.payload),
+                ])
+            })
+            .collect(),
+    )
+}
+
+fn err(text: impl Into<String>) -> Outcome {
+    Outcome::Reply(Reply::Error(text.into()))
+}
+
+fn wrong_arity(cmd: &str) -> Outcome {
+    err(format!(
+        "ERR wrong number of arguments for '{}' command",
+        cmd.to_ascii_lowercase()
+    ))
+}
+
+fn not_integer() -> Outcome {
+    err("ERR value is not an integer or out of range")
+}
+
+fn parse_u64(b: &[u8]) -> Option<u64> {
+    let s = std::str::from_utf8(b).ok()?;
+    // Redis accepts "+5"? It does not; neither do we. No leading zeros rule.
+    if s.is_empty() || !s.bytes().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+fn parse_token(b: &[u8]) -> Result<Token, Outcome> {
+    let n = parse_u64(b).ok_or_else(|| err("ERR token is not an integer or out of range"))?;
+    Token::new(n).map_err(|e| Outcome::Reply(error_reply(&e)))
+}
+
+fn upper(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).to_ascii_uppercase()
+}
+
+/// Commands allowed before authentication.
+fn allowed_unauthenticated(cmd: &str) -> bool {
+    matches!(cmd, "AUTH" | "HELLO" | "QUIT")
+}
+
+/// Runs one request. Decided writes come back as [`Outcome::Later`].
+pub async fn execute(ctx: &Arc<Context>, session: &mut Session, args: Vec<Bytes>) -> Outcome {
+    let Some(first) = args.first() else {
+        return err("ERR empty command");
+    };
+    let cmd = upper(first);
+    ctx.stats.commands.fetch_add(1, Ordering::Relaxed);
+    if ctx.config.requirepass.is_some() && !session.authenticated && !allowed_unauthenticated(&cmd)
+    {
+        return err("NOAUTH Authentication required.");
+    }
+    let a = &args[1..];
+    let log = &ctx.log;
+    match cmd.as_str() {
+        "LOG.APPEND" => {
+            if a.len() < 3 {
+                return wrong_arity(&cmd);
+            }
+            let token = match parse_token(&a[1]) {
+                Ok(t) => t,
+                Err(o) => return o,
+            };
+            match log.append_deferred(&a[0], token, a[2..].to_vec()).await {
+                Ok(d) => Outcome::Later(Later::Integer(d)),
+                Err(e) => Outcome::Reply(error_reply(&e)),
+            }
+        }
+        "LOG.APPENDAT" => {
+            if a.len() < 4 {
+                return wrong_arity(&cmd);
+            }
+            let token = match parse_token(&a[1]) {
+                Ok(t) => t,
+                Err(o) => return o,
+            };
+            let Some(expected) = parse_u64(&a[2]) else {
+                return not_integer();
+            };
+            match log
+                .append_at_deferred(&a[0], token, expected, a[3..].to_vec())
+                .await
+            {
+                Ok(d) => Outcome::Later(Later::Integer(d)),
+                Err(e) => Outcome::Reply(error_reply(&e)),
+            }
+        }
+        "LOG.FENCE" => {
+            if a.len() != 2 {
+                return wrong_arity(&cmd);
+            }
+            let token = match parse_token(&a[1]) {
+                Ok(t) => t,
+                Err(o) => return o,
+            };
+            match log.fence_deferred(&a[0], token).await {
+                Ok(d) => Outcome::Later(Later::Token(d)),
+                Err(e) => Outcome::Reply(error_reply(&e)),
+            }
+        }
+        "LOG.TRIM" => {
+            if a.len() != 3 {
+                return wrong_arity(&cmd);
+            }
+            let token = match parse_token(&a[1]) {
+                Ok(t) => t,
+                Err(o) => return o,
+            };
+            let Some(before) = parse_u64(&a[2]) else {
+                return not_integer();
+            };
+            match log.trim_deferred(&a[0], token, before).await {
+                Ok(d) => Outcome::Later(Later::Integer(d)),
+                Err(e) => Outcome::Reply(error_reply(&e)),
+            }
+        }
+        "LOG.DELETE" => {
+            if a.len() != 2 {
+                return wrong_arity(&cmd);
+            }
+            let token = match parse_token(&a[1]) {
+                Ok(t) => t,
+                Err(o) => return o,
+            };
+            match log.delete_deferred(&a[0], token).await {
+                Ok(d) => Outcome::Later(Later::Integer(d)),
+                Err(e) => Outcome::Reply(error_reply(&e)),
+            }
+        }
+        "LOG.READ" => read(&cmd, a, ctx),
+        "LOG.STAT" => {
+            if a.len() != 1 {
+                return wrong_arity(&cmd);
+            }
+            match log.stat(&a[0]) {
+                Ok(st) => Outcome::Reply(Reply::Map(vec![
+                    (Reply::text("highest_token"), integer(st.highest_token)),
+                    (Reply::text("next_offset"), integer(st.next_offset)),
+                    (Reply::text("start_offset"), integer(st.start_offset)),
+                    (Reply::text("records"), integer(st.records)),
+                    (Reply::text("bytes"), integer(st.bytes)),
+                ])),
+                Err(e) => Outcome::Reply(error_reply(&e)),
+            }
+        }
+        "LOG.STREAMS" => {
+            if !a.is_empty() {
+                return wrong_arity(&cmd);
+            }
+            Outcome::Reply(Reply::Array(
+                log.streams().into_iter().map(Reply::Bulk).collect(),
+            ))
+        }
+        "LEASE.ACQUIRE" => acquire(&cmd, a, ctx),
+        "LEASE.RENEW" => {
+            if a.len() != 4 {
+                return wrong_arity(&cmd);
+            }
+            let token = match parse_token(&a[2]) {
+                Ok(t) => t,
+                Err(o) => return o,
+            };
+            let Some(ttl_ms) = parse_u64(&a[3]) else {
+                return not_integer();
+            };
+            match log
+                .renew_async(&a[0], &a[1], token, Duration::from_millis(ttl_ms))
+                .await
+            {
+                Ok(ttl) => Outcome::Reply(integer(ttl.as_millis() as u64)),
+                Err(e) => Outcome::Reply(error_reply(&e)),
+            }
+        }
+        "LEASE.RELEASE" => {
+            if a.len() != 3 {
+                return wrong_arity(&cmd);
+            }
+            let token = match parse_token(&a[2]) {
+                Ok(t) => t,
+                Err(o) => return o,
+            };
+            match log.release(&a[0], &a[1], token) {
+                Ok(released) => Outcome::Reply(Reply::Integer(i64::from(released))),
+                Err(e) => Outcome::Reply(error_reply(&e)),
+            }
+        }
+        "LEASE.INFO" => {
+            if a.len() != 1 {
+                return wrong_arity(&cmd);
+            }
+            match log.lease_info(&a[0]) {
+                Ok(Some(info)) => Outcome::Reply(Reply::Array(vec![
+                    Reply::Bulk(info.owner),
+                    integer(info.token.get()),
+                    integer(info.remaining.as_millis() as u64),
+                ])),
+                Ok(None) => Outcome::Reply(Reply::Null),
+                Err(e) => Outcome::Reply(error_reply(&e)),
+            }
+        }
+        "PING" => match a.len() {
+            0 => Outcome::Reply(Reply::Simple("PONG".into())),
+            1 => Outcome::Reply(Reply::Bulk(a[0].clone())),
+            _ => wrong_arity(&cmd),
+        },
+        "ECHO" => match a.len() {
+            1 => Outcome::Reply(Reply::Bulk(a[0].clone())),
+            _ => wrong_arity(&cmd),
+        },
+        "QUIT" => Outcome::Close(Reply::ok()),
+        "AUTH" => auth(&cmd, a, ctx, session),
+        "HELLO" => hello(&cmd, a, ctx, session),
+        "SELECT" => match a.len() {
+            1 if &a[0][..] == b"0" => Outcome::Reply(Reply::ok()),
+            1 => err("ERR DB index is out of range"),
+            _ => wrong_arity(&cmd),
+        },
+        "CLIENT" => client(a, session),
+        "INFO" => {
+            let section = a
+                .first()
+                .map(|s| String::from_utf8_lossy(s).to_ascii_lowercase());
+            let text = info::info_text(ctx, section.as_deref());
+            Outcome::Reply(Reply::Verbatim(text))
+        }
+        "CONFIG" => config(a, ctx),
+        "COMMAND" => match a.first().map(|s| upper(s)).as_deref() {
+            None | Some("DOCS") | Some("INFO") | Some("LIST") => {
+                Outcome::Reply(Reply::Array(Vec::new()))
+            }
+            Some("COUNT") => Outcome::Reply(Reply::Integer(COMMANDS.len() as i64)),
+            Some(other) => err(format!(
+                "ERR unknown subcommand '{other}'. Try COMMAND HELP."
+            )),
+        },
+        _ => {
+            let mut shown = String::new();
+            for arg in a.iter().take(3) {
+                shown.push_str(&format!("'{}' ", String::from_utf8_lossy(arg)));
+            }
+            err(format!(
+                "ERR unknown command '{}', with args beginning with: {}",
+                String::from_utf8_lossy(first),
+                shown
+            ))
+        }
+    }
+}
+
+/// The commands this server knows (for COMMAND COUNT).
+const COMMANDS: &[&str] = &[
+    "LOG.APPEND",
+    "LOG.APPENDAT",
+    "LOG.FENCE",
+    "LOG.READ",
+    "LOG.TRIM",
+    "LOG.DELETE",
+    "LOG.STAT",
+    "LOG.STREAMS",
+    "LEASE.ACQUIRE",
+    "LEASE.RENEW",
+    "LEASE.RELEASE",
+    "LEASE.INFO",
+    "PING",
+    "ECHO",
+    "QUIT",
+    "AUTH",
+    "HELLO",
+    "INFO",
+    "COMMAND",
+    "CLIENT",
+    "SELECT",
+    "CONFIG",
+];
+
+/// `LOG.READ stream from [COUNT n] [BLOCK ms]`
+fn read(cmd: &str, a: &[Bytes], ctx: &Context) -> Outcome {
+    if a.len() < 2 {
+        return wrong_arity(cmd);
+    }
+    let Some(from) = parse_u64(&a[1]) else {
+        return not_integer();
+    };
+    let mut count = 100u32;
+    let mut block: Option<u64> = None;
+    let mut rest = &a[2..];
+    while let [opt, value, tail @ ..] = rest {
+        let Some(n) = parse_u64(value) else {
+            return not_integer();
+        };
+        match upper(opt).as_str() {
+            "COUNT" if n >= 1 => count = u32::try_from(n).unwrap_or(u32::MAX),
+            "COUNT" => return err("ERR COUNT must be at least 1"),
+            "BLOCK" => block = Some(n),
+            _ => return err("ERR syntax error"),
+        }
+        rest = tail;
+    }
+    if !rest.is_empty() {
+        return err("ERR syntax error");
+    }
+    match block {
+        None => match ctx.log.read(&a[0], from, count) {
+            Ok(records) => Outcome::Reply(records_reply(records)),
+            Err(e) => Outcome::Reply(error_reply(&e)),
+        },
+        Some(ms) => Outcome::Blocking(Blocking::Read {
+            stream: a[0].clone(),
+            from,
+            count,
+            // BLOCK 0 waits without a limit, as in Redis.
+            timeout: if ms == 0 {
+                Duration::MAX
+            } else {
+                Duration::from_millis(ms)
+            },
+        }),
+    }
+}
+
+/// `LEASE.ACQUIRE name owner ttl_ms [FENCE] [WAIT ms]`
+fn acquire(cmd: &str, a: &[Bytes], _ctx: &Context) -> Outcome {
+    if a.len() < 3 {
+        return wrong_arity(cmd);
+    }
+    let Some(ttl_ms) = parse_u64(&a[2]) else {
+        return not_integer();
+    };
+    let mut opts = AcquireOptions::default();
+    let mut rest = &a[3..];
+    while let [opt, tail @ ..] = rest {
+        match upper(opt).as_str() {
+            "FENCE" => {
+                opts.fence = true;
+                rest = tail;
+            }
+            "WAIT" => {
+                let [value, tail @ ..] = tail else {
+                    return err("ERR syntax error");
+                };
+                let Some(ms) = parse_u64(value) else {
+                    return not_integer();
+                };
+                // WAIT 0 waits without a limit, as BLOCK 0 does.
+                opts.wait = Some(if ms == 0 {
+                    Duration::MAX
+                } else {
+                    Duration::from_millis(ms)
+                });
+                rest = tail;
+            }
+            _ => return err("ERR syntax error"),
+        }
+    }
+    Outcome::Blocking(Blocking::Acquire {
+        name: a[0].clone(),
+        owner: a[1].clone(),
+        ttl: Duration::from_millis(ttl_ms),
+        opts,
+    })
+}
+
+fn check_password(ctx: &Context, user: Option<&[u8]>, password: &[u8]) -> bool {
+    match &ctx.config.requirepass {
+        Some(pass) => {
+            user.is_none_or(|u| u == b"default") && constant_time_eq(pass.as_bytes(), password)
+        }
+        None => false,
+    }
+}
+
+/// Compares without stopping at the first difference.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
+
+/// `AUTH [user] password`
+fn auth(cmd: &str, a: &[Bytes], ctx: &Context, session: &mut Session) -> Outcome {
+    let (user, password) = match a {
+        [p] => (None, p),
+        [u, p] => (Some(&u[..]), p),
+        _ => return wrong_arity(cmd),
+    };
+    if ctx.config.requirepass.is_none() {
+        return err(
+            "ERR AUTH <password> called without any password configured for the default user. \
+             Are you sure your configuration is correct?",
+        );
+    }
+    if check_password(ctx, user, password) {
+        session.authenticated = true;
+        Outcome::Reply(Reply::ok())
+    } else {
+        err(WRONGPASS)
+    }
+}
+
+/// `HELLO [protover [AUTH user pass] [SETNAME name]]`
+fn hello(_cmd: &str, a: &[Bytes], ctx: &Context, session: &mut Session) -> Outcome {
+    let mut proto = session.proto;
+    let mut rest = a;
+    if let [v, tail @ ..] = rest {
+        match parse_u64(v) {
+            Some(2) => proto = 2,
+            Some(3) => proto = 3,
+            Some(_) => return err("NOPROTO unsupported protocol version"),
+            None => return err("ERR Protocol version is not an integer or out of range"),
+        }
+        rest = tail;
+    }
+    let mut name = None;
+    let mut authed = session.authenticated;
+    while let [opt, tail @ ..] = rest {
+        match (upper(opt).as_str(), tail) {
+            ("AUTH", [user, pass, tail @ ..]) => {
+                // Without a password the default user needs none, as in Redis.
+                let ok = match ctx.config.requirepass {
+                    None => &user[..] == b"default",
+                    Some(_) => check_password(ctx, Some(user), pass),
+                };
+                if !ok {
+                    return err(WRONGPASS);
+                }
+                authed = true;
+                rest = tail;
+            }
+            ("SETNAME", [n, tail @ ..]) => {
+                name = Some(n.clone());
+                rest = tail;
+            }
+            _ => return err("ERR Syntax error in HELLO option"),
+        }
+    }
+    if ctx.config.requirepass.is_some() && !authed {
+        return err(
+            "NOAUTH HELLO must be called with the client already authenticated, otherwise the \
+             HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and \
+             select the RESP protocol version at the same time",
+        );
+    }
+    session.authenticated = authed;
+    session.proto = proto;
+    if let Some(n) = name {
+        session.name = Some(n);
+    }
+    Outcome::Reply(Reply::Map(vec![
+        (Reply::text("server"), Reply::text("fencelog")),
+        (
+            Reply::text("version"),
+            Reply::text(env!("CARGO_PKG_VERSION")),
+        ),
+        (Reply::text("proto"), Reply::Integer(i64::from(proto))),
+        (Reply::text("id"), integer(session.id)),
+        (Reply::text("mode"), Reply::text("standalone")),
+        (Reply::text("role"), Reply::text("master")),
+        (Reply::text("modules"), Reply::Array(Vec::new())),
+    ]))
+}
+
+/// `CLIENT ID | SETNAME name | GETNAME | SETINFO attr value`
+fn client(a: &[Bytes], session: &mut Session) -> Outcome {
+    let Some(sub) = a.first() else {
+        return wrong_arity("client");
+    };
+    match (upper(sub).as_str(), &a[1..]) {
+        ("ID", []) => Outcome::Reply(integer(session.id)),
+        ("GETNAME", []) => Outcome::Reply(session.name.clone().map_or(Reply::Null, Reply::Bulk)),
+        ("SETNAME", [name]) => {
+            if name.iter().any(|b| !b.is_ascii_graphic()) {
+                return err(
+                    "ERR Client names cannot contain spaces, newlines or special characters.",
+                );
+            }
+            session.name = (!name.is_empty()).then(|| name.clone());
+            Outcome::Reply(Reply::ok())
+        }
+        ("SETINFO", [attr, value]) => match upper(attr).as_str() {
+            "LIB-NAME" | "LIB-VER" => {
+                session.lib = Some(value.clone());
+                Outcome::Reply(Reply::ok())
+            }
+            other => err(format!("ERR Unrecognized option '{other}'")),
+        },
+        (other, _) => err(format!(
+            "ERR unknown subcommand or wrong number of arguments for '{other}'"
+        )),
+    }
+}
+
+/// `CONFIG GET pattern [pattern ...]`: the settings Redis tools ask about.
+fn config(a: &[Bytes], ctx: &Context) -> Outcome {
+    let Some(sub) = a.first() else {
+        return wrong_arity("config");
+    };
+    if upper(sub) != "GET" {
+        return err(format!(
+            "ERR CONFIG {} is not supported: fencelog is configured on its command line",
+            upper(sub)
+        ));
+    }
+    if a.len() < 2 {
+        return wrong_arity("config|get");
+    }
+    let c = &ctx.config;
+    let settings: Vec<(&str, String)> = vec![
+        ("appendonly", "yes".into()),
+        ("appendfsync", "always".into()),
+        ("save", String::new()),
+        ("databases", "1".into()),
+        ("maxclients", c.max_connections.to_string()),
+        ("port", c.addr.port().to_string()),
+        ("bind", c.addr.ip().to_string()),
+        ("dir", c.dir.display().to_string()),
+        ("timeout", "0".into()),
+        ("maxmemory", "0".into()),
+        ("proto-max-bulk-len", c.limits.max_bulk_bytes.to_string()),
+        (
+            "client-query-buffer-limit",
+            c.max_query_buffer_bytes.to_string(),
+        ),
+    ];
+    let mut pairs = Vec::new();
+    for (name, value) in &settings {
+        if a[1..]
+            .iter()
+            .any(|p| glob_match(&p.to_ascii_lowercase(), name.as_bytes()))
+        {
+            pairs.push((Reply::text(*name), Reply::text(value.clone())));
+        }
+    }
+    Outcome::Reply(Reply::Map(pairs))
+}
+
+/// Glob matching with `*` and `?`, as CONFIG GET patterns use.
+fn glob_match(pattern: &[u8], name: &[u8]) -> bool {
+    match (pattern.split_first(), name.split_first()) {
+        (None, None) => true,
+        (Some((b'*', rest)), _) => {
+            glob_match(rest, name) || (!name.is_empty() && glob_match(pattern, &name[1..]))
+        }
+        (Some((b'?', rest)), Some((_, n))) => glob_match(rest, n),
+        (Some((p, rest)), Some((c, n))) if p == c => glob_match(rest, n),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs() {
+        assert!(glob_match(b"*", b"save"));
+        assert!(glob_match(b"append*", b"appendonly"));
+        assert!(glob_match(b"sav?", b"save"));
+        assert!(!glob_match(b"save", b"saves"));
+        assert!(!glob_match(b"x*", b"save"));
+    }
+
+    #[test]
+    fn numbers() {
+        assert_eq!(parse_u64(b"42"), Some(42));
+        assert_eq!(parse_u64(b"-1"), None);
+        assert_eq!(parse_u64(b"+1"), None);
+        assert_eq!(parse_u64(b""), None);
+        assert_eq!(parse_u64(b"99999999999999999999999"), None);
+    }
+
+    #[test]
+    fn error_codes_lead_with_the_clients_number() {
+        let r = error_reply(&Error::Stale {
+            presented: 41,
+            highest: 42,
+        });
+        assert_eq!(
+            r,
+            Reply::Error("STALE token 41 is below the highest accepted token 42".into())
+        );
+        let r = error_reply(&Error::OffsetMismatch {
+            expected: 5,
+            next: 7,
+        });
+        assert_eq!(
+            r,
+            Reply::Error("MISMATCH expected offset 5 but the next offset is 7".into())
+        );
+        let r = error_reply(&Error::Trimmed {
+            requested: 3,
+            start: 10,
+        });
+        assert_eq!(
+            r,
+            Reply::Error("TRIMMED offset 3 is below the start offset 10".into())
+        );
+        let r = error_reply(&Error::Held { remaining_ms: 1200 });
+        assert_eq!(
+            r,
+            Reply::Error("HELD lease is held by another owner for 1200 ms".into())
+        );
+    }
+}

@@ -1,0 +1,18 @@
+//! # fencelog-server
+//!
+//! fencelog over the Redis protocol (RESP2 and RESP3), so that `redis-cli`,
+//! `redis-benchmark` and every Redis client library are its clients; and the
+//! `fencelog` command line (`serve`, `verify`, `dump`, `bench`).
+//!
+//! The contract is SPEC.md §6–7. A connection's pipelined writes are decided
+//! in the order they arrive and answered once durable, so a burst of
+//! pipelined appends shares one group commit.
+
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+pub mod commands;
+pub mod config;
+pub mod connection;
+pub mod info;
+pub mod protocol;
+pub mod server;
