@@ -59,6 +59,7 @@ mod checkpoint;
 mod core;
 mod error;
 mod footer;
+pub mod inspect;
 mod lease;
 mod lease_api;
 mod log;

@@ -1,0 +1,217 @@
+//! Log entries as tools see them (`fencelog verify`, `fencelog dump`): what
+//! an entry of the write-ahead log means to the engine, decoded and checked
+//! the way recovery decodes it.
+//!
+//! # Examples
+//!
+//! ```
+//! use fencelog::inspect::{EntryView, describe};
+//! use fencelog::wal::{EntryKind, FsStorage, verify};
+//! use fencelog::{Log, Options, Token};
+//!
+//! let dir = tempfile::tempdir().unwrap();
+//! let log = Log::open(dir.path(), Options::default()).unwrap();
+//! log.append("s", Token::new(3).unwrap(), &["a", "b"]).unwrap();
+//! drop(log);
+//!
+//! let mut appends = Vec::new();
+//! verify(&FsStorage, dir.path(), |e| {
+//!     if let Ok(EntryView::Append { stream, token, records, .. }) = describe(e.kind, e.payload) {
+//!         appends.push((stream.to_vec(), token, records));
+//!     }
+//! }, |_, _| {}).unwrap();
+//! assert_eq!(appends, vec![(b"s".to_vec(), 3, 2)]);
+//! ```
+
+use fencelog_wal::EntryKind;
+
+use crate::checkpoint;
+use crate::op::{self, Op};
+
+/// A stream as a checkpoint records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointStream {
+    /// The stream's name.
+    pub name: Vec<u8>,
+    /// Its highest token.
+    pub highest_token: u64,
+    /// Its next offset.
+    pub next_offset: u64,
+    /// Its start offset.
+    pub start_offset: u64,
+}
+
+/// What one log entry means.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EntryView<'a> {
+    /// The engine's state at the start of a segment.
+    Checkpoint {
+        /// Every stream.
+        streams: Vec<CheckpointStream>,
+        /// Live leases.
+        leases: usize,
+        /// The highest lease token issued.
+        last_token: u64,
+    },
+    /// Records appended.
+    Append {
+        /// The stream.
+        stream: &'a [u8],
+        /// The token the append carried.
+        token: u64,
+        /// The offset of its first record.
+        first_offset: u64,
+        /// How many records.
+        records: u32,
+        /// Each record's payload.
+        payloads: Vec<&'a [u8]>,
+    },
+    /// The stream's highest token raised.
+    Fence {
+        /// The stream.
+        stream: &'a [u8],
+        /// The new highest token.
+        token: u64,
+    },
+    /// Records below `before` trimmed.
+    Trim {
+        /// The stream.
+        stream: &'a [u8],
+        /// The token.
+        token: u64,
+        /// The new start offset (at least).
+        before: u64,
+    },
+    /// Every record deleted.
+    Delete {
+        /// The stream.
+        stream: &'a [u8],
+        /// The token.
+        token: u64,
+    },
+    /// A lease granted.
+    Acquire {
+        /// The lease (and, with `fence`, the stream).
+        name: &'a [u8],
+        /// The holder.
+        owner: &'a [u8],
+        /// The token issued.
+        token: u64,
+        /// Its ttl.
+        ttl_ms: u64,
+        /// Whether the stream of the same name was fenced with it.
+        fence: bool,
+    },
+    /// A lease released.
+    Release {
+        /// The lease.
+        name: &'a [u8],
+        /// The holder.
+        owner: &'a [u8],
+        /// Its token.
+        token: u64,
+    },
+    /// A lease's ttl lengthened.
+    Renew {
+        /// The lease.
+        name: &'a [u8],
+        /// The holder.
+        owner: &'a [u8],
+        /// Its token.
+        token: u64,
+        /// The new ttl.
+        ttl_ms: u64,
+    },
+}
+
+impl EntryView<'_> {
+    /// The stream or lease the entry concerns, if one.
+    pub fn name(&self) -> Option<&[u8]> {
+        match self {
+            EntryView::Checkpoint { .. } => None,
+            EntryView::Append { stream, .. }
+            | EntryView::Fence { stream, .. }
+            | EntryView::Trim { stream, .. }
+            | EntryView::Delete { stream, .. } => Some(stream),
+            EntryView::Acquire { name, .. }
+            | EntryView::Release { name, .. }
+            | EntryView::Renew { name, .. } => Some(name),
+        }
+    }
+}
+
+/// Decodes an entry's payload; an error (never a panic) on anything
+/// malformed.
+pub fn describe(kind: EntryKind, payload: &[u8]) -> Result<EntryView<'_>, String> {
+    match kind {
+        EntryKind::Checkpoint => {
+            let c = checkpoint::decode(payload)?;
+            Ok(EntryView::Checkpoint {
+                streams: c
+                    .streams
+                    .into_iter()
+                    .map(|s| CheckpointStream {
+                        name: s.name,
+                        highest_token: s.highest,
+                        next_offset: s.next_offset,
+                        start_offset: s.start_offset,
+                    })
+                    .collect(),
+                leases: c.leases.len(),
+                last_token: c.last_token,
+            })
+        }
+        EntryKind::Record => Ok(match op::decode(payload)? {
+            Op::Append {
+                stream,
+                token,
+                first_offset,
+                count,
+                records,
+            } => EntryView::Append {
+                stream,
+                token,
+                first_offset,
+                records: count,
+                payloads: op::records(records).map(|(s, e)| &records[s..e]).collect(),
+            },
+            Op::Fence { stream, token } => EntryView::Fence { stream, token },
+            Op::Trim {
+                stream,
+                token,
+                before,
+            } => EntryView::Trim {
+                stream,
+                token,
+                before,
+            },
+            Op::Delete { stream, token } => EntryView::Delete { stream, token },
+            Op::Acquire {
+                name,
+                owner,
+                token,
+                ttl_ms,
+                fence,
+            } => EntryView::Acquire {
+                name,
+                owner,
+                token,
+                ttl_ms,
+                fence,
+            },
+            Op::Release { name, owner, token } => EntryView::Release { name, owner, token },
+            Op::Renew {
+                name,
+                owner,
+                token,
+                ttl_ms,
+            } => EntryView::Renew {
+                name,
+                owner,
+                token,
+                ttl_ms,
+            },
+        }),
+    }
+}
