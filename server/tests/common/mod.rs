@@ -1,0 +1,250 @@
+//! The real `fencelog` binary on an ephemeral port, and a small blocking
+//! RESP client to talk to it.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_fencelog");
+
+/// A running `fencelog serve`, killed on drop.
+pub struct ServerProcess {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub dir: PathBuf,
+    pub stderr: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl ServerProcess {
+    /// Starts the server on `dir` with extra flags; waits until it listens.
+    pub fn start(dir: &Path, extra: &[&str]) -> ServerProcess {
+        let mut child = Command::new(BIN)
+            .arg("serve")
+            .arg("--dir")
+            .arg(dir)
+            .args(["--addr", "127.0.0.1:0", "--segment-bytes", "4194304"])
+            .args(extra)
+            .env("FENCELOG_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn fencelog serve");
+        let stderr = child.stderr.take().unwrap();
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                let mut tx = Some(tx);
+                for line in BufReader::new(stderr).lines() {
+                    let Ok(line) = line else { break };
+                    if let Some(i) = line.find("serving addr=") {
+                        let addr = line[i + "serving addr=".len()..].trim().to_string();
+                        if let Some(tx) = tx.take() {
+                            let _ = tx.send(addr);
+                        }
+                    }
+                    log.lock().unwrap().push_str(&line);
+                    log.lock().unwrap().push('\n');
+                }
+            });
+        }
+        let addr = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(a) => a.parse().expect("an address"),
+            Err(_) => {
+                let _ = child.kill();
+                let status = child.wait();
+                panic!(
+                    "the server did not start ({status:?}): {}",
+                    log.lock().unwrap()
+                );
+            }
+        };
+        ServerProcess {
+            child,
+            addr,
+            dir: dir.to_path_buf(),
+            stderr: log,
+        }
+    }
+
+    pub fn client(&self) -> Client {
+        Client::connect(self.addr)
+    }
+
+    /// Sends a signal to the server process.
+    pub fn signal(&self, sig: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{sig}"), &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit, up to `timeout`.
+    pub fn wait(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the server did not exit in {timeout:?}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A RESP value as the client reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    Simple(String),
+    Error(String),
+    Int(i64),
+    Bulk(Vec<u8>),
+    Null,
+    Array(Vec<Value>),
+    Map(Vec<(Value, Value)>),
+    Verbatim(String),
+}
+
+impl Value {
+    pub fn int(&self) -> i64 {
+        match self {
+            Value::Int(n) => *n,
+            other => panic!("not an integer: {other:?}"),
+        }
+    }
+
+    pub fn err(&self) -> &str {
+        match self {
+            Value::Error(e) => e,
+            other => panic!("not an error: {other:?}"),
+        }
+    }
+
+    pub fn bulk(&self) -> &[u8] {
+        match self {
+            Value::Bulk(b) => b,
+            other => panic!("not a bulk string: {other:?}"),
+        }
+    }
+
+    pub fn array(&self) -> &[Value] {
+        match self {
+            Value::Array(a) => a,
+            other => panic!("not an array: {other:?}"),
+        }
+    }
+}
+
+/// A blocking RESP client.
+pub struct Client {
+    stream: BufReader<TcpStream>,
+}
+
+impl Client {
+    pub fn connect(addr: SocketAddr) -> Client {
+        let stream = TcpStream::connect(addr).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        Client {
+            stream: BufReader::new(stream),
+        }
+    }
+
+    /// Encodes a command as an array of bulk strings.
+    pub fn encode(args: &[&[u8]]) -> Vec<u8> {
+        let mut out = format!("*{}\r\n", args.len()).into_bytes();
+        for a in args {
+            out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+            out.extend_from_slice(a);
+            out.extend_from_slice(b"\r\n");
+        }
+        out
+    }
+
+    pub fn send_raw(&mut self, bytes: &[u8]) {
+        self.stream.get_mut().write_all(bytes).unwrap();
+    }
+
+    /// Sends one command and reads its reply.
+    pub fn cmd(&mut self, args: &[&str]) -> Value {
+        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        self.cmd_bytes(&args)
+    }
+
+    pub fn cmd_bytes(&mut self, args: &[&[u8]]) -> Value {
+        self.send_raw(&Self::encode(args));
+        self.read().expect("a reply")
+    }
+
+    /// Reads one reply; `None` at end of stream.
+    pub fn read(&mut self) -> Option<Value> {
+        let mut line = Vec::new();
+        if self.stream.read_until(b'\n', &mut line).ok()? == 0 {
+            return None;
+        }
+        let text = String::from_utf8_lossy(&line[1..line.len().saturating_sub(2)]).to_string();
+        Some(match line[0] {
+            b'+' => Value::Simple(text),
+            b'-' => Value::Error(text),
+            b':' => Value::Int(text.parse().unwrap()),
+            b'_' => Value::Null,
+            b'$' | b'=' => {
+                let n: i64 = text.parse().unwrap();
+                if n < 0 {
+                    return Some(Value::Null);
+                }
+                let mut buf = vec![0u8; n as usize + 2];
+                self.stream.read_exact(&mut buf).unwrap();
+                buf.truncate(n as usize);
+                if line[0] == b'=' {
+                    Value::Verbatim(String::from_utf8_lossy(&buf[4..]).to_string())
+                } else {
+                    Value::Bulk(buf)
+                }
+            }
+            b'*' => {
+                let n: i64 = text.parse().unwrap();
+                if n < 0 {
+                    return Some(Value::Null);
+                }
+                Value::Array((0..n).map(|_| self.read().unwrap()).collect())
+            }
+            b'%' => {
+                let n: usize = text.parse().unwrap();
+                Value::Map(
+                    (0..n)
+                        .map(|_| (self.read().unwrap(), self.read().unwrap()))
+                        .collect(),
+                )
+            }
+            other => panic!("unexpected reply type {:?}", char::from(other)),
+        })
+    }
+}
+
+/// Runs `redis-cli` (CI installs redis-tools; a missing one fails loudly).
+pub fn redis_cli(addr: SocketAddr, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-h", &addr.ip().to_string(), "-p", &addr.port().to_string()])
+        .args(args)
+        .output()
+        .expect("redis-cli must be installed (apt-get install redis-tools)");
+    assert!(out.status.success(), "redis-cli {args:?}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
