@@ -66,11 +66,25 @@ fn line_end(buf: &[u8]) -> Option<usize> {
     buf.windows(2).position(|w| w == b"\r\n")
 }
 
+/// Longest length line (`*…` or `$…`) accepted, CRLF excluded. The same
+/// limit applies whether the line arrives whole or in pieces.
+const MAX_LEN_LINE: usize = 32;
+
+/// Parses a length strictly, as Redis does: an optional `-`, then digits,
+/// with no `+` and no leading zeros.
 fn parse_len(line: &[u8], what: &str) -> Result<i64, ProtocolError> {
+    let invalid = || ProtocolError(format!("invalid {what} length"));
+    let digits = line.strip_prefix(b"-").unwrap_or(line);
+    if digits.is_empty()
+        || !digits.iter().all(u8::is_ascii_digit)
+        || (digits.len() > 1 && digits[0] == b'0')
+    {
+        return Err(invalid());
+    }
     std::str::from_utf8(line)
         .ok()
         .and_then(|s| s.parse::<i64>().ok())
-        .ok_or_else(|| ProtocolError(format!("invalid {what} length")))
+        .ok_or_else(invalid)
 }
 
 impl RequestParser {
@@ -102,10 +116,15 @@ impl RequestParser {
                         return Ok(None);
                     };
                     if first != b'*' {
-                        return self.inline(buf, limits);
+                        match self.inline(buf, limits)? {
+                            Inline::Request(args) => return Ok(Some(args)),
+                            // A blank line: no command; look for the next.
+                            Inline::Blank => continue,
+                            Inline::NeedMore => return Ok(None),
+                        }
                     }
-                    let Some(end) = line_end(buf) else {
-                        if buf.len() > 32 {
+                    let Some(end) = line_end(buf).filter(|&e| e <= MAX_LEN_LINE) else {
+                        if buf.len() > MAX_LEN_LINE {
                             return Err(ProtocolError("invalid multibulk length".into()));
                         }
                         return Ok(None);
@@ -144,8 +163,8 @@ impl RequestParser {
                             char::from(first).escape_default()
                         )));
                     }
-                    let Some(end) = line_end(buf) else {
-                        if buf.len() > 32 {
+                    let Some(end) = line_end(buf).filter(|&e| e <= MAX_LEN_LINE) else {
+                        if buf.len() > MAX_LEN_LINE {
                             return Err(ProtocolError("invalid bulk length".into()));
                         }
                         self.state = State::Array { expected, args };
@@ -197,17 +216,13 @@ impl RequestParser {
 
     /// An inline command: one line, arguments split on spaces (with Redis'
     /// quoting for "double" and 'single' quoted arguments).
-    fn inline(
-        &mut self,
-        buf: &mut BytesMut,
-        limits: &Limits,
-    ) -> Result<Option<Request>, ProtocolError> {
+    fn inline(&mut self, buf: &mut BytesMut, limits: &Limits) -> Result<Inline, ProtocolError> {
         let end = match buf.iter().position(|&b| b == b'\n') {
             Some(end) => end,
             None if buf.len() > limits.max_inline_bytes => {
                 return Err(ProtocolError("too big inline request".into()));
             }
-            None => return Ok(None),
+            None => return Ok(Inline::NeedMore),
         };
         if end > limits.max_inline_bytes {
             return Err(ProtocolError("too big inline request".into()));
@@ -221,12 +236,26 @@ impl RequestParser {
         if args.len() > limits.max_args {
             return Err(ProtocolError("too many inline arguments".into()));
         }
-        if args.is_empty() {
-            // A blank line: no command.
-            return self.next(buf, limits);
+        if args.iter().any(|a| a.len() > limits.max_bulk_bytes) {
+            return Err(ProtocolError(format!(
+                "an inline argument is over the limit of {} bytes",
+                limits.max_bulk_bytes
+            )));
         }
-        Ok(Some(args))
+        if args.is_empty() {
+            return Ok(Inline::Blank);
+        }
+        Ok(Inline::Request(args))
     }
+}
+
+/// What one inline line holds.
+enum Inline {
+    Request(Request),
+    /// Nothing but spaces: no command.
+    Blank,
+    /// The line has not ended yet.
+    NeedMore,
 }
 
 /// Splits an inline command line like Redis' `sdssplitargs`.
