@@ -10,9 +10,12 @@
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+pub mod bench;
 pub mod commands;
 pub mod config;
 pub mod connection;
+pub mod dump;
 pub mod info;
 pub mod protocol;
 pub mod server;
+pub mod verify;

@@ -1,5 +1,6 @@
 //! `fencelog`: the server and its tools.
 
+use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -7,8 +8,10 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use fencelog_server::config::ServeConfig;
+use fencelog_server::dump::{self, DumpOptions};
 use fencelog_server::protocol::Limits;
 use fencelog_server::server::Server;
+use fencelog_server::verify::{self, VerifyOptions};
 
 /// A fenced append-only storage engine, served over the Redis protocol.
 #[derive(Parser)]
@@ -22,6 +25,23 @@ struct Cli {
 enum Command {
     /// Serve a data directory over the Redis protocol (RESP2 and RESP3).
     Serve(ServeArgs),
+    /// Check every segment of a data directory offline and report its
+    /// streams, records, tokens and damage.
+    ///
+    /// Exit status: 0 when nothing is damaged (a torn tail is not damage), 1
+    /// on damage, 2 when the directory cannot be verified (missing, not a data
+    /// directory, in use by a server, an I/O error).
+    Verify(VerifyArgs),
+    /// Print every entry of a data directory's log, one per line: segment,
+    /// byte position, LSN, kind and what it means.
+    ///
+    /// Offsets are half-open (offsets=0..2 is records 0 and 1); names and
+    /// payloads are escaped like Rust byte strings. Damage and torn tails are
+    /// reported on stderr at the end; exit status as for `verify`.
+    Dump(DumpArgs),
+    /// Load a server (--addr) or an in-process engine with durable appends
+    /// and stale-write rejections; print a summary table.
+    Bench(fencelog_server::bench::BenchArgs),
 }
 
 #[derive(Args)]
@@ -72,6 +92,43 @@ struct ServeArgs {
     shutdown_grace_secs: u64,
 }
 
+#[derive(Args)]
+struct VerifyArgs {
+    /// The data directory (refused while another process, such as a server,
+    /// has it open).
+    dir: PathBuf,
+    /// List every segment and every stream (default: at most 20 of each;
+    /// with more streams, the 20 with the most records appended).
+    #[arg(long)]
+    all: bool,
+    /// Draw no progress bar (it is drawn on stderr, only when that is a
+    /// terminal).
+    #[arg(long)]
+    no_progress: bool,
+}
+
+#[derive(Args)]
+struct DumpArgs {
+    /// The data directory (refused while another process, such as a server,
+    /// has it open).
+    dir: PathBuf,
+    /// Show only the entries concerning this stream, or the lease of this
+    /// name (a checkpoint shows only this stream's row).
+    #[arg(long, value_name = "NAME")]
+    stream: Option<OsString>,
+    /// Also print each record's payload, escaped like a Rust byte string
+    /// (b"...").
+    #[arg(long)]
+    payloads: bool,
+    /// Bytes of each payload printed before it is cut (with --payloads).
+    #[arg(long, default_value_t = dump::DEFAULT_PAYLOAD_LIMIT, value_name = "BYTES")]
+    payload_limit: usize,
+    /// Cut nothing: whole payloads, every record size, every stream of a
+    /// checkpoint.
+    #[arg(long)]
+    full: bool,
+}
+
 impl ServeArgs {
     fn config(self) -> ServeConfig {
         // An entry holds one request's payloads: as large as a request may
@@ -107,6 +164,26 @@ impl ServeArgs {
     }
 }
 
+impl VerifyArgs {
+    fn options(&self) -> VerifyOptions {
+        VerifyOptions {
+            all: self.all,
+            progress: !self.no_progress,
+        }
+    }
+}
+
+impl DumpArgs {
+    fn options(&self) -> DumpOptions {
+        DumpOptions {
+            stream: self.stream.clone().map(OsString::into_encoded_bytes),
+            payloads: self.payloads,
+            payload_limit: self.payload_limit,
+            full: self.full,
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
@@ -115,9 +192,13 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match cli.command {
         Command::Serve(args) => serve(args.config()),
+        Command::Verify(args) => verify::run(&args.dir, &args.options()),
+        Command::Dump(args) => dump::run(&args.dir, &args.options()),
+        Command::Bench(args) => fencelog_server::bench::run(args),
     }
 }
 

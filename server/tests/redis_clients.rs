@@ -17,13 +17,19 @@ fn redis_cli_speaks_to_fencelog() {
     let server = ServerProcess::start(dir.path(), &[]);
     let a = server.addr;
     assert_eq!(redis_cli(a, &["PING"]).trim(), "PONG");
-    assert_eq!(redis_cli(a, &["LOG.APPEND", "orders", "42", "first", "second"]).trim(), "0");
+    assert_eq!(
+        redis_cli(a, &["LOG.APPEND", "orders", "42", "first", "second"]).trim(),
+        "0"
+    );
     assert_eq!(
         redis_cli(a, &["LOG.APPEND", "orders", "41", "late"]).trim(),
         "STALE token 41 is below the highest accepted token 42"
     );
     let read = redis_cli(a, &["LOG.READ", "orders", "0"]);
-    assert_eq!(read.lines().collect::<Vec<_>>(), ["0", "42", "first", "1", "42", "second"]);
+    assert_eq!(
+        read.lines().collect::<Vec<_>>(),
+        ["0", "42", "first", "1", "42", "second"]
+    );
     // RESP3: the stat is a map.
     let stat = redis_cli(a, &["-3", "LOG.STAT", "orders"]);
     assert!(stat.lines().any(|l| l == "highest_token 42"), "{stat}");
@@ -37,15 +43,36 @@ fn redis_benchmark_appends_durably_with_and_without_pipelining() {
     let port = server.addr.port().to_string();
     for (stream, pipeline) in [("plain", "1"), ("piped", "16")] {
         let out = Command::new("redis-benchmark")
-            .args(["-h", "127.0.0.1", "-p", &port, "-n", "2000", "-c", "10", "-P", pipeline, "-q"])
-            .args(["LOG.APPEND", stream, "1", "a-hundred-byte-record-would-go-here"])
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-n",
+                "2000",
+                "-c",
+                "10",
+                "-P",
+                pipeline,
+                "-q",
+            ])
+            .args([
+                "LOG.APPEND",
+                stream,
+                "1",
+                "a-hundred-byte-record-would-go-here",
+            ])
             .output()
             .expect("redis-benchmark must be installed (apt-get install redis-tools)");
         assert!(out.status.success(), "{out:?}");
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(text.contains("requests per second"), "{text}");
         let mut c = server.client();
-        assert_eq!(c.cmd(&["LOG.STAT", stream]).array()[3].int(), 2000, "every request appended one record");
+        assert_eq!(
+            c.cmd(&["LOG.STAT", stream]).array()[3].int(),
+            2000,
+            "every request appended one record"
+        );
     }
 }
 

@@ -1,0 +1,1921 @@
+//! `fencelog bench`: a load generator for durable appends and stale-write
+//! rejections, in process (the engine's API) or against a server (RESP2
+//! over TCP), with a summary table (SPEC.md §7).
+//!
+//! Workloads, each on streams of its own (named with a unique run id, so a
+//! run never meets the streams of an earlier one):
+//!
+//! - `append`: durable appends of one record each, with a valid token.
+//! - `reject`: every stream is first fenced at a high token; then every
+//!   append carries an older one and must be answered STALE. A STALE answer
+//!   is counted, never a failure; an *accepted* stale write is.
+//! - `mixed`: streams fenced as for `reject`; a fraction `--stale-ratio` of
+//!   the appends carries the stale token, the rest the current one.
+//!
+//! A client sends P requests (`--pipeline`), then waits for their P answers.
+//! A request's latency runs from the moment its batch is sent to its answer.
+//! Answers other than the expected ones (an error that is not STALE, a stale
+//! write accepted, a lost connection) are reported separately and make the
+//! run fail (exit code 1).
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::{Buf, Bytes, BytesMut};
+use fencelog::{Log, Options, Token};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::task::JoinSet;
+
+/// Load a fencelog server over TCP, or the engine in this process, with
+/// durable appends and stale writes; print a summary table.
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Load a running server at HOST:PORT over TCP (RESP2). Without it, the
+    /// engine runs in this process.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub addr: Option<String>,
+    /// The server's password, sent with AUTH on every connection (only with
+    /// --addr).
+    #[arg(long, env = "FENCELOG_REQUIREPASS", hide_env_values = true)]
+    pub password: Option<String>,
+    /// In process: the data directory (created if missing; the bench's
+    /// streams stay in it). Default: a fresh temporary directory, removed
+    /// afterwards.
+    #[arg(long, conflicts_with = "addr")]
+    pub dir: Option<PathBuf>,
+    /// What to run. Default: append, then reject.
+    #[arg(long, value_enum)]
+    pub workload: Option<Workload>,
+    /// Concurrent clients: connections over TCP, tasks in process.
+    #[arg(long, default_value_t = 50,
+          value_parser = clap::value_parser!(u32).range(1..=MAX_CLIENTS as i64))]
+    pub clients: u32,
+    /// Requests in flight per client: P requests are sent, then their P
+    /// answers awaited.
+    #[arg(long, default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=MAX_PIPELINE as i64))]
+    pub pipeline: u32,
+    /// Streams written: client i writes stream i mod N (1 = every client on
+    /// one stream). Default: one per client.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=MAX_CLIENTS as i64))]
+    pub streams: Option<u32>,
+    /// Bytes of each record's payload.
+    #[arg(long, default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
+    pub payload_bytes: u32,
+    /// How long each workload is measured: seconds ("3", "0.5") or
+    /// milliseconds ("300ms").
+    #[arg(long, default_value = "5", value_parser = parse_duration, value_name = "SECS")]
+    pub duration: Duration,
+    /// Measure this many requests per workload (over all clients) instead
+    /// of a duration.
+    #[arg(long, conflicts_with = "duration",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub requests: Option<u64>,
+    /// Unmeasured load before each workload is measured: seconds or "…ms".
+    #[arg(long, default_value = "0", value_parser = parse_duration, value_name = "SECS")]
+    pub warmup: Duration,
+    /// mixed: the fraction of appends sent with a stale token (0 to 1).
+    #[arg(long, default_value_t = 0.1, value_parser = parse_ratio, value_name = "FRACTION")]
+    pub stale_ratio: f64,
+    /// The longest a batch of requests may wait for its answers before the
+    /// client gives up (a failure): seconds or "…ms".
+    #[arg(long, default_value = "30", value_parser = parse_duration, value_name = "SECS")]
+    pub timeout: Duration,
+    /// The start of every stream name; a unique run id and the workload
+    /// follow it.
+    #[arg(long, default_value = "bench")]
+    pub stream_prefix: String,
+    /// Print one JSON object per workload (one per line) instead of the
+    /// table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A workload of `fencelog bench`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workload {
+    /// Durable appends with a valid token.
+    Append,
+    /// Appends with a stale token to fenced streams: every answer STALE.
+    Reject,
+    /// Appends to fenced streams, a fraction (--stale-ratio) stale.
+    Mixed,
+}
+
+impl Workload {
+    fn name(self) -> &'static str {
+        match self {
+            Workload::Append => "append",
+            Workload::Reject => "reject",
+            Workload::Mixed => "mixed",
+        }
+    }
+}
+
+const MAX_CLIENTS: u32 = 4096;
+const MAX_PIPELINE: u32 = 4096;
+/// The token streams are fenced at before `reject` and `mixed`.
+const FENCE_TOKEN: u64 = 1_000_000;
+/// The token of `append`'s writes, and of every stale write.
+const LOW_TOKEN: u64 = 1;
+/// Streams fenced per round trip during setup.
+const FENCE_CHUNK: usize = 256;
+/// Requests a client decides in process before it lets other tasks run,
+/// when none of them had to wait (rejections never do).
+const YIELD_EVERY: u64 = 256;
+/// Distinct unexpected answers kept to show.
+const MAX_SAMPLES: usize = 5;
+
+/// Runs `fencelog bench`: 0 when every answer was the expected one, 1 when
+/// some was not (or the run could not start), 2 for unusable arguments.
+pub fn run(args: BenchArgs) -> ExitCode {
+    if let Err(e) = check(&args) {
+        eprintln!("fencelog bench: {e}");
+        return ExitCode::from(2);
+    }
+    let report = match execute(&args, !args.json) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("fencelog bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if args.json {
+        for r in &report.results {
+            println!("{}", r.json(&report.target));
+        }
+    } else {
+        print!("{}", report.table());
+    }
+    let failed: u64 = report.results.iter().map(|r| r.unexpected).sum();
+    if failed > 0 {
+        eprintln!("fencelog bench: FAILED: {failed} unexpected answer(s):");
+        for r in &report.results {
+            for s in &r.unexpected_samples {
+                eprintln!("  {}: {s}", r.workload.name());
+            }
+        }
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
+
+/// Checks what clap cannot: relations between flags.
+fn check(args: &BenchArgs) -> Result<(), String> {
+    if let Some(s) = args.streams
+        && s > args.clients
+    {
+        return Err(format!(
+            "--streams ({s}) must not exceed --clients ({}): every stream needs a writer",
+            args.clients
+        ));
+    }
+    if args.duration.is_zero() {
+        return Err("--duration must be above 0".into());
+    }
+    if args.timeout.is_zero() {
+        return Err("--timeout must be above 0".into());
+    }
+    // "{prefix}:{run id}:{workload}:{index}" must stay a valid stream name.
+    if args.stream_prefix.is_empty() || args.stream_prefix.len() > 200 {
+        return Err("--stream-prefix must be 1 to 200 bytes".into());
+    }
+    Ok(())
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (number, unit) = if let Some(ms) = s.strip_suffix("ms") {
+        (ms, 1e-3)
+    } else if let Some(secs) = s.strip_suffix('s') {
+        (secs, 1.0)
+    } else {
+        (s, 1.0)
+    };
+    let value: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds (e.g. 3, 0.5, 300ms)"))?;
+    let secs = value * unit;
+    if !secs.is_finite() || !(0.0..=86_400.0).contains(&secs) {
+        return Err(format!("{s:?} must be between 0 and one day"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn parse_ratio(s: &str) -> Result<f64, String> {
+    let r: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number"))?;
+    if !(0.0..=1.0).contains(&r) {
+        return Err(format!("{r} is not between 0 and 1"));
+    }
+    Ok(r)
+}
+
+// ---------------------------------------------------------------------------
+// The run: targets, plans, clients.
+
+enum Target {
+    InProcess(Log),
+    Tcp {
+        addr: SocketAddr,
+        password: Option<String>,
+    },
+}
+
+/// What every client of one workload shares.
+struct Plan {
+    workload: Workload,
+    clients: u32,
+    pipeline: u32,
+    streams: Vec<Bytes>,
+    payload: Bytes,
+    /// The token of writes meant to be accepted.
+    valid: Token,
+    /// The token of writes meant to be rejected.
+    stale: Token,
+    /// The fraction of writes sent with `stale`.
+    stale_ratio: f64,
+    warmup: Duration,
+    duration: Option<Duration>,
+    requests: Option<u64>,
+    timeout: Duration,
+}
+
+impl Plan {
+    fn new(args: &BenchArgs, workload: Workload, run_id: &str) -> Result<Plan, String> {
+        let streams = args.streams.unwrap_or(args.clients);
+        let token = |n| Token::new(n).map_err(|e| e.to_string());
+        let (valid, stale, stale_ratio) = match workload {
+            Workload::Append => (token(LOW_TOKEN)?, token(LOW_TOKEN)?, 0.0),
+            Workload::Reject => (token(FENCE_TOKEN)?, token(LOW_TOKEN)?, 1.0),
+            Workload::Mixed => (token(FENCE_TOKEN)?, token(LOW_TOKEN)?, args.stale_ratio),
+        };
+        let payload: Vec<u8> = b"fencelog"
+            .iter()
+            .copied()
+            .cycle()
+            .take(args.payload_bytes as usize)
+            .collect();
+        Ok(Plan {
+            workload,
+            clients: args.clients,
+            pipeline: args.pipeline,
+            streams: (0..streams)
+                .map(|i| {
+                    Bytes::from(format!(
+                        "{}:{run_id}:{}:{i}",
+                        args.stream_prefix,
+                        workload.name()
+                    ))
+                })
+                .collect(),
+            payload: Bytes::from(payload),
+            valid,
+            stale,
+            stale_ratio,
+            warmup: args.warmup,
+            duration: args.requests.is_none().then_some(args.duration),
+            requests: args.requests,
+            timeout: args.timeout,
+        })
+    }
+
+    /// The stream client `i` writes.
+    fn stream_of(&self, client: u32) -> &Bytes {
+        &self.streams[client as usize % self.streams.len()]
+    }
+
+    /// Client `i`'s share of `--requests`.
+    fn quota_of(&self, client: u32) -> Option<u64> {
+        self.requests.map(|n| {
+            let c = u64::from(self.clients);
+            n / c + u64::from(u64::from(client) < n % c)
+        })
+    }
+}
+
+/// The outcome of a whole run.
+struct Report {
+    /// "in-process (DIR)" or "tcp ADDR".
+    target: String,
+    in_process: bool,
+    results: Vec<WorkloadResult>,
+}
+
+/// Runs every workload asked for and collects the results; `Err` when the
+/// run could not start or set up (a failure, not a result).
+fn execute(args: &BenchArgs, progress: bool) -> Result<Report, String> {
+    check(args)?;
+    let workloads = match args.workload {
+        Some(w) => vec![w],
+        None => vec![Workload::Append, Workload::Reject],
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    // Declared before `target`: the directory goes after the log closes.
+    let mut _tempdir = None;
+    let (target, description) = match &args.addr {
+        Some(addr) => {
+            let resolved = runtime
+                .block_on(tokio::net::lookup_host(addr.as_str()))
+                .map_err(|e| format!("cannot resolve {addr}: {e}"))?
+                .next()
+                .ok_or_else(|| format!("{addr} resolves to no address"))?;
+            (
+                Target::Tcp {
+                    addr: resolved,
+                    password: args.password.clone(),
+                },
+                format!("tcp {resolved}"),
+            )
+        }
+        None => {
+            let (dir, removed) = match &args.dir {
+                Some(d) => (d.clone(), ""),
+                None => {
+                    let t = tempfile::Builder::new()
+                        .prefix("fencelog-bench-")
+                        .tempdir()
+                        .map_err(|e| format!("cannot create a temporary directory: {e}"))?;
+                    let path = t.path().to_path_buf();
+                    _tempdir = Some(t);
+                    (path, ", removed afterwards")
+                }
+            };
+            let log = Log::open(&dir, Options::default())
+                .map_err(|e| format!("cannot open {}: {e}", dir.display()))?;
+            (
+                Target::InProcess(log),
+                format!("in-process engine in {}{removed}", dir.display()),
+            )
+        }
+    };
+    let run_id = run_id();
+    let mut results = Vec::new();
+    for workload in workloads {
+        let plan = Arc::new(Plan::new(args, workload, &run_id)?);
+        if progress {
+            let how_long = match plan.requests {
+                Some(n) => format!("{n} requests"),
+                None => format!("{:.1} s", args.duration.as_secs_f64()),
+            };
+            eprintln!(
+                "bench: {}: {} clients × pipeline {}, {} streams, {}-byte records, {how_long} \
+                 (+{:.1} s warmup), {description}",
+                workload.name(),
+                plan.clients,
+                plan.pipeline,
+                plan.streams.len(),
+                args.payload_bytes,
+                args.warmup.as_secs_f64()
+            );
+        }
+        let result = runtime.block_on(run_workload(&target, Arc::clone(&plan)))?;
+        results.push(result);
+    }
+    // Tasks are done; close the log (it syncs) outside the runtime, then
+    // the temporary directory goes.
+    drop(runtime);
+    drop(target);
+    Ok(Report {
+        target: description,
+        in_process: args.addr.is_none(),
+        results,
+    })
+}
+
+fn run_id() -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!(
+        "{:x}{:04x}",
+        (nanos as u64) & 0xffff_ffff_ffff,
+        std::process::id() & 0xffff
+    )
+}
+
+/// The measured window, shared by a workload's clients.
+#[derive(Clone, Copy)]
+struct Window {
+    /// Requests sent from here on are measured.
+    measure_start: Instant,
+    /// No batch is sent from here on (duration mode).
+    end: Option<Instant>,
+}
+
+async fn run_workload(target: &Target, plan: Arc<Plan>) -> Result<WorkloadResult, String> {
+    // Setup: fence the streams, connect every client, before the clock runs.
+    if plan.workload != Workload::Append {
+        match target {
+            Target::InProcess(log) => fence_in_process(log, &plan).await?,
+            Target::Tcp { addr, password } => fence_tcp(*addr, password.as_deref(), &plan).await?,
+        }
+    }
+    let mut connections = Vec::new();
+    let mut monitor_conn = None;
+    if let Target::Tcp { addr, password } = target {
+        let mut connecting = JoinSet::new();
+        for i in 0..plan.clients {
+            let password = password.clone();
+            let addr = *addr;
+            connecting.spawn(async move { (i, Conn::connect(addr, password.as_deref()).await) });
+        }
+        let mut conns: Vec<Option<Conn>> = (0..plan.clients).map(|_| None).collect();
+        while let Some(joined) = connecting.join_next().await {
+            let (i, conn) = joined.map_err(|e| format!("a connecting task failed: {e}"))?;
+            conns[i as usize] = Some(conn?);
+        }
+        connections = conns.into_iter().flatten().collect();
+        monitor_conn = Some(Conn::connect(*addr, password.as_deref()).await?);
+    }
+
+    let start = Instant::now();
+    let measure_start = start + plan.warmup;
+    let window = Window {
+        measure_start,
+        end: plan.duration.map(|d| measure_start + d),
+    };
+
+    // The engine's group-commit counters at the start of the window and
+    // after the last answer.
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    let monitor = match target {
+        Target::InProcess(log) => {
+            let log = log.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep_until(measure_start.into()).await;
+                let before = Persistence::of_log(&log);
+                let _ = done_rx.await;
+                Some((before, Persistence::of_log(&log)))
+            })
+        }
+        Target::Tcp { .. } => {
+            let mut conn = monitor_conn.take();
+            tokio::spawn(async move {
+                let conn = conn.as_mut()?;
+                tokio::time::sleep_until(measure_start.into()).await;
+                let before = conn.persistence().await;
+                let _ = done_rx.await;
+                Some((before?, conn.persistence().await?))
+            })
+        }
+    };
+
+    let mut clients = JoinSet::new();
+    match target {
+        Target::InProcess(log) => {
+            for i in 0..plan.clients {
+                let client = Client::new(&plan, i, window);
+                clients.spawn(in_process_client(log.clone(), Arc::clone(&plan), client, i));
+            }
+        }
+        Target::Tcp { .. } => {
+            for (i, conn) in (0..plan.clients).zip(connections) {
+                let client = Client::new(&plan, i, window);
+                let stream = plan.stream_of(i);
+                let valid = encode_command(&[
+                    b"LOG.APPEND",
+                    stream,
+                    plan.valid.get().to_string().as_bytes(),
+                    &plan.payload,
+                ]);
+                let stale = encode_command(&[
+                    b"LOG.APPEND",
+                    stream,
+                    plan.stale.get().to_string().as_bytes(),
+                    &plan.payload,
+                ]);
+                clients.spawn(tcp_client(conn, Arc::clone(&plan), client, valid, stale));
+            }
+        }
+    }
+    let mut stats = ClientStats::default();
+    while let Some(joined) = clients.join_next().await {
+        match joined {
+            Ok(s) => stats.merge(s),
+            Err(e) => stats.unexpected(format!("a client task failed: {e}")),
+        }
+    }
+    let _ = done_tx.send(());
+    let group_commit = match monitor.await {
+        Ok(Some((before, after))) => GroupCommit::between(&before, &after),
+        _ => None,
+    };
+    let seconds = stats.last_answer.map_or(0.0, |t| {
+        t.saturating_duration_since(measure_start).as_secs_f64()
+    });
+    Ok(WorkloadResult {
+        workload: plan.workload,
+        clients: plan.clients,
+        pipeline: plan.pipeline,
+        streams: plan.streams.len(),
+        payload_bytes: plan.payload.len(),
+        stale_ratio: plan.stale_ratio,
+        requests: stats.requests,
+        accepted: stats.accepted,
+        stale: stats.stale,
+        unexpected: stats.unexpected,
+        unexpected_samples: stats.samples,
+        seconds,
+        latency: stats.latency,
+        group_commit,
+    })
+}
+
+async fn fence_in_process(log: &Log, plan: &Plan) -> Result<(), String> {
+    for chunk in plan.streams.chunks(FENCE_CHUNK) {
+        let mut pending = Vec::with_capacity(chunk.len());
+        for stream in chunk {
+            let d = log
+                .fence_deferred(stream, plan.valid)
+                .await
+                .map_err(|e| format!("cannot fence {}: {e}", String::from_utf8_lossy(stream)))?;
+            pending.push((stream, d));
+        }
+        for (stream, d) in pending {
+            d.await
+                .map_err(|e| format!("cannot fence {}: {e}", String::from_utf8_lossy(stream)))?;
+        }
+    }
+    Ok(())
+}
+
+async fn fence_tcp(addr: SocketAddr, password: Option<&str>, plan: &Plan) -> Result<(), String> {
+    let mut conn = Conn::connect(addr, password).await?;
+    let token = plan.valid.get().to_string();
+    for chunk in plan.streams.chunks(FENCE_CHUNK) {
+        let mut out = Vec::new();
+        for stream in chunk {
+            out.extend_from_slice(&encode_command(&[b"LOG.FENCE", stream, token.as_bytes()]));
+        }
+        let replies = tokio::time::timeout(plan.timeout, async {
+            conn.wr
+                .write_all(&out)
+                .await
+                .map_err(|e| format!("write: {e}"))?;
+            let mut replies = Vec::with_capacity(chunk.len());
+            for _ in chunk {
+                replies.push(read_reply(&mut conn.rd, &mut conn.buf).await?);
+            }
+            Ok::<_, String>(replies)
+        })
+        .await
+        .map_err(|_| format!("fencing got no answer within {:?}", plan.timeout))??;
+        for (stream, reply) in chunk.iter().zip(replies) {
+            if reply != Reply::Integer(plan.valid.get() as i64) {
+                return Err(format!(
+                    "cannot fence {} at {token}: {reply}",
+                    String::from_utf8_lossy(stream)
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One batch of requests: how many, when sent, whether measured.
+#[derive(Clone, Copy)]
+struct Batch {
+    len: u32,
+    sent: Instant,
+    measured: bool,
+}
+
+/// What a request was answered.
+#[derive(Debug, PartialEq, Eq)]
+enum Outcome {
+    Accepted,
+    Stale,
+    Unexpected(String),
+}
+
+/// One client's pacing and counts.
+struct Client {
+    pipeline: u32,
+    stale_ratio: f64,
+    rng: u64,
+    window: Window,
+    /// Measured requests still to send (`--requests`).
+    quota: Option<u64>,
+    since_yield: u64,
+    stats: ClientStats,
+}
+
+impl Client {
+    fn new(plan: &Plan, i: u32, window: Window) -> Client {
+        Client {
+            pipeline: plan.pipeline,
+            stale_ratio: plan.stale_ratio,
+            // xorshift64*, seeded per client (never 0).
+            rng: 0x9E37_79B9_7F4A_7C15 ^ (u64::from(i) + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9),
+            window,
+            quota: plan.quota_of(i),
+            since_yield: 0,
+            stats: ClientStats::default(),
+        }
+    }
+
+    /// The next batch, or `None` when the client is done.
+    fn next_batch(&mut self) -> Option<Batch> {
+        let now = Instant::now();
+        if self.window.end.is_some_and(|end| now >= end) {
+            return None;
+        }
+        let measured = now >= self.window.measure_start;
+        let len = match &mut self.quota {
+            Some(left) if measured => {
+                if *left == 0 {
+                    return None;
+                }
+                let n = (*left).min(u64::from(self.pipeline));
+                *left -= n;
+                n as u32
+            }
+            _ => self.pipeline,
+        };
+        Some(Batch {
+            len,
+            sent: now,
+            measured,
+        })
+    }
+
+    /// Whether the next request carries the stale token.
+    fn choose_stale(&mut self) -> bool {
+        if self.stale_ratio <= 0.0 {
+            return false;
+        }
+        if self.stale_ratio >= 1.0 {
+            return true;
+        }
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        let r = self.rng.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        ((r >> 11) as f64 / (1u64 << 53) as f64) < self.stale_ratio
+    }
+
+    /// Counts an answer to a request of `batch` that was meant to be stale
+    /// or not.
+    fn record(&mut self, batch: &Batch, meant_stale: bool, outcome: Outcome) {
+        let now = Instant::now();
+        let s = &mut self.stats;
+        // An unexpected answer fails the run, warmup or not.
+        match (outcome, meant_stale) {
+            (Outcome::Accepted, false) if batch.measured => s.accepted += 1,
+            (Outcome::Stale, true) if batch.measured => s.stale += 1,
+            (Outcome::Accepted, false) | (Outcome::Stale, true) => {}
+            (Outcome::Accepted, true) => s.unexpected("a write with a stale token was accepted"),
+            (Outcome::Stale, false) => s.unexpected("a write with the current token was STALE"),
+            (Outcome::Unexpected(e), _) => s.unexpected(e),
+        }
+        if batch.measured {
+            s.requests += 1;
+            s.latency.record(now.saturating_duration_since(batch.sent));
+            s.last_answer = Some(s.last_answer.map_or(now, |t| t.max(now)));
+        }
+    }
+
+    /// Lets other tasks run now and then, when nothing waited.
+    async fn pace(&mut self, n: u32) {
+        self.since_yield += u64::from(n);
+        if self.since_yield >= YIELD_EVERY {
+            self.since_yield = 0;
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
+async fn in_process_client(log: Log, plan: Arc<Plan>, mut c: Client, i: u32) -> ClientStats {
+    let stream = plan.stream_of(i).clone();
+    let mut pending = Vec::with_capacity(plan.pipeline as usize);
+    while let Some(batch) = c.next_batch() {
+        let answered = tokio::time::timeout(plan.timeout, async {
+            // Decide P writes, then await their P answers.
+            for _ in 0..batch.len {
+                let meant_stale = c.choose_stale();
+                let token = if meant_stale { plan.stale } else { plan.valid };
+                match log
+                    .append_deferred(&stream, token, vec![plan.payload.clone()])
+                    .await
+                {
+                    Ok(d) => pending.push((meant_stale, d)),
+                    // Rejected before the log: answered at once.
+                    Err(e) => c.record(&batch, meant_stale, engine_outcome(Err(e))),
+                }
+            }
+            for (meant_stale, d) in pending.drain(..) {
+                let outcome = engine_outcome(d.await);
+                c.record(&batch, meant_stale, outcome);
+            }
+        })
+        .await;
+        if answered.is_err() {
+            c.stats
+                .unexpected(format!("no answer within {:?}", plan.timeout));
+            break;
+        }
+        c.pace(batch.len).await;
+    }
+    c.stats
+}
+
+fn engine_outcome(r: fencelog::Result<u64>) -> Outcome {
+    match r {
+        Ok(_) => Outcome::Accepted,
+        Err(fencelog::Error::Stale { .. }) => Outcome::Stale,
+        Err(e) => Outcome::Unexpected(e.to_string()),
+    }
+}
+
+async fn tcp_client(
+    conn: Conn,
+    plan: Arc<Plan>,
+    mut c: Client,
+    valid: Vec<u8>,
+    stale: Vec<u8>,
+) -> ClientStats {
+    let Conn {
+        mut rd,
+        mut wr,
+        mut buf,
+    } = conn;
+    let mut out = Vec::with_capacity(plan.pipeline as usize * valid.len().max(stale.len()));
+    let mut kinds = Vec::with_capacity(plan.pipeline as usize);
+    while let Some(batch) = c.next_batch() {
+        out.clear();
+        kinds.clear();
+        for _ in 0..batch.len {
+            let meant_stale = c.choose_stale();
+            kinds.push(meant_stale);
+            out.extend_from_slice(if meant_stale { &stale } else { &valid });
+        }
+        let batch = Batch {
+            sent: Instant::now(),
+            ..batch
+        };
+        // Write and read at once: a large batch never waits for the server
+        // to drain replies we are not reading.
+        let write = async {
+            wr.write_all(&out)
+                .await
+                .map_err(|e| format!("write failed: {e}"))
+        };
+        let read = async {
+            for &meant_stale in &kinds {
+                let reply = read_reply(&mut rd, &mut buf).await?;
+                c.record(&batch, meant_stale, reply_outcome(reply));
+            }
+            Ok::<_, String>(())
+        };
+        match tokio::time::timeout(plan.timeout, async { tokio::try_join!(write, read) }).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                c.stats.unexpected(format!("connection: {e}"));
+                break;
+            }
+            Err(_) => {
+                c.stats
+                    .unexpected(format!("no answer within {:?}", plan.timeout));
+                break;
+            }
+        }
+        c.pace(batch.len).await;
+    }
+    c.stats
+}
+
+fn reply_outcome(reply: Reply) -> Outcome {
+    match reply {
+        Reply::Integer(_) => Outcome::Accepted,
+        Reply::Error(e) if e.starts_with("STALE ") => Outcome::Stale,
+        Reply::Error(e) => Outcome::Unexpected(e),
+        other => Outcome::Unexpected(format!("unexpected reply {other}")),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Counting.
+
+#[derive(Default)]
+struct ClientStats {
+    /// Measured requests answered (any answer).
+    requests: u64,
+    accepted: u64,
+    stale: u64,
+    /// Unexpected answers, warmup included: any fails the run.
+    unexpected: u64,
+    samples: Vec<String>,
+    latency: LatencyHistogram,
+    last_answer: Option<Instant>,
+}
+
+impl ClientStats {
+    fn unexpected(&mut self, what: impl Into<String>) {
+        self.unexpected += 1;
+        let what = what.into();
+        if self.samples.len() < MAX_SAMPLES && !self.samples.contains(&what) {
+            self.samples.push(what);
+        }
+    }
+
+    fn merge(&mut self, o: ClientStats) {
+        self.requests += o.requests;
+        self.accepted += o.accepted;
+        self.stale += o.stale;
+        self.unexpected += o.unexpected;
+        for s in o.samples {
+            if self.samples.len() < MAX_SAMPLES && !self.samples.contains(&s) {
+                self.samples.push(s);
+            }
+        }
+        self.latency.merge(&o.latency);
+        self.last_answer = match (self.last_answer, o.last_answer) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+    }
+}
+
+/// Latencies in nanoseconds, log-linear: exact below 32 ns, then 32
+/// buckets per power of two (at most 3.1 % wide).
+#[derive(Clone, Debug)]
+struct LatencyHistogram {
+    counts: Vec<u64>,
+    count: u64,
+    sum_ns: u128,
+    max_ns: u64,
+}
+
+const SUB_BITS: u32 = 5;
+const SUB: u64 = 1 << SUB_BITS;
+const HIST_BUCKETS: usize = (64 - SUB_BITS as usize + 1) << SUB_BITS;
+
+impl Default for LatencyHistogram {
+    fn default() -> Self {
+        LatencyHistogram {
+            counts: vec![0; HIST_BUCKETS],
+            count: 0,
+            sum_ns: 0,
+            max_ns: 0,
+        }
+    }
+}
+
+impl LatencyHistogram {
+    fn bucket(ns: u64) -> usize {
+        if ns < SUB {
+            return ns as usize;
+        }
+        let shift = 63 - ns.leading_zeros() - SUB_BITS;
+        ((shift as usize + 1) << SUB_BITS) + ((ns >> shift) - SUB) as usize
+    }
+
+    /// The largest value bucket `i` holds.
+    fn bucket_high(i: usize) -> u64 {
+        if i < SUB as usize {
+            return i as u64;
+        }
+        let shift = (i >> SUB_BITS) - 1;
+        let sub = (i as u128 & (u128::from(SUB) - 1)) + u128::from(SUB);
+        u64::try_from(((sub + 1) << shift) - 1).unwrap_or(u64::MAX)
+    }
+
+    fn record(&mut self, latency: Duration) {
+        let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
+        self.counts[Self::bucket(ns)] += 1;
+        self.count += 1;
+        self.sum_ns += u128::from(ns);
+        self.max_ns = self.max_ns.max(ns);
+    }
+
+    fn merge(&mut self, o: &LatencyHistogram) {
+        for (a, b) in self.counts.iter_mut().zip(&o.counts) {
+            *a += b;
+        }
+        self.count += o.count;
+        self.sum_ns += o.sum_ns;
+        self.max_ns = self.max_ns.max(o.max_ns);
+    }
+
+    /// An upper bound of the `q`-quantile in nanoseconds (the top of its
+    /// bucket, never above the maximum); 0 when empty.
+    fn quantile(&self, q: f64) -> u64 {
+        if self.count == 0 {
+            return 0;
+        }
+        let rank = ((q.clamp(0.0, 1.0) * self.count as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (i, &n) in self.counts.iter().enumerate() {
+            seen += n;
+            if seen >= rank {
+                return Self::bucket_high(i).min(self.max_ns);
+            }
+        }
+        self.max_ns
+    }
+}
+
+/// Group-commit counters at one moment.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Persistence {
+    syncs: u64,
+    entries: f64,
+    sync_micros_sum: f64,
+}
+
+impl Persistence {
+    fn of_log(log: &Log) -> Persistence {
+        let w = log.metrics().wal;
+        Persistence {
+            syncs: w.syncs,
+            entries: w.entries as f64,
+            sync_micros_sum: w.sync_micros.sum as f64,
+        }
+    }
+
+    /// From `INFO persistence`: `fsyncs`, and `wal_entries` (or, from an
+    /// older server, `group_commit_avg_batch` × `fsyncs`).
+    fn of_info(text: &str) -> Option<Persistence> {
+        let field = |name: &str| {
+            text.lines().find_map(|line| {
+                let (k, v) = line.trim_end_matches('\r').split_once(':')?;
+                (k == name).then(|| v.trim().parse::<f64>().ok()).flatten()
+            })
+        };
+        let syncs = field("fsyncs")?;
+        let entries = field("wal_entries")
+            .or_else(|| field("group_commit_avg_batch").map(|avg| avg * syncs))?;
+        let sync_micros_sum = field("fsync_latency_avg_us").map_or(0.0, |avg| avg * syncs);
+        Some(Persistence {
+            syncs: syncs as u64,
+            entries,
+            sync_micros_sum,
+        })
+    }
+}
+
+/// Group commit over the measured window.
+#[derive(Clone, Copy, Debug)]
+struct GroupCommit {
+    syncs: u64,
+    entries_per_sync: f64,
+    sync_mean_us: f64,
+}
+
+impl GroupCommit {
+    fn between(before: &Persistence, after: &Persistence) -> Option<GroupCommit> {
+        let syncs = after.syncs.checked_sub(before.syncs)?;
+        let per_sync = |x: f64| if syncs == 0 { 0.0 } else { x / syncs as f64 };
+        Some(GroupCommit {
+            syncs,
+            entries_per_sync: per_sync((after.entries - before.entries).max(0.0)),
+            sync_mean_us: per_sync((after.sync_micros_sum - before.sync_micros_sum).max(0.0)),
+        })
+    }
+}
+
+/// One workload's results.
+struct WorkloadResult {
+    workload: Workload,
+    clients: u32,
+    pipeline: u32,
+    streams: usize,
+    payload_bytes: usize,
+    stale_ratio: f64,
+    /// Measured requests answered.
+    requests: u64,
+    accepted: u64,
+    stale: u64,
+    /// Unexpected answers (warmup included): any fails the run.
+    unexpected: u64,
+    unexpected_samples: Vec<String>,
+    /// From the start of the measured window to the last answer.
+    seconds: f64,
+    latency: LatencyHistogram,
+    group_commit: Option<GroupCommit>,
+}
+
+impl WorkloadResult {
+    fn ops_per_sec(&self) -> f64 {
+        if self.seconds > 0.0 {
+            self.requests as f64 / self.seconds
+        } else {
+            0.0
+        }
+    }
+
+    fn json(&self, target: &str) -> String {
+        let us = |ns: u64| ns as f64 / 1e3;
+        let l = &self.latency;
+        let mut s = String::new();
+        let _ = write!(
+            s,
+            "{{\"workload\":\"{}\",\"target\":{},\"clients\":{},\"pipeline\":{},\"streams\":{},\
+             \"payload_bytes\":{},\"stale_ratio\":{},\"requests\":{},\"accepted\":{},\"stale\":{},\
+             \"unexpected_errors\":{},\"seconds\":{:.6},\"ops_per_sec\":{:.1},\
+             \"latency_us\":{{\"p50\":{:.3},\"p99\":{:.3},\"p999\":{:.3},\"max\":{:.3},\"mean\":{:.3}}}",
+            self.workload.name(),
+            json_string(target),
+            self.clients,
+            self.pipeline,
+            self.streams,
+            self.payload_bytes,
+            self.stale_ratio,
+            self.requests,
+            self.accepted,
+            self.stale,
+            self.unexpected,
+            self.seconds,
+            self.ops_per_sec(),
+            us(l.quantile(0.5)),
+            us(l.quantile(0.99)),
+            us(l.quantile(0.999)),
+            us(l.max_ns),
+            if l.count == 0 {
+                0.0
+            } else {
+                l.sum_ns as f64 / l.count as f64 / 1e3
+            },
+        );
+        match &self.group_commit {
+            Some(g) => {
+                let _ = write!(
+                    s,
+                    ",\"syncs\":{},\"entries_per_sync\":{:.2},\"sync_mean_us\":{:.1}",
+                    g.syncs, g.entries_per_sync, g.sync_mean_us
+                );
+            }
+            None => s.push_str(",\"syncs\":null,\"entries_per_sync\":null,\"sync_mean_us\":null"),
+        }
+        s.push_str(",\"unexpected_samples\":[");
+        for (i, e) in self.unexpected_samples.iter().enumerate() {
+            if i > 0 {
+                s.push(',');
+            }
+            s.push_str(&json_string(e));
+        }
+        s.push_str("]}");
+        s
+    }
+}
+
+fn json_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+// ---------------------------------------------------------------------------
+// The table.
+
+fn fmt_count(x: f64) -> String {
+    if x >= 1e6 {
+        format!("{:.2}M", x / 1e6)
+    } else if x >= 1e3 {
+        format!("{:.1}k", x / 1e3)
+    } else {
+        format!("{x:.0}")
+    }
+}
+
+fn fmt_ns(ns: u64) -> String {
+    if ns < 1_000 {
+        format!("{ns}ns")
+    } else if ns < 1_000_000 {
+        format!("{:.1}µs", ns as f64 / 1e3)
+    } else if ns < 1_000_000_000 {
+        format!("{:.2}ms", ns as f64 / 1e6)
+    } else {
+        format!("{:.2}s", ns as f64 / 1e9)
+    }
+}
+
+/// Peers measured on this machine (../shared/MACHINE.md, 2026-12-02): 50
+/// connections, no pipelining / pipeline 16, over TCP, the load generator
+/// on the same 2 cores.
+const PEERS_APPEND: &[(&str, &str)] = &[
+    (
+        "Redis 7 + Lua fence script, appendfsync always, 50 conns",
+        "25.0k/s accepted; pipeline 16: 63.9k/s",
+    ),
+    (
+        "Redis 7 SET (no fence), appendfsync always, 50 conns",
+        "38.6k/s; pipeline 16: 246k/s",
+    ),
+    (
+        "PostgreSQL 15, conditional statements, 32 clients",
+        "16.2k/s accepted",
+    ),
+    (
+        "std-only group commit, dedicated writer thread (no network)",
+        "74k/s with 32 records in flight (23/sync); 930k/s with 800 (402/sync)",
+    ),
+];
+const PEERS_REJECT: &[(&str, &str)] = &[
+    (
+        "Redis 7 + Lua fence script, appendfsync always, 50 conns",
+        "77.0k/s rejected; pipeline 16: 221k/s",
+    ),
+    (
+        "Redis 7 GET (in memory, no fence), 50 conns",
+        "71.7k/s; pipeline 16: 970k/s",
+    ),
+    (
+        "PostgreSQL 15, conditional statements, 32 clients",
+        "47k/s rejected",
+    ),
+];
+
+impl Report {
+    fn table(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "\nfencelog bench: {}", self.target);
+        let first = self.results.first();
+        if let Some(r) = first {
+            let _ = writeln!(
+                s,
+                "{} streams, {}-byte records, latency from send to answer",
+                r.streams, r.payload_bytes
+            );
+        }
+        let header = [
+            "workload", "clients", "pipeline", "requests", "seconds", "ops/s", "accepted", "stale",
+            "errors", "p50", "p99", "p99.9", "max", "syncs", "per sync",
+        ];
+        let mut rows = vec![header.iter().map(|h| h.to_string()).collect::<Vec<_>>()];
+        for r in &self.results {
+            let l = &r.latency;
+            let workload = if r.workload == Workload::Mixed {
+                format!("mixed {:.0}%", r.stale_ratio * 100.0)
+            } else {
+                r.workload.name().to_string()
+            };
+            let (syncs, per_sync) = match &r.group_commit {
+                Some(g) if g.syncs > 0 => {
+                    (g.syncs.to_string(), format!("{:.1}", g.entries_per_sync))
+                }
+                Some(_) => ("0".into(), "-".into()),
+                None => ("-".into(), "-".into()),
+            };
+            rows.push(vec![
+                workload,
+                r.clients.to_string(),
+                r.pipeline.to_string(),
+                r.requests.to_string(),
+                format!("{:.2}", r.seconds),
+                fmt_count(r.ops_per_sec()),
+                r.accepted.to_string(),
+                r.stale.to_string(),
+                r.unexpected.to_string(),
+                fmt_ns(l.quantile(0.5)),
+                fmt_ns(l.quantile(0.99)),
+                fmt_ns(l.quantile(0.999)),
+                fmt_ns(l.max_ns),
+                syncs,
+                per_sync,
+            ]);
+        }
+        let widths: Vec<usize> = (0..header.len())
+            .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+            .collect();
+        s.push('\n');
+        for row in &rows {
+            let mut line = String::new();
+            for (c, cell) in row.iter().enumerate() {
+                if c == 0 {
+                    let _ = write!(line, "{cell:<w$}", w = widths[c]);
+                } else {
+                    let _ = write!(line, "  {cell:>w$}", w = widths[c]);
+                }
+            }
+            let _ = writeln!(s, "{}", line.trim_end());
+        }
+        if let Some(g) = self.results.iter().find_map(|r| {
+            r.group_commit
+                .filter(|g| g.syncs > 0)
+                .map(|g| (r.workload, g))
+        }) {
+            let _ = writeln!(
+                s,
+                "\n{}: group commit wrote {:.1} entries per sync, mean write + fdatasync {:.0} µs",
+                g.0.name(),
+                g.1.entries_per_sync,
+                g.1.sync_mean_us
+            );
+        }
+        let appends = self.results.iter().any(|r| r.workload != Workload::Reject);
+        let rejects = self.results.iter().any(|r| r.workload != Workload::Append);
+        let _ = writeln!(
+            s,
+            "\nFor context, peers measured ELSEWHERE on this machine, not in this run \
+             (../shared/MACHINE.md, 2026-12-02; over TCP, load generator on the same 2 cores):"
+        );
+        let mut peer_rows: Vec<(&str, &str, &str)> = Vec::new();
+        if appends {
+            peer_rows.extend(PEERS_APPEND.iter().map(|(p, f)| ("append", *p, *f)));
+        }
+        if rejects {
+            peer_rows.extend(PEERS_REJECT.iter().map(|(p, f)| ("reject", *p, *f)));
+        }
+        let pw = peer_rows.iter().map(|r| r.1.len()).max().unwrap_or(0);
+        let mut last = "";
+        for (w, peer, figures) in peer_rows {
+            let label = if w == last { "" } else { w };
+            last = w;
+            let _ = writeln!(s, "  {label:<7} {peer:<pw$}  {figures}");
+        }
+        if self.in_process {
+            let _ = writeln!(
+                s,
+                "  (this run was in-process: no network and no RESP, unlike the peers)"
+            );
+        }
+        if let Some(r) = first
+            && r.clients != 50
+        {
+            let _ = writeln!(
+                s,
+                "  (this run used {} clients; the peers' figures are for 50 connections)",
+                r.clients
+            );
+        }
+        s
+    }
+}
+
+// ---------------------------------------------------------------------------
+// RESP2 on the client side.
+
+/// A reply from the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Reply {
+    Simple(String),
+    Error(String),
+    Integer(i64),
+    Bulk(Option<Bytes>),
+    Array(Option<Vec<Reply>>),
+}
+
+impl std::fmt::Display for Reply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Reply::Simple(s) => write!(f, "+{s}"),
+            Reply::Error(e) => write!(f, "-{e}"),
+            Reply::Integer(n) => write!(f, ":{n}"),
+            Reply::Bulk(None) | Reply::Array(None) => f.write_str("(nil)"),
+            Reply::Bulk(Some(b)) => write!(f, "{:?}", String::from_utf8_lossy(b)),
+            Reply::Array(Some(items)) => write!(f, "array of {}", items.len()),
+        }
+    }
+}
+
+/// Longest simple string, error or length line.
+const MAX_LINE_BYTES: usize = 64 << 10;
+/// Largest bulk string (INFO is a few KiB; appends answer integers).
+const MAX_BULK_BYTES: usize = 8 << 20;
+/// Most elements in one array.
+const MAX_ARRAY_LEN: usize = 1024;
+/// Deepest nesting of arrays.
+const MAX_DEPTH: usize = 4;
+/// Most unparsed bytes buffered while waiting for one reply.
+const MAX_REPLY_BYTES: usize = 16 << 20;
+
+/// Parses one reply from the front of `buf`: `Ok(None)` if it is not
+/// complete yet, else the reply and the bytes it took. Every length is
+/// checked against a limit before anything is allocated for it.
+fn parse_reply(buf: &[u8]) -> Result<Option<(Reply, usize)>, String> {
+    parse_at(buf, 0, 0)
+}
+
+fn parse_at(buf: &[u8], pos: usize, depth: usize) -> Result<Option<(Reply, usize)>, String> {
+    let Some(&kind) = buf.get(pos) else {
+        return Ok(None);
+    };
+    if !matches!(kind, b'+' | b'-' | b':' | b'$' | b'*') {
+        return Err(format!("unexpected reply type byte 0x{kind:02x}"));
+    }
+    let Some((line, after)) = line_at(buf, pos + 1)? else {
+        return Ok(None);
+    };
+    let text = |line: &[u8]| String::from_utf8_lossy(line).into_owned();
+    match kind {
+        b'+' => Ok(Some((Reply::Simple(text(line)), after))),
+        b'-' => Ok(Some((Reply::Error(text(line)), after))),
+        b':' => Ok(Some((Reply::Integer(integer(line)?), after))),
+        b'$' => {
+            let n = integer(line)?;
+            if n == -1 {
+                return Ok(Some((Reply::Bulk(None), after)));
+            }
+            let n = usize::try_from(n).map_err(|_| format!("bad bulk length {n}"))?;
+            if n > MAX_BULK_BYTES {
+                return Err(format!(
+                    "bulk length {n} over the limit of {MAX_BULK_BYTES}"
+                ));
+            }
+            let end = after + n;
+            if buf.len() < end + 2 {
+                return Ok(None);
+            }
+            if &buf[end..end + 2] != b"\r\n" {
+                return Err("bulk string not followed by CRLF".into());
+            }
+            let bulk = Bytes::copy_from_slice(&buf[after..end]);
+            Ok(Some((Reply::Bulk(Some(bulk)), end + 2)))
+        }
+        _ => {
+            let n = integer(line)?;
+            if n == -1 {
+                return Ok(Some((Reply::Array(None), after)));
+            }
+            let n = usize::try_from(n).map_err(|_| format!("bad array length {n}"))?;
+            if n > MAX_ARRAY_LEN {
+                return Err(format!(
+                    "array length {n} over the limit of {MAX_ARRAY_LEN}"
+                ));
+            }
+            if depth >= MAX_DEPTH {
+                return Err(format!("arrays nested deeper than {MAX_DEPTH}"));
+            }
+            let mut items = Vec::with_capacity(n);
+            let mut p = after;
+            for _ in 0..n {
+                let Some((item, next)) = parse_at(buf, p, depth + 1)? else {
+                    return Ok(None);
+                };
+                items.push(item);
+                p = next;
+            }
+            Ok(Some((Reply::Array(Some(items)), p)))
+        }
+    }
+}
+
+/// The line starting at `start`, without its CRLF, and where the next one
+/// starts; `Ok(None)` if its end has not arrived.
+fn line_at(buf: &[u8], start: usize) -> Result<Option<(&[u8], usize)>, String> {
+    let rest = buf.get(start..).unwrap_or(&[]);
+    let window = &rest[..rest.len().min(MAX_LINE_BYTES + 2)];
+    let Some(lf) = window.iter().position(|&b| b == b'\n') else {
+        if rest.len() >= MAX_LINE_BYTES + 2 {
+            return Err(format!("a reply line longer than {MAX_LINE_BYTES} bytes"));
+        }
+        return Ok(None);
+    };
+    if lf == 0 || rest[lf - 1] != b'\r' {
+        return Err("a reply line not ended by CRLF".into());
+    }
+    let line = &rest[..lf - 1];
+    if line.contains(&b'\r') {
+        return Err("a bare CR inside a reply line".into());
+    }
+    Ok(Some((line, start + lf + 1)))
+}
+
+fn integer(line: &[u8]) -> Result<i64, String> {
+    let bad = || format!("not an integer: {:?}", String::from_utf8_lossy(line));
+    let (negative, digits) = match line.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, line),
+    };
+    if digits.is_empty() || digits.len() > 19 {
+        return Err(bad());
+    }
+    let mut n: i64 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return Err(bad());
+        }
+        let d = i64::from(d - b'0');
+        n = n
+            .checked_mul(10)
+            .and_then(|n| {
+                if negative {
+                    n.checked_sub(d)
+                } else {
+                    n.checked_add(d)
+                }
+            })
+            .ok_or_else(bad)?;
+    }
+    Ok(n)
+}
+
+/// A request as a RESP array of bulk strings.
+fn encode_command(args: &[&[u8]]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16 + args.iter().map(|a| a.len() + 16).sum::<usize>());
+    out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+/// One client connection.
+struct Conn {
+    rd: OwnedReadHalf,
+    wr: OwnedWriteHalf,
+    buf: BytesMut,
+}
+
+impl Conn {
+    async fn connect(addr: SocketAddr, password: Option<&str>) -> Result<Conn, String> {
+        let stream = TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
+        stream
+            .set_nodelay(true)
+            .map_err(|e| format!("cannot set TCP_NODELAY: {e}"))?;
+        let (rd, wr) = stream.into_split();
+        let mut conn = Conn {
+            rd,
+            wr,
+            buf: BytesMut::with_capacity(16 << 10),
+        };
+        if let Some(pw) = password {
+            match conn.request(&[b"AUTH", pw.as_bytes()]).await? {
+                Reply::Simple(ok) if ok == "OK" => {}
+                other => return Err(format!("AUTH failed: {other}")),
+            }
+        }
+        Ok(conn)
+    }
+
+    async fn request(&mut self, args: &[&[u8]]) -> Result<Reply, String> {
+        self.wr
+            .write_all(&encode_command(args))
+            .await
+            .map_err(|e| format!("write failed: {e}"))?;
+        read_reply(&mut self.rd, &mut self.buf).await
+    }
+
+    /// `INFO persistence`, or `None` if the server does not tell.
+    async fn persistence(&mut self) -> Option<Persistence> {
+        let reply = tokio::time::timeout(
+            Duration::from_secs(10),
+            self.request(&[b"INFO", b"persistence"]),
+        )
+        .await
+        .ok()?
+        .ok()?;
+        match reply {
+            Reply::Bulk(Some(text)) => Persistence::of_info(&String::from_utf8_lossy(&text)),
+            _ => None,
+        }
+    }
+}
+
+async fn read_reply(rd: &mut OwnedReadHalf, buf: &mut BytesMut) -> Result<Reply, String> {
+    loop {
+        if let Some((reply, used)) =
+            parse_reply(buf).map_err(|e| format!("protocol error in a reply: {e}"))?
+        {
+            buf.advance(used);
+            return Ok(reply);
+        }
+        if buf.len() > MAX_REPLY_BYTES {
+            return Err(format!("a reply over {MAX_REPLY_BYTES} bytes"));
+        }
+        buf.reserve(16 << 10);
+        let n = rd
+            .read_buf(buf)
+            .await
+            .map_err(|e| format!("read failed: {e}"))?;
+        if n == 0 {
+            return Err("the server closed the connection".into());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    fn args(list: &[&str]) -> BenchArgs {
+        Cli::try_parse_from(std::iter::once("bench").chain(list.iter().copied()))
+            .unwrap()
+            .bench
+    }
+
+    #[test]
+    fn flags_are_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+        let a = args(&[]);
+        assert_eq!((a.clients, a.pipeline, a.payload_bytes), (50, 1, 100));
+        assert_eq!(a.duration, Duration::from_secs(5));
+        assert!(a.addr.is_none() && a.workload.is_none() && !a.json);
+        assert_eq!(
+            args(&["--duration", "300ms"]).duration,
+            Duration::from_millis(300)
+        );
+        assert_eq!(
+            args(&["--duration", "0.5"]).duration,
+            Duration::from_millis(500)
+        );
+        assert!(Cli::try_parse_from(["bench", "--duration", "-1"]).is_err());
+        assert!(Cli::try_parse_from(["bench", "--stale-ratio", "1.5"]).is_err());
+        assert!(Cli::try_parse_from(["bench", "--clients", "0"]).is_err());
+        assert!(Cli::try_parse_from(["bench", "--requests", "5", "--duration", "1"]).is_err());
+        assert!(Cli::try_parse_from(["bench", "--addr", "x:1", "--dir", "/tmp/x"]).is_err());
+        assert!(check(&args(&["--clients", "2", "--streams", "3"])).is_err());
+        assert!(check(&args(&["--clients", "2", "--streams", "1"])).is_ok());
+    }
+
+    fn parse_all(mut buf: &[u8]) -> Result<Vec<Reply>, String> {
+        let mut out = Vec::new();
+        while !buf.is_empty() {
+            match parse_reply(buf)? {
+                Some((r, n)) => {
+                    out.push(r);
+                    buf = &buf[n..];
+                }
+                None => return Err("incomplete".into()),
+            }
+        }
+        Ok(out)
+    }
+
+    const SAMPLE: &[u8] = b":42\r\n-STALE token 1 is below the highest accepted token 9\r\n\
+        +OK\r\n$5\r\nab\r\nc\r\n$-1\r\n*2\r\n:1\r\n*1\r\n$0\r\n\r\n*-1\r\n:-9223372036854775808\r\n";
+
+    fn sample_replies() -> Vec<Reply> {
+        vec![
+            Reply::Integer(42),
+            Reply::Error("STALE token 1 is below the highest accepted token 9".into()),
+            Reply::Simple("OK".into()),
+            Reply::Bulk(Some(Bytes::from_static(b"ab\r\nc"))),
+            Reply::Bulk(None),
+            Reply::Array(Some(vec![
+                Reply::Integer(1),
+                Reply::Array(Some(vec![Reply::Bulk(Some(Bytes::new()))])),
+            ])),
+            Reply::Array(None),
+            Reply::Integer(i64::MIN),
+        ]
+    }
+
+    #[test]
+    fn parses_every_reply_kind() {
+        assert_eq!(parse_all(SAMPLE).unwrap(), sample_replies());
+    }
+
+    #[test]
+    fn every_prefix_is_incomplete_never_wrong() {
+        // Fed one byte at a time, as a fragmented stream would be.
+        let mut got = Vec::new();
+        let mut buf = Vec::new();
+        for &b in SAMPLE {
+            buf.push(b);
+            while let Some((r, n)) = parse_reply(&buf).unwrap() {
+                got.push(r);
+                buf.drain(..n);
+            }
+        }
+        assert!(buf.is_empty());
+        assert_eq!(got, sample_replies());
+        // Every proper prefix of a single reply is incomplete.
+        for reply in [
+            &b"$5\r\nab\r\nc\r\n"[..],
+            b"*2\r\n:1\r\n*1\r\n$0\r\n\r\n",
+            b":12\r\n",
+        ] {
+            for cut in 0..reply.len() {
+                assert_eq!(parse_reply(&reply[..cut]).unwrap(), None, "{cut}");
+            }
+        }
+    }
+
+    #[test]
+    fn malformed_replies_are_errors() {
+        let bad: &[&[u8]] = &[
+            b"!3\r\n",                               // unknown type
+            b"%1\r\n",                               // RESP3 map: not spoken here
+            b":12a\r\n",                             // not a number
+            b":\r\n",                                // empty number
+            b":-\r\n",                               // sign only
+            b":+5\r\n",                              // plus sign
+            b":9223372036854775808\r\n",             // overflow
+            b":99999999999999999999\r\n",            // too many digits
+            b":1\n",                                 // LF without CR
+            b"+a\rb\r\n",                            // bare CR
+            b"$-2\r\n",                              // negative length
+            b"$3\r\nabcX\r\n",                       // bulk without CRLF after it
+            b"$999999999999\r\n",                    // huge bulk: refused, not allocated
+            b"*-5\r\n",                              // negative array
+            b"*100000000\r\n",                       // huge array: refused, not allocated
+            b"*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n:1\r\n", // too deep
+        ];
+        for b in bad {
+            assert!(parse_reply(b).is_err(), "{:?}", String::from_utf8_lossy(b));
+        }
+        // A line that never ends is refused once over the limit.
+        let mut long = b"+".to_vec();
+        long.extend(std::iter::repeat_n(b'a', MAX_LINE_BYTES + 8));
+        assert!(parse_reply(&long).is_err());
+        assert_eq!(parse_reply(&long[..1000]).unwrap(), None);
+        // A huge declared bulk is refused before its bytes arrive.
+        assert!(parse_reply(format!("${}\r\n", MAX_BULK_BYTES + 1).as_bytes()).is_err());
+    }
+
+    #[test]
+    fn histogram_quantiles() {
+        let mut h = LatencyHistogram::default();
+        for ns in 1..=10_000u64 {
+            h.record(Duration::from_nanos(ns));
+        }
+        for (q, want) in [(0.5, 5_000.0), (0.99, 9_900.0), (0.999, 9_990.0)] {
+            let got = h.quantile(q) as f64;
+            assert!(got >= want && got <= want * 1.04, "{q}: {got}");
+        }
+        assert_eq!(h.quantile(1.0), 10_000);
+        assert_eq!(h.max_ns, 10_000);
+        for v in [0, 1, 31, 32, 33, 1 << 20, u64::MAX / 3, u64::MAX] {
+            let i = LatencyHistogram::bucket(v);
+            assert!(i < HIST_BUCKETS);
+            assert!(LatencyHistogram::bucket_high(i) >= v);
+            if i > 0 {
+                assert!(LatencyHistogram::bucket_high(i - 1) < v);
+            }
+        }
+    }
+
+    #[test]
+    fn info_persistence_is_read() {
+        let text = "# Persistence\r\nfsyncs:10\r\nfsync_latency_avg_us:200.50\r\n\
+                    group_commit_avg_batch:3.00\r\nwal_entries:31\r\n";
+        let p = Persistence::of_info(text).unwrap();
+        assert_eq!(p.syncs, 10);
+        assert_eq!(p.entries, 31.0);
+        let old = Persistence::of_info("fsyncs:4\r\ngroup_commit_avg_batch:2.50\r\n").unwrap();
+        assert_eq!(old.entries, 10.0);
+        assert!(Persistence::of_info("# Persistence\r\n").is_none());
+        let g = GroupCommit::between(&old, &p).unwrap();
+        assert_eq!(g.syncs, 6);
+        assert!((g.entries_per_sync - 3.5).abs() < 1e-9);
+    }
+
+    fn by_name(report: &Report, w: Workload) -> &WorkloadResult {
+        report.results.iter().find(|r| r.workload == w).unwrap()
+    }
+
+    fn assert_sane(report: &Report) {
+        for r in &report.results {
+            assert_eq!(r.unexpected, 0, "{:?}", r.unexpected_samples);
+            assert!(r.requests > 0, "{}", r.workload.name());
+            assert_eq!(r.requests, r.accepted + r.stale);
+            assert_eq!(r.latency.count, r.requests);
+            assert!(r.seconds > 0.0);
+            // The table and JSON render.
+            assert!(r.json(&report.target).starts_with("{\"workload\""));
+        }
+        let table = report.table();
+        assert!(table.contains("ops/s") && table.contains("ELSEWHERE"));
+    }
+
+    #[test]
+    fn in_process_append_then_reject() {
+        let report = execute(
+            &args(&["--duration", "300ms", "--clients", "4", "--pipeline", "4"]),
+            false,
+        )
+        .unwrap();
+        assert_sane(&report);
+        let a = by_name(&report, Workload::Append);
+        assert_eq!((a.stale, a.accepted), (0, a.requests));
+        let g = a.group_commit.unwrap();
+        assert!(g.syncs > 0 && g.entries_per_sync >= 1.0, "{g:?}");
+        let r = by_name(&report, Workload::Reject);
+        assert_eq!((r.accepted, r.stale), (0, r.requests));
+        assert_eq!(r.group_commit.unwrap().syncs, 0);
+    }
+
+    #[test]
+    fn in_process_mixed_with_requests_and_one_stream() {
+        let dir = tempfile::tempdir().unwrap();
+        let report = execute(
+            &args(&[
+                "--workload",
+                "mixed",
+                "--stale-ratio",
+                "0.5",
+                "--requests",
+                "1003",
+                "--clients",
+                "4",
+                "--streams",
+                "1",
+                "--pipeline",
+                "8",
+                "--warmup",
+                "50ms",
+                "--dir",
+                dir.path().to_str().unwrap(),
+            ]),
+            false,
+        )
+        .unwrap();
+        assert_sane(&report);
+        let m = by_name(&report, Workload::Mixed);
+        assert_eq!(m.requests, 1003);
+        assert!(
+            m.accepted > 300 && m.stale > 300,
+            "{} {}",
+            m.accepted,
+            m.stale
+        );
+        // The data stays in a directory that was given.
+        let log = Log::open(dir.path(), Options::default()).unwrap();
+        assert_eq!(log.streams().len(), 1);
+    }
+
+    /// A server on its own runtime and thread, stopped when dropped.
+    struct TestServer {
+        addr: SocketAddr,
+        stop: Option<tokio::sync::oneshot::Sender<()>>,
+        thread: Option<std::thread::JoinHandle<()>>,
+        _dir: tempfile::TempDir,
+    }
+
+    impl TestServer {
+        fn start(password: Option<&str>) -> TestServer {
+            let dir = tempfile::tempdir().unwrap();
+            let config = crate::config::ServeConfig {
+                dir: dir.path().to_path_buf(),
+                addr: "127.0.0.1:0".parse().unwrap(),
+                requirepass: password.map(str::to_string),
+                metrics_addr: None,
+                allow_unauthenticated_remote: false,
+                engine: Options::default(),
+                limits: crate::protocol::Limits::default(),
+                max_query_buffer_bytes: 64 << 20,
+                max_pipeline: 1024,
+                max_connections: 1000,
+                shutdown_grace: Duration::from_secs(5),
+            };
+            let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let thread = std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(1)
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async move {
+                    let server = crate::server::Server::bind(config).await.unwrap();
+                    addr_tx.send(server.local_addr().unwrap()).unwrap();
+                    server
+                        .run(async {
+                            let _ = stopped.await;
+                        })
+                        .await
+                        .unwrap();
+                });
+            });
+            TestServer {
+                addr: addr_rx.recv().unwrap(),
+                stop: Some(stop),
+                thread: Some(thread),
+                _dir: dir,
+            }
+        }
+    }
+
+    impl Drop for TestServer {
+        fn drop(&mut self) {
+            if let Some(stop) = self.stop.take() {
+                let _ = stop.send(());
+            }
+            if let Some(t) = self.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+
+    #[test]
+    fn tcp_append_then_reject() {
+        let server = TestServer::start(None);
+        let addr = server.addr.to_string();
+        let report = execute(
+            &args(&[
+                "--addr",
+                &addr,
+                "--duration",
+                "300ms",
+                "--clients",
+                "4",
+                "--pipeline",
+                "4",
+            ]),
+            false,
+        )
+        .unwrap();
+        assert_sane(&report);
+        let a = by_name(&report, Workload::Append);
+        assert_eq!((a.stale, a.accepted), (0, a.requests));
+        let g = a.group_commit.unwrap();
+        assert!(g.syncs > 0 && g.entries_per_sync >= 1.0, "{g:?}");
+        let r = by_name(&report, Workload::Reject);
+        assert_eq!((r.accepted, r.stale), (0, r.requests));
+        // A second run meets none of the first one's streams.
+        let again = execute(
+            &args(&["--addr", &addr, "--requests", "40", "--clients", "2"]),
+            false,
+        )
+        .unwrap();
+        assert_sane(&again);
+    }
+
+    #[test]
+    fn tcp_with_a_password() {
+        let server = TestServer::start(Some("sesame"));
+        let addr = server.addr.to_string();
+        let report = execute(
+            &args(&[
+                "--addr",
+                &addr,
+                "--password",
+                "sesame",
+                "--workload",
+                "mixed",
+                "--requests",
+                "200",
+                "--clients",
+                "3",
+                "--pipeline",
+                "16",
+            ]),
+            false,
+        )
+        .unwrap();
+        assert_sane(&report);
+        assert_eq!(by_name(&report, Workload::Mixed).requests, 200);
+        // A wrong password cannot start a run.
+        let e = execute(
+            &args(&["--addr", &addr, "--password", "nope", "--requests", "10"]),
+            false,
+        )
+        .err()
+        .unwrap();
+        assert!(e.contains("AUTH failed"), "{e}");
+        // No password: every append is an unexpected NOAUTH, and the run fails.
+        let report = execute(
+            &args(&[
+                "--addr",
+                &addr,
+                "--workload",
+                "append",
+                "--requests",
+                "10",
+                "--clients",
+                "1",
+            ]),
+            false,
+        )
+        .unwrap();
+        let a = by_name(&report, Workload::Append);
+        assert_eq!(a.unexpected, 10);
+        assert!(
+            a.unexpected_samples[0].starts_with("NOAUTH"),
+            "{:?}",
+            a.unexpected_samples
+        );
+    }
+}

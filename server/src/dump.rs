@@ -1,0 +1,333 @@
+//! `fencelog dump DIR`: prints every entry of a data directory's log, one
+//! per line, in log order:
+//!
+//! ```text
+//! segment=1 pos=64 lsn=1 checkpoint streams=0 leases=0 last_lease_token=0 table=[]
+//! segment=1 pos=128 lsn=2 append stream="jobs" token=7 offsets=0..1 records=1 bytes=11 sizes=[11]
+//! segment=1 pos=200 lsn=3 append stream="jobs" token=7 offsets=1..3 records=2 bytes=22 sizes=[11,11]
+//! segment=1 pos=280 lsn=4 fence stream="jobs" token=8
+//! segment=1 pos=320 lsn=5 acquire lease="jobs" owner="worker-b" token=9 ttl_ms=10000 fence=true
+//! ```
+//!
+//! Offsets are half-open (`0..2` is records 0 and 1). Names and payloads
+//! are escaped like Rust byte strings. The scan goes through the log's
+//! verifier, so it takes the directory's lock (a directory in use is
+//! refused) and only valid entries are printed; damage and torn tails are
+//! reported on stderr at the end (exit 1 on damage, as `verify`).
+
+use std::fmt::Write as _;
+use std::io::{self, BufWriter, Write};
+use std::path::Path;
+use std::process::ExitCode;
+
+use fencelog::inspect::{EntryView, describe};
+use fencelog_wal::{EntryKind, VerifiedEntry};
+
+use crate::verify::{
+    Damage, EXIT_DAMAGED, check_dir, escape, fail, fail_output, run_wal_verify, sort_damage,
+    wal_damage,
+};
+
+/// Bytes of a payload shown unless asked for more.
+pub const DEFAULT_PAYLOAD_LIMIT: usize = 64;
+
+/// Record sizes and checkpoint streams shown on one line unless asked for
+/// all.
+pub const ITEM_LIMIT: usize = 16;
+
+/// Options of `fencelog dump`.
+#[derive(Debug, Clone)]
+pub struct DumpOptions {
+    /// Only entries concerning this stream (or the lease of this name).
+    pub stream: Option<Vec<u8>>,
+    /// Print each record's payload.
+    pub payloads: bool,
+    /// Bytes of each payload shown.
+    pub payload_limit: usize,
+    /// Cut nothing: whole payloads, every size, every checkpoint stream.
+    pub full: bool,
+}
+
+impl Default for DumpOptions {
+    fn default() -> Self {
+        DumpOptions {
+            stream: None,
+            payloads: false,
+            payload_limit: DEFAULT_PAYLOAD_LIMIT,
+            full: false,
+        }
+    }
+}
+
+/// Formats one entry as its line (without the newline) into `line`;
+/// answers false, writing nothing, when `opts.stream` filters it out. An
+/// entry that does not decode is always shown.
+pub fn format_entry(
+    line: &mut String,
+    e: &VerifiedEntry<'_>,
+    view: &Result<EntryView<'_>, String>,
+    opts: &DumpOptions,
+) -> bool {
+    // Writing to a String cannot fail.
+    let _ = try_format_entry(line, e, view, opts);
+    !line.is_empty()
+}
+
+fn try_format_entry(
+    o: &mut String,
+    e: &VerifiedEntry<'_>,
+    view: &Result<EntryView<'_>, String>,
+    opts: &DumpOptions,
+) -> std::fmt::Result {
+    let limit = |n: usize| (!opts.full).then_some(n);
+    let prefix =
+        |o: &mut String| write!(o, "segment={} pos={} lsn={}", e.segment, e.position, e.lsn);
+    let view = match view {
+        Ok(v) => v,
+        Err(why) => {
+            prefix(o)?;
+            let kind = match e.kind {
+                EntryKind::Checkpoint => "checkpoint",
+                EntryKind::Record => "record",
+            };
+            return write!(o, " {kind} UNDECODABLE ({} bytes): {why}", e.payload.len());
+        }
+    };
+    if let (Some(want), Some(name)) = (&opts.stream, view.name())
+        && want.as_slice() != name
+    {
+        return Ok(());
+    }
+    match view {
+        EntryView::Checkpoint {
+            streams,
+            leases,
+            last_token,
+        } => {
+            let mut rows: Vec<_> = streams
+                .iter()
+                .filter(|s| opts.stream.as_ref().is_none_or(|w| *w == s.name))
+                .collect();
+            if opts.stream.is_some() && rows.is_empty() {
+                return Ok(());
+            }
+            rows.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+            prefix(o)?;
+            write!(
+                o,
+                " checkpoint streams={} leases={leases} last_lease_token={last_token} table=[",
+                streams.len()
+            )?;
+            let shown = limit(ITEM_LIMIT).unwrap_or(usize::MAX);
+            for (i, s) in rows.iter().take(shown).enumerate() {
+                if i > 0 {
+                    o.push_str(", ");
+                }
+                write!(
+                    o,
+                    "{} highest={} next={} start={}",
+                    escape(&s.name, None),
+                    s.highest_token,
+                    s.next_offset,
+                    s.start_offset
+                )?;
+            }
+            if rows.len() > shown {
+                write!(o, ", ...(+{} more)", rows.len() - shown)?;
+            }
+            o.push(']');
+        }
+        EntryView::Append {
+            stream,
+            token,
+            first_offset,
+            records,
+            payloads,
+        } => {
+            prefix(o)?;
+            let bytes: u64 = payloads.iter().map(|p| p.len() as u64).sum();
+            write!(
+                o,
+                " append stream={} token={token} offsets={first_offset}..{} records={records} bytes={bytes} sizes=[",
+                escape(stream, None),
+                first_offset.saturating_add(u64::from(*records)),
+            )?;
+            let shown = limit(ITEM_LIMIT).unwrap_or(usize::MAX);
+            for (i, p) in payloads.iter().take(shown).enumerate() {
+                if i > 0 {
+                    o.push(',');
+                }
+                write!(o, "{}", p.len())?;
+            }
+            if payloads.len() > shown {
+                write!(o, ",...(+{} more)", payloads.len() - shown)?;
+            }
+            o.push(']');
+            if opts.payloads {
+                o.push_str(" payloads=[");
+                for (i, p) in payloads.iter().enumerate() {
+                    if i > 0 {
+                        o.push_str(", ");
+                    }
+                    write!(o, "b{}", escape(p, limit(opts.payload_limit)))?;
+                }
+                o.push(']');
+            }
+        }
+        EntryView::Fence { stream, token } => {
+            prefix(o)?;
+            write!(o, " fence stream={} token={token}", escape(stream, None))?;
+        }
+        EntryView::Trim {
+            stream,
+            token,
+            before,
+        } => {
+            prefix(o)?;
+            write!(
+                o,
+                " trim stream={} token={token} before={before}",
+                escape(stream, None)
+            )?;
+        }
+        EntryView::Delete { stream, token } => {
+            prefix(o)?;
+            write!(o, " delete stream={} token={token}", escape(stream, None))?;
+        }
+        EntryView::Acquire {
+            name,
+            owner,
+            token,
+            ttl_ms,
+            fence,
+        } => {
+            prefix(o)?;
+            write!(
+                o,
+                " acquire lease={} owner={} token={token} ttl_ms={ttl_ms} fence={fence}",
+                escape(name, None),
+                escape(owner, None)
+            )?;
+        }
+        EntryView::Release { name, owner, token } => {
+            prefix(o)?;
+            write!(
+                o,
+                " release lease={} owner={} token={token}",
+                escape(name, None),
+                escape(owner, None)
+            )?;
+        }
+        EntryView::Renew {
+            name,
+            owner,
+            token,
+            ttl_ms,
+        } => {
+            prefix(o)?;
+            write!(
+                o,
+                " renew lease={} owner={} token={token} ttl_ms={ttl_ms}",
+                escape(name, None),
+                escape(owner, None)
+            )?;
+        }
+        // A kind added after this tool.
+        other => {
+            prefix(o)?;
+            write!(o, " {other:?}")?;
+        }
+    }
+    Ok(())
+}
+
+/// `fencelog dump DIR`: prints the entries on stdout, damage and torn
+/// tails on stderr; answers the exit code.
+pub fn run(dir: &Path, opts: &DumpOptions) -> ExitCode {
+    if let Err(e) = check_dir(dir) {
+        return fail(&e);
+    }
+    let mut out = BufWriter::with_capacity(64 << 10, io::stdout().lock());
+    let mut write_error: Option<io::Error> = None;
+    let mut undecodable: Vec<Damage> = Vec::new();
+    let mut line = String::new();
+    let mut printed = 0u64;
+    let scanned = run_wal_verify(
+        dir,
+        |e| {
+            let view = describe(e.kind, e.payload);
+            if let Err(why) = &view {
+                undecodable.push(Damage::undecodable(dir, e, why));
+            }
+            // Once stdout is gone (`fencelog dump | head`), only the damage
+            // check goes on.
+            if write_error.is_some() {
+                return;
+            }
+            line.clear();
+            if format_entry(&mut line, e, &view, opts) {
+                line.push('\n');
+                printed += 1;
+                if let Err(err) = out.write_all(line.as_bytes()) {
+                    write_error = Some(err);
+                }
+            }
+        },
+        |_, _| {},
+    );
+    if write_error.is_none()
+        && let Err(err) = out.flush()
+    {
+        write_error = Some(err);
+    }
+    // Drop the buffer without another attempt to flush into a closed pipe.
+    let (_, _) = out.into_parts();
+    let report = match scanned {
+        Ok(r) => r,
+        Err(e) => return fail(&e),
+    };
+    let mut damage = wal_damage(&report);
+    damage.extend(undecodable);
+    sort_damage(&mut damage);
+    let mut err = io::stderr().lock();
+    // Nothing more to do if stderr is gone too: its errors are ignored.
+    if let Some(name) = &opts.stream
+        && printed == 0
+    {
+        let _ = writeln!(
+            err,
+            "fencelog: note: no entry concerns stream or lease {}",
+            escape(name, None)
+        );
+    }
+    for s in &report.segments {
+        if let Some(at) = s.torn_tail_at {
+            let _ = writeln!(
+                err,
+                "fencelog: note: {}: a torn tail at byte {at} (an unfinished last write, never \
+                 acknowledged; opening the log cuts it): not damage",
+                s.path.display()
+            );
+        }
+    }
+    for d in &damage {
+        let _ = writeln!(
+            err,
+            "fencelog: damage: {} at byte {}: {}",
+            d.file.display(),
+            d.position,
+            d.what
+        );
+    }
+    // A closed pipe (`fencelog dump DIR | head`) is no error.
+    if let Some(e) = write_error
+        && e.kind() != io::ErrorKind::BrokenPipe
+    {
+        return fail_output(&e);
+    }
+    if damage.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_DAMAGED)
+    }
+}
