@@ -80,6 +80,13 @@ pub async fn serve(
                     break;
                 }
                 Outcome::Blocking(b) => {
+                    // The answers before it go out first: the client may be
+                    // waiting for them before it expects this one.
+                    drain(&mut queue, session.proto, &mut output).await;
+                    if !output.is_empty() {
+                        stream.write_all(&output).await?;
+                        output.clear();
+                    }
                     // Watch the socket meanwhile: a client that leaves gives
                     // up the wait (and takes nothing).
                     let run = b.run(&ctx.log);

@@ -344,3 +344,18 @@ fn the_client_commands_libraries_send() {
     assert_eq!(c.cmd(&["QUIT"]), Value::Simple("OK".into()));
     assert_eq!(c.read(), None);
 }
+
+#[test]
+fn answers_before_a_blocking_read_are_sent_before_it_blocks() {
+    let (_d, server) = start();
+    let mut c = server.client();
+    let mut burst = Client::encode(&[b"LOG.APPEND", b"q", b"1", b"first"]);
+    burst.extend(Client::encode(&[b"LOG.READ", b"q", b"1", b"BLOCK", b"0"]));
+    c.send_raw(&burst);
+    // The append's answer arrives while the read still waits.
+    assert_eq!(c.read().unwrap().int(), 0);
+    let mut other = server.client();
+    assert_eq!(other.cmd(&["LOG.APPEND", "q", "1", "second"]).int(), 1);
+    let woke = c.read().unwrap();
+    assert_eq!(woke.array()[0].array()[2].bulk(), b"second");
+}

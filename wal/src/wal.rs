@@ -848,6 +848,9 @@ impl<S: Sequencer> Shared<S> {
     }
 }
 
+/// How much of a new segment's zero fill is written before it is synced.
+const FILL_SYNC_BYTES: u64 = 4 << 20;
+
 /// The sync thread: takes whole pending batches and makes them durable.
 struct SyncThread<S: Sequencer> {
     shared: Arc<Shared<S>>,
@@ -1174,7 +1177,15 @@ impl<S: Sequencer> Shared<S> {
             Preallocation::Fill => {
                 let zeros = vec![0u8; (1 << 20).min(size as usize)];
                 let mut at = HEADER_LEN;
+                let mut unsynced = 0u64;
                 while at < size {
+                    // Written back a few MiB at a time: one sync of a whole
+                    // segment would make every commit sync queue behind it.
+                    if unsynced >= FILL_SYNC_BYTES {
+                        file.sync_data()
+                            .map_err(|e| annotate(e, "fdatasync", &tmp))?;
+                        unsynced = 0;
+                    }
                     if abortable && self.alloc.lock().shutdown {
                         drop(file);
                         let _ = storage.remove(&tmp);
@@ -1187,6 +1198,7 @@ impl<S: Sequencer> Shared<S> {
                     file.write_all_at(&zeros[..n], at)
                         .map_err(|e| annotate(e, "fill", &tmp))?;
                     at += n as u64;
+                    unsynced += n as u64;
                 }
             }
             Preallocation::Reserve => file
