@@ -255,6 +255,8 @@ struct Shared<S: Sequencer> {
     segments: RwLock<std::collections::BTreeMap<u64, Arc<SegmentHandle>>>,
     alloc: Mutex<Alloc>,
     alloc_ready: Condvar,
+    /// Held by whoever writes and syncs a batch (see [`FlushState`]).
+    flush: Mutex<FlushState>,
     stats: WalStats,
     _lock: Box<dyn DirLock>,
 }
@@ -300,7 +302,7 @@ pub struct Wal<S: Sequencer> {
 /// The caller's handle inside the serialized section.
 pub struct Writer<'a, S: Sequencer> {
     locked: &'a mut Locked<S>,
-    shared: &'a Shared<S>,
+    shared: &'a Arc<Shared<S>>,
 }
 
 impl<S: Sequencer> Writer<'_, S> {
@@ -414,18 +416,21 @@ impl<S: Sequencer> Locked<S> {
         }
     }
 
-    fn ticket_for(&self, lsn: u64, shared: &Shared<S>) -> Ticket {
+    fn ticket_for(&self, lsn: u64, shared: &Arc<Shared<S>>) -> Ticket {
         if let Some(cause) = shared.failure.get() {
             return Ticket::failed(Arc::clone(cause));
         }
         if lsn <= shared.durable_lsn.load(Ordering::Acquire) {
             return Ticket::ready();
         }
+        let flush: Arc<dyn InlineFlush> = Arc::clone(shared) as Arc<dyn InlineFlush>;
         match (self.pending.first_lsn, &self.inflight) {
-            (Some(first), _) if lsn >= first => Ticket::on(Arc::clone(&self.pending.batch)),
-            (_, Some(inflight)) => Ticket::on(Arc::clone(inflight)),
+            (Some(first), _) if lsn >= first => {
+                Ticket::on(Arc::clone(&self.pending.batch), Some(flush))
+            }
+            (_, Some(inflight)) => Ticket::on(Arc::clone(inflight), Some(flush)),
             // Not durable, not in flight: it can only be in the pending batch.
-            _ => Ticket::on(Arc::clone(&self.pending.batch)),
+            _ => Ticket::on(Arc::clone(&self.pending.batch), Some(flush)),
         }
     }
 
@@ -553,6 +558,9 @@ impl<S: Sequencer> Wal<S> {
             }
         }
 
+        // The segment the first flush writes to, if it exists already.
+        let flush_current = handles.iter().find(|h| h.seq == locked.seg_seq).cloned();
+        let flush_written_to = locked.seg_pos;
         let shared = Arc::new(Shared {
             dir: dir.to_path_buf(),
             storage,
@@ -568,13 +576,21 @@ impl<S: Sequencer> Wal<S> {
             segments: RwLock::new(handles.into_iter().map(|h| (h.seq, h)).collect()),
             alloc: Mutex::new(Alloc::default()),
             alloc_ready: Condvar::new(),
+            flush: Mutex::new(FlushState {
+                current: flush_current,
+                written_to: flush_written_to,
+                next_requested: false,
+            }),
             stats: WalStats::default(),
             _lock: lock,
         });
         let thread_shared = Arc::clone(&shared);
         let sync_thread = std::thread::Builder::new()
             .name("fencelog-wal-sync".into())
-            .spawn(move || SyncThread::new(thread_shared).run())
+            .spawn(move || {
+                thread_shared.maybe_request_next(&mut thread_shared.flush.lock());
+                thread_shared.run_sync_thread()
+            })
             .map_err(|e| WalError::io("spawn the sync thread for", dir, e))?;
         let alloc_shared = Arc::clone(&shared);
         let allocator = std::thread::Builder::new()
@@ -812,7 +828,7 @@ impl<S: Sequencer> Shared<S> {
     }
 
     fn run<R>(
-        &self,
+        self: &Arc<Self>,
         mut locked: MutexGuard<'_, Locked<S>>,
         f: impl FnOnce(&mut Writer<'_, S>) -> R,
     ) -> R {
@@ -851,9 +867,12 @@ impl<S: Sequencer> Shared<S> {
 /// How much of a new segment's zero fill is written before it is synced.
 const FILL_SYNC_BYTES: u64 = 4 << 20;
 
-/// The sync thread: takes whole pending batches and makes them durable.
-struct SyncThread<S: Sequencer> {
-    shared: Arc<Shared<S>>,
+/// What whoever makes the pending batch durable needs to know: the segment
+/// being written and how far. Behind [`Shared::flush`]: the sync thread
+/// holds it while it flushes, and so may a thread waiting for its own entry
+/// when the sync thread is idle (it then writes and syncs the batch itself,
+/// sparing a thread switch each way).
+struct FlushState {
     /// The segment being written.
     current: Option<Arc<SegmentHandle>>,
     /// Where the entries written to it end.
@@ -862,96 +881,124 @@ struct SyncThread<S: Sequencer> {
     next_requested: bool,
 }
 
-impl<S: Sequencer> SyncThread<S> {
-    fn new(shared: Arc<Shared<S>>) -> Self {
-        let (current, written_to) = {
-            let locked = shared.locked.lock();
-            let current = shared.segments.read().get(&locked.seg_seq).cloned();
-            (current, locked.seg_pos)
-        };
-        let mut thread = SyncThread {
-            shared,
-            current,
-            written_to,
-            next_requested: false,
-        };
-        thread.maybe_request_next();
-        thread
-    }
+/// Lets a blocked [`Ticket`] flush its own batch when nobody else is.
+pub(crate) trait InlineFlush: Send + Sync {
+    /// Flushes the pending batch if no flush is under way; never waits.
+    fn try_flush(&self);
+}
 
-    /// Asks the allocator for the next segment once the current one is half
-    /// full: early enough that rotation finds it ready, late enough that a
-    /// short-lived or idle log never writes a segment it will not use.
-    fn maybe_request_next(&mut self) {
-        let Some(current) = &self.current else { return };
-        if self.next_requested || self.written_to < self.shared.opts.segment_bytes / 2 {
-            return;
+impl<S: Sequencer> InlineFlush for Shared<S> {
+    fn try_flush(&self) {
+        if let Some(mut fs) = self.flush.try_lock() {
+            self.flush_pending(&mut fs);
         }
-        self.next_requested = true;
-        let mut alloc = self.shared.alloc.lock();
-        alloc.wanted = Some(current.seq + 1);
-        self.shared.alloc_ready.notify_all();
     }
+}
 
-    fn run(mut self) {
+/// What one flush did.
+#[derive(PartialEq, Eq)]
+enum Flushed {
+    Nothing,
+    Batch,
+    Failed,
+}
+
+impl<S: Sequencer> Shared<S> {
+    /// The sync thread: waits for pending work and flushes it, until
+    /// shutdown with nothing left or a failure.
+    fn run_sync_thread(&self) {
         loop {
-            let (pending, last_lsn) = {
-                let mut locked = self.shared.locked.lock();
+            {
+                let mut locked = self.locked.lock();
                 while locked.pending.is_empty() && !locked.shutdown {
                     locked.sync_thread_waiting = true;
-                    self.shared.work.wait(&mut locked);
+                    self.work.wait(&mut locked);
                 }
                 locked.sync_thread_waiting = false;
                 if locked.pending.is_empty() {
                     return; // shut down with nothing left to write
                 }
-                let pending = mem::replace(&mut locked.pending, Pending::new());
-                locked.epoch_first_lsn = None;
-                locked.inflight = Some(Arc::clone(&pending.batch));
-                (pending, locked.next_lsn - 1)
-            };
-            self.shared.space.notify(usize::MAX);
-
-            let started = Instant::now();
-            let Pending {
-                chunks,
-                effects,
-                batch,
-                entries,
-                ..
-            } = pending;
-            match self.write_and_sync(&chunks) {
-                Ok(()) => {
-                    let stats = &self.shared.stats;
-                    stats
-                        .sync_micros
-                        .record(started.elapsed().as_micros() as u64);
-                    stats.batch_entries.record(entries);
-                    stats.syncs.fetch_add(1, Ordering::Relaxed);
-                    stats.entries.fetch_add(entries, Ordering::Relaxed);
-                    // The sync returned: the entries are durable, and the
-                    // durable LSN says so before any effect wakes a reader
-                    // that will read them back.
-                    self.shared.durable_lsn.store(last_lsn, Ordering::Release);
-                    self.note_durable_checkpoint();
-                    for effect in effects {
-                        effect.durable();
-                    }
-                    batch.complete();
-                    self.recycle(chunks);
-                    self.maybe_request_next();
-                }
-                Err(e) => {
-                    drop(effects);
-                    self.fail_batch(e, &batch);
-                    return;
-                }
+            }
+            // A waiting thread may be flushing inline: take turns.
+            let mut fs = self.flush.lock();
+            if self.flush_pending(&mut fs) == Flushed::Failed {
+                return;
             }
         }
     }
 
+    /// Takes the whole pending batch, writes it, syncs once, then makes it
+    /// visible and wakes its waiters. The caller holds the flush lock.
+    fn flush_pending(&self, fs: &mut FlushState) -> Flushed {
+        if self.failed.load(Ordering::Acquire) {
+            return Flushed::Failed;
+        }
+        let (pending, last_lsn) = {
+            let mut locked = self.locked.lock();
+            if locked.pending.is_empty() {
+                return Flushed::Nothing;
+            }
+            let pending = mem::replace(&mut locked.pending, Pending::new());
+            locked.epoch_first_lsn = None;
+            locked.inflight = Some(Arc::clone(&pending.batch));
+            (pending, locked.next_lsn - 1)
+        };
+        self.space.notify(usize::MAX);
+
+        let started = Instant::now();
+        let Pending {
+            chunks,
+            effects,
+            batch,
+            entries,
+            ..
+        } = pending;
+        match self.write_and_sync(fs, &chunks) {
+            Ok(()) => {
+                let stats = &self.stats;
+                stats
+                    .sync_micros
+                    .record(started.elapsed().as_micros() as u64);
+                stats.batch_entries.record(entries);
+                stats.syncs.fetch_add(1, Ordering::Relaxed);
+                stats.entries.fetch_add(entries, Ordering::Relaxed);
+                // The sync returned: the entries are durable, and the
+                // durable LSN says so before any effect wakes a reader
+                // that will read them back.
+                self.durable_lsn.store(last_lsn, Ordering::Release);
+                self.note_durable_checkpoint(fs);
+                for effect in effects {
+                    effect.durable();
+                }
+                batch.complete();
+                self.recycle(chunks);
+                self.maybe_request_next(fs);
+                Flushed::Batch
+            }
+            Err(e) => {
+                drop(effects);
+                self.fail_batch(e, &batch);
+                Flushed::Failed
+            }
+        }
+    }
+
+    /// Asks the allocator for the next segment once the current one is half
+    /// full: early enough that rotation finds it ready, late enough that a
+    /// short-lived or idle log never writes a segment it will not use.
+    fn maybe_request_next(&self, fs: &mut FlushState) {
+        let Some(current) = &fs.current else { return };
+        if fs.next_requested || fs.written_to < self.opts.segment_bytes / 2 {
+            return;
+        }
+        fs.next_requested = true;
+        let mut alloc = self.alloc.lock();
+        alloc.wanted = Some(current.seq + 1);
+        self.alloc_ready.notify_all();
+    }
+
     fn recycle(&self, chunks: Vec<Chunk>) {
-        let mut locked = self.shared.locked.lock();
+        let mut locked = self.locked.lock();
         for mut chunk in chunks {
             // Keep moderate buffers only: a huge one-off batch should not pin
             // its memory forever.
@@ -964,7 +1011,7 @@ impl<S: Sequencer> SyncThread<S> {
 
     /// Latches the failure first, then fails the batch: a waiter that wakes
     /// with an error finds the log failed.
-    fn fail_batch(&mut self, e: io::Error, batch: &Batch) {
+    fn fail_batch(&self, e: io::Error, batch: &Batch) {
         let cause = Arc::new(e);
         self.fail_with(Arc::clone(&cause));
         batch.fail(cause);
@@ -972,20 +1019,20 @@ impl<S: Sequencer> SyncThread<S> {
 
     /// Latches the failure: every pending and later write fails; reads of
     /// durable entries go on.
-    fn fail_with(&mut self, cause: Arc<io::Error>) {
-        let _ = self.shared.failure.set(Arc::clone(&cause));
-        self.shared.failed.store(true, Ordering::Release);
+    fn fail_with(&self, cause: Arc<io::Error>) {
+        let _ = self.failure.set(Arc::clone(&cause));
+        self.failed.store(true, Ordering::Release);
         // Submitters check the latch under the lock, so once the pending batch
         // is taken here nothing joins it any more.
         let pending = {
-            let mut locked = self.shared.locked.lock();
+            let mut locked = self.locked.lock();
             mem::replace(&mut locked.pending, Pending::new())
         };
         pending.batch.fail(cause);
-        self.shared.space.notify(usize::MAX);
+        self.space.notify(usize::MAX);
     }
 
-    fn write_and_sync(&mut self, chunks: &[Chunk]) -> io::Result<()> {
+    fn write_and_sync(&self, fs: &mut FlushState, chunks: &[Chunk]) -> io::Result<()> {
         // The segment written to since its last sync, if any.
         let mut unsynced: Option<Arc<SegmentHandle>> = None;
         for chunk in chunks {
@@ -993,25 +1040,24 @@ impl<S: Sequencer> SyncThread<S> {
                 if let Some(prev) = unsynced.take() {
                     self.sync(&prev)?;
                 }
-                self.current = Some(self.take_or_create(chunk.seq)?);
-                self.shared.active_seq.store(chunk.seq, Ordering::Release);
+                fs.current = Some(self.take_or_create(fs, chunk.seq)?);
+                self.active_seq.store(chunk.seq, Ordering::Release);
             }
-            let seg = match &self.current {
+            let seg = match &fs.current {
                 Some(seg) if seg.seq == chunk.seq => Arc::clone(seg),
                 // The tail segment recovery handed over.
                 _ => {
-                    let seg = self.shared.handle(chunk.seq).map_err(io::Error::other)?;
-                    self.current = Some(Arc::clone(&seg));
+                    let seg = self.handle(chunk.seq).map_err(io::Error::other)?;
+                    fs.current = Some(Arc::clone(&seg));
                     seg
                 }
             };
-            self.written_to = chunk.pos + chunk.buf.len() as u64;
+            fs.written_to = chunk.pos + chunk.buf.len() as u64;
             if !chunk.buf.is_empty() {
                 self.file_of(&seg)?
                     .write_all_at(&chunk.buf, chunk.pos)
                     .map_err(|e| annotate(e, "write", &seg.path))?;
-                self.shared
-                    .stats
+                self.stats
                     .bytes_written
                     .fetch_add(chunk.buf.len() as u64, Ordering::Relaxed);
                 unsynced = Some(Arc::clone(&seg));
@@ -1034,18 +1080,13 @@ impl<S: Sequencer> SyncThread<S> {
     }
 
     fn file_of<'a>(&self, seg: &'a SegmentHandle) -> io::Result<&'a dyn StorageFile> {
-        seg.file(self.shared.storage.as_ref())
+        seg.file(self.storage.as_ref())
             .map_err(|e| io::Error::other(e.to_string()))
     }
 
     /// Writes the footer, syncs, then writes the trailer that points at it
     /// and syncs again: a valid trailer always means a durable footer.
-    fn seal(
-        &mut self,
-        seg: &Arc<SegmentHandle>,
-        entries_end: u64,
-        footer: &[u8],
-    ) -> io::Result<()> {
+    fn seal(&self, seg: &Arc<SegmentHandle>, entries_end: u64, footer: &[u8]) -> io::Result<()> {
         let file = self.file_of(seg)?;
         let footer_pos = format::align_up(entries_end);
         file.write_all_at(footer, footer_pos)
@@ -1068,7 +1109,7 @@ impl<S: Sequencer> SyncThread<S> {
             .map_err(|e| annotate(e, "write trailer", &seg.path))?;
         file.sync_data()
             .map_err(|e| annotate(e, "fdatasync", &seg.path))?;
-        let stats = &self.shared.stats;
+        let stats = &self.stats;
         stats
             .bytes_written
             .fetch_add(footer.len() as u64 + TRAILER_LEN, Ordering::Relaxed);
@@ -1089,11 +1130,11 @@ impl<S: Sequencer> SyncThread<S> {
     /// The file of new segment `seq`: the allocator's, if it made that one,
     /// else created here (the allocator is asked for the one after once
     /// this one is half full).
-    fn take_or_create(&mut self, seq: u64) -> io::Result<Arc<SegmentHandle>> {
+    fn take_or_create(&self, fs: &mut FlushState, seq: u64) -> io::Result<Arc<SegmentHandle>> {
         let ready = {
-            let mut alloc = self.shared.alloc.lock();
+            let mut alloc = self.alloc.lock();
             while alloc.creating {
-                self.shared.alloc_ready.wait(&mut alloc);
+                self.alloc_ready.wait(&mut alloc);
             }
             // A request the allocator has not picked up yet is withdrawn:
             // exactly one creator per segment number, or the late one would
@@ -1107,22 +1148,21 @@ impl<S: Sequencer> SyncThread<S> {
                 if let Some(h) = stale {
                     // Cannot happen (rotation always takes the next number);
                     // remove it rather than leave an orphan.
-                    self.shared.segments.write().remove(&h.seq);
-                    let _ = self.shared.storage.remove(&h.path);
+                    self.segments.write().remove(&h.seq);
+                    let _ = self.storage.remove(&h.path);
                 }
-                self.shared.create_segment(seq, false)?
+                self.create_segment(seq, false)?
             }
         };
-        self.next_requested = false;
+        fs.next_requested = false;
         Ok(handle)
     }
 
     /// After a batch: note which checkpoint is durable, so that segments
     /// before it may be removed.
-    fn note_durable_checkpoint(&self) {
-        if let Some(current) = &self.current {
-            self.shared
-                .durable_checkpoint_seq
+    fn note_durable_checkpoint(&self, fs: &FlushState) {
+        if let Some(current) = &fs.current {
+            self.durable_checkpoint_seq
                 .fetch_max(current.seq, Ordering::AcqRel);
         }
     }

@@ -270,11 +270,15 @@ proptest! {
                     }
                 }
                 drop(wal);
-                let report =
-                    fencelog_wal::verify(storage.as_ref(), Path::new(DIR), |_| {}, |_, _| {})
-                        .unwrap();
-                noticed |= report.is_damaged()
-                    || report.segments.iter().any(|s| s.torn_tail_at.is_some());
+                // Refusing to verify at all (a flipped version field reads as
+                // an unknown format version) notices the flip too.
+                match fencelog_wal::verify(storage.as_ref(), Path::new(DIR), |_| {}, |_, _| {}) {
+                    Ok(report) => {
+                        noticed |= report.is_damaged()
+                            || report.segments.iter().any(|s| s.torn_tail_at.is_some());
+                    }
+                    Err(_) => noticed = true,
+                }
             }
         }
         if meaningful(seq, pos) {
