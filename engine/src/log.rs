@@ -115,86 +115,70 @@ pub(crate) struct Inner {
     pub(crate) lease_freed: Event,
 }
 
-/// What the serialized section decided; the answer waits for `ticket`.
-pub(crate) enum Decision {
-    /// Accepted: answer `value` once the entry is durable.
-    Accepted { value: u64, ticket: Ticket },
-    /// Rejected: answer `error` once what it cites is durable.
-    Rejected { error: Error, ticket: Ticket },
-    /// A conditional append whose expected offset is behind the stream:
-    /// perhaps the retry of one that succeeded.
-    MaybeRetry {
-        expected: u64,
-        next: u64,
-        highest: u64,
-        /// Resolves when the stream's newest entry (hence the records at
-        /// `expected..`, and the highest token) is durable.
-        ticket: Ticket,
-    },
+/// What the serialized section decided; the answer waits for `ticket`:
+/// the entry written, or, for a rejection or a no-op, what the answer cites.
+pub(crate) struct Decision {
+    then: Decided,
+    ticket: Ticket,
 }
 
 impl Decision {
-    fn wait(self) -> Result<Decided> {
-        match self {
-            Decision::Accepted { value, ticket } => {
-                ticket.wait()?;
-                Ok(Decided::Value(value))
-            }
-            Decision::Rejected { error, ticket } => {
-                ticket.wait()?;
-                Ok(Decided::Error(error))
-            }
-            Decision::MaybeRetry {
-                expected,
-                next,
-                highest,
-                ticket,
-            } => {
-                ticket.wait()?;
-                Ok(Decided::Retry {
-                    expected,
-                    next,
-                    highest,
-                })
-            }
+    fn accepted(value: u64, ticket: Ticket) -> Self {
+        Decision {
+            then: Decided::Value(value),
+            ticket,
         }
     }
 
-    async fn wait_async(self) -> Result<Decided> {
-        match self {
-            Decision::Accepted { value, ticket } => {
-                ticket.await?;
-                Ok(Decided::Value(value))
-            }
-            Decision::Rejected { error, ticket } => {
-                ticket.await?;
-                Ok(Decided::Error(error))
-            }
-            Decision::MaybeRetry {
-                expected,
-                next,
-                highest,
-                ticket,
-            } => {
-                ticket.await?;
-                Ok(Decided::Retry {
-                    expected,
-                    next,
-                    highest,
-                })
-            }
+    fn rejected(error: Error, ticket: Ticket) -> Self {
+        Decision {
+            then: Decided::Error(error),
+            ticket,
         }
+    }
+
+    fn wait(self) -> Result<Decided> {
+        self.ticket.wait()?;
+        Ok(self.then)
+    }
+
+    async fn wait_async(self) -> Result<Decided> {
+        self.ticket.await?;
+        Ok(self.then)
+    }
+
+    /// Waits, then answers a decision that cannot be a retry.
+    fn answer(self) -> Result<u64> {
+        self.wait().and_then(Decided::value)
+    }
+
+    async fn answer_async(self) -> Result<u64> {
+        self.wait_async().await.and_then(Decided::value)
     }
 }
 
 enum Decided {
     Value(u64),
     Error(Error),
+    /// A conditional append whose expected offset is behind the stream:
+    /// perhaps the retry of one that succeeded. The decision's ticket resolves when the
+    /// stream's newest entry (hence the records at `expected..`, and the
+    /// highest token) is durable.
     Retry {
         expected: u64,
         next: u64,
         highest: u64,
     },
+}
+
+impl Decided {
+    fn value(self) -> Result<u64> {
+        match self {
+            Decided::Value(v) => Ok(v),
+            Decided::Error(e) => Err(e),
+            Decided::Retry { .. } => Err(internal("an unexpected retry decision".into())),
+        }
+    }
 }
 
 fn check_payloads<P: AsRef<[u8]>>(opts: &Options, payloads: &[P]) -> Result<()> {
@@ -240,10 +224,10 @@ fn stream_state(w: &mut Writer<'_, Core>, stream: &[u8]) -> (u64, u64, u64, u64,
 
 fn stale(w: &Writer<'_, Core>, presented: u64, highest: u64, highest_lsn: u64) -> Decision {
     // The rejection cites `highest`: it is answered once that is durable.
-    Decision::Rejected {
-        error: Error::Stale { presented, highest },
-        ticket: w.ticket_for(highest_lsn),
-    }
+    Decision::rejected(
+        Error::Stale { presented, highest },
+        w.ticket_for(highest_lsn),
+    )
 }
 
 /// Internal: an `apply_*` refusing what the decision just accepted would be
@@ -264,20 +248,22 @@ pub(crate) fn decide_append<P: AsRef<[u8]>>(
         && expected != next
     {
         if expected < next {
-            return Ok(Decision::MaybeRetry {
-                expected,
-                next,
-                highest,
+            return Ok(Decision {
+                then: Decided::Retry {
+                    expected,
+                    next,
+                    highest,
+                },
                 ticket: w.ticket_for(last_lsn),
             });
         }
         if token < highest {
             return Ok(stale(w, token, highest, highest_lsn));
         }
-        return Ok(Decision::Rejected {
-            error: Error::OffsetMismatch { expected, next },
-            ticket: w.ticket_for(last_lsn),
-        });
+        return Ok(Decision::rejected(
+            Error::OffsetMismatch { expected, next },
+            w.ticket_for(last_lsn),
+        ));
     }
     if token < highest {
         return Ok(stale(w, token, highest, highest_lsn));
@@ -292,10 +278,7 @@ pub(crate) fn decide_append<P: AsRef<[u8]>>(
         .apply_append(stream, token, next, payloads.len() as u32, bytes, at)
         .map_err(internal)?;
     w.on_durable(effect);
-    Ok(Decision::Accepted {
-        value: next,
-        ticket: w.ticket(),
-    })
+    Ok(Decision::accepted(next, w.ticket()))
 }
 
 fn decide_fence(w: &mut Writer<'_, Core>, stream: &[u8], token: u64) -> Result<Decision> {
@@ -305,10 +288,7 @@ fn decide_fence(w: &mut Writer<'_, Core>, stream: &[u8], token: u64) -> Result<D
     }
     if token == highest {
         // Nothing to write: answer once the highest token is durable.
-        return Ok(Decision::Accepted {
-            value: highest,
-            ticket: w.ticket_for(highest_lsn),
-        });
+        return Ok(Decision::accepted(highest, w.ticket_for(highest_lsn)));
     }
     let entry = op::encode(&Op::Fence { stream, token });
     let at = w.append(entry.len(), |buf| buf.copy_from_slice(&entry))?;
@@ -317,10 +297,7 @@ fn decide_fence(w: &mut Writer<'_, Core>, stream: &[u8], token: u64) -> Result<D
         .apply_fence(stream, token, at.lsn)
         .map_err(internal)?;
     w.on_durable(effect);
-    Ok(Decision::Accepted {
-        value: token,
-        ticket: w.ticket(),
-    })
+    Ok(Decision::accepted(token, w.ticket()))
 }
 
 fn decide_trim(
@@ -336,10 +313,10 @@ fn decide_trim(
     }
     let before = if delete { next } else { before };
     if before > next {
-        return Ok(Decision::Rejected {
-            error: Error::TrimBeyondEnd { before, next },
-            ticket: w.ticket_for(last_lsn),
-        });
+        return Ok(Decision::rejected(
+            Error::TrimBeyondEnd { before, next },
+            w.ticket_for(last_lsn),
+        ));
     }
     let answer = if delete {
         next - start
@@ -348,10 +325,10 @@ fn decide_trim(
     };
     if before <= start && token == highest {
         // Nothing changes at all.
-        return Ok(Decision::Accepted {
-            value: if delete { 0 } else { start },
-            ticket: w.ticket_for(last_lsn),
-        });
+        return Ok(Decision::accepted(
+            if delete { 0 } else { start },
+            w.ticket_for(last_lsn),
+        ));
     }
     let entry = if delete {
         op::encode(&Op::Delete { stream, token })
@@ -368,10 +345,7 @@ fn decide_trim(
         .apply_trim(stream, token, before, at.lsn)
         .map_err(internal)?;
     w.on_durable(effect);
-    Ok(Decision::Accepted {
-        value: answer,
-        ticket: w.ticket(),
-    })
+    Ok(Decision::accepted(answer, w.ticket()))
 }
 
 impl Log {
@@ -464,14 +438,6 @@ impl Log {
         }
     }
 
-    fn decided(&self, d: Decided) -> Result<u64> {
-        match d {
-            Decided::Value(v) => Ok(v),
-            Decided::Error(e) => Err(e),
-            Decided::Retry { .. } => Err(internal("an unexpected retry decision".into())),
-        }
-    }
-
     /// Appends `payloads` as consecutive records of `stream` with `token`,
     /// in one atomic, durable entry; answers the offset of the first.
     ///
@@ -490,7 +456,7 @@ impl Log {
             .inner
             .wal
             .submit(|w| decide_append(w, stream, token.get(), payloads, None))??;
-        let result = d.wait().and_then(|d| self.decided(d));
+        let result = d.answer();
         self.count_append(&result, payloads);
         result
     }
@@ -510,10 +476,7 @@ impl Log {
             .wal
             .submit_async(|w| decide_append(w, stream, token.get(), payloads, None))
             .await??;
-        let result = match d.wait_async().await {
-            Ok(d) => self.decided(d),
-            Err(e) => Err(e),
-        };
+        let result = d.answer_async().await;
         self.count_append(&result, payloads);
         result
     }
@@ -561,7 +524,7 @@ impl Log {
                 next,
                 highest,
             } => self.settle_retry(stream, token, expected, next, highest, payloads),
-            other => self.decided(other),
+            other => other.value(),
         };
         self.count_append(&result, payloads);
         result
@@ -590,7 +553,7 @@ impl Log {
                 next,
                 highest,
             } => self.settle_retry(stream, token, expected, next, highest, payloads),
-            other => self.decided(other),
+            other => other.value(),
         };
         self.count_append(&result, payloads);
         result
@@ -646,7 +609,7 @@ impl Log {
             .inner
             .wal
             .submit(|w| decide_fence(w, stream, token.get()))??;
-        self.finish_fence(d.wait().and_then(|d| self.decided(d)))
+        self.finish_fence(d.answer())
     }
 
     /// The async form of [`Log::fence`].
@@ -659,10 +622,7 @@ impl Log {
             .wal
             .submit_async(|w| decide_fence(w, stream, token.get()))
             .await??;
-        let result = match d.wait_async().await {
-            Ok(d) => self.decided(d),
-            Err(e) => Err(e),
-        };
+        let result = d.answer_async().await;
         self.finish_fence(result)
     }
 
@@ -718,7 +678,7 @@ impl Log {
             .inner
             .wal
             .submit(|w| decide_trim(w, stream, token.get(), before, delete))??;
-        self.finish_trim(d.wait().and_then(|d| self.decided(d)), delete)
+        self.finish_trim(d.answer(), delete)
     }
 
     async fn trim_or_delete_async(
@@ -735,10 +695,7 @@ impl Log {
             .wal
             .submit_async(|w| decide_trim(w, stream, token.get(), before, delete))
             .await??;
-        let result = match d.wait_async().await {
-            Ok(d) => self.decided(d),
-            Err(e) => Err(e),
-        };
+        let result = d.answer_async().await;
         self.finish_trim(result, delete)
     }
 
@@ -1232,10 +1189,7 @@ impl Log {
             .await??;
         let log = self.clone();
         Ok(Deferred::new(async move {
-            let result = match d.wait_async().await {
-                Ok(d) => log.decided(d),
-                Err(e) => Err(e),
-            };
+            let result = d.answer_async().await;
             log.count_append(&result, &payloads);
             result
         }))
@@ -1267,7 +1221,7 @@ impl Log {
                     next,
                     highest,
                 }) => log.settle_retry(&stream, token, expected, next, highest, &payloads),
-                Ok(other) => log.decided(other),
+                Ok(other) => other.value(),
                 Err(e) => Err(e),
             };
             log.count_append(&result, &payloads);
@@ -1286,10 +1240,7 @@ impl Log {
             .await??;
         let log = self.clone();
         Ok(Deferred::new(async move {
-            let result = match d.wait_async().await {
-                Ok(d) => log.decided(d),
-                Err(e) => Err(e),
-            };
+            let result = d.answer_async().await;
             log.finish_fence(result)
         }))
     }
@@ -1326,10 +1277,7 @@ impl Log {
             .await??;
         let log = self.clone();
         Ok(Deferred::new(async move {
-            let result = match d.wait_async().await {
-                Ok(d) => log.decided(d),
-                Err(e) => Err(e),
-            };
+            let result = d.answer_async().await;
             log.finish_trim(result, delete)
         }))
     }
