@@ -215,6 +215,45 @@ fn extend(
     Ok(w.ticket_for(lsn))
 }
 
+/// Renews the live lease held by exactly this owner and token; `None` if
+/// there is none (expired, released, or another's).
+fn decide_renew(
+    w: &mut Writer<'_, Core>,
+    name: &[u8],
+    owner: &[u8],
+    token: u64,
+    ttl_ms: u64,
+) -> Result<Option<Ticket>> {
+    let lease = w
+        .state()
+        .leases
+        .live(name)
+        .filter(|l| &*l.owner == owner && l.token == token)
+        .map(|l| (l.durable_ttl_ms, l.lsn));
+    match lease {
+        Some((durable_ttl, lsn)) => {
+            extend(w, name, owner, token, ttl_ms, durable_ttl, lsn).map(Some)
+        }
+        None => Ok(None),
+    }
+}
+
+/// Writes the release if this owner holds the lease with this token;
+/// answers whether it did.
+fn decide_release(w: &mut Writer<'_, Core>, name: &[u8], owner: &[u8], token: u64) -> Result<bool> {
+    let holds = w
+        .state()
+        .leases
+        .live(name)
+        .is_some_and(|l| &*l.owner == owner && l.token == token);
+    if !holds {
+        return Ok(false);
+    }
+    let entry = op::encode(&Op::Release { name, owner, token });
+    w.append(entry.len(), |buf| buf.copy_from_slice(&entry))?;
+    Ok(w.state().leases.apply_release(name, owner, token))
+}
+
 /// Releases a lease whose grant nobody will receive (its caller went away).
 struct Abandon<'a> {
     log: &'a Log,
@@ -331,22 +370,14 @@ impl Log {
         let (name, owner) = (name.as_ref(), owner.as_ref());
         let ttl_ms = self.check_lease_args(name, owner, ttl)?;
         let deadline = opts.wait.and_then(|w| Instant::now().checked_add(w));
+        let max_live = self.options().max_live_leases;
         let mut waiting = WaitingGauge::new(self);
         loop {
             let listener = self.inner().lease_freed.listen();
             let decided = self
                 .inner()
                 .wal
-                .submit_async(|w| {
-                    decide_acquire(
-                        w,
-                        name,
-                        owner,
-                        ttl_ms,
-                        opts.fence,
-                        self.options().max_live_leases,
-                    )
-                })
+                .submit_async(|w| decide_acquire(w, name, owner, ttl_ms, opts.fence, max_live))
                 .await??;
             match decided {
                 Acquired::Granted {
@@ -445,8 +476,11 @@ impl Log {
     ) -> Result<Duration> {
         let (name, owner) = (name.as_ref(), owner.as_ref());
         let ttl_ms = self.check_lease_args(name, owner, ttl)?;
-        let ticket = self.submit_renew(name, owner, token, ttl_ms)?;
-        ticket.wait()?;
+        let renewed = self
+            .inner()
+            .wal
+            .submit(|w| decide_renew(w, name, owner, token.get(), ttl_ms))??;
+        self.lost_unless(renewed)?.wait()?;
         self.inner().counters.leases_renewed.add(1);
         Ok(ttl)
     }
@@ -461,28 +495,18 @@ impl Log {
     ) -> Result<Duration> {
         let (name, owner) = (name.as_ref(), owner.as_ref());
         let ttl_ms = self.check_lease_args(name, owner, ttl)?;
-        let ticket = self.submit_renew(name, owner, token, ttl_ms)?;
-        ticket.await?;
+        let renewed = self
+            .inner()
+            .wal
+            .submit_async(|w| decide_renew(w, name, owner, token.get(), ttl_ms))
+            .await??;
+        self.lost_unless(renewed)?.await?;
         self.inner().counters.leases_renewed.add(1);
         Ok(ttl)
     }
 
-    fn submit_renew(&self, name: &[u8], owner: &[u8], token: Token, ttl_ms: u64) -> Result<Ticket> {
-        let decided = self.inner().wal.submit(|w| {
-            let lease = w
-                .state()
-                .leases
-                .live(name)
-                .filter(|l| &*l.owner == owner && l.token == token.get())
-                .map(|l| (l.durable_ttl_ms, l.lsn));
-            match lease {
-                Some((durable_ttl, lsn)) => {
-                    extend(w, name, owner, token.get(), ttl_ms, durable_ttl, lsn).map(Some)
-                }
-                None => Ok(None),
-            }
-        })??;
-        decided.ok_or_else(|| {
+    fn lost_unless(&self, renewed: Option<Ticket>) -> Result<Ticket> {
+        renewed.ok_or_else(|| {
             self.inner().counters.leases_lost.add(1);
             Error::Lost
         })
@@ -501,30 +525,49 @@ impl Log {
         check_stream_name(name)?;
         check_owner(owner)?;
         let released = self.release_raw(name, owner, token.get())?;
+        Ok(self.count_release(released))
+    }
+
+    /// The async form of [`Log::release`]: waits asynchronously for room in
+    /// the batch.
+    pub async fn release_async(
+        &self,
+        name: impl AsRef<[u8]>,
+        owner: impl AsRef<[u8]>,
+        token: Token,
+    ) -> Result<bool> {
+        let (name, owner) = (name.as_ref(), owner.as_ref());
+        check_stream_name(name)?;
+        check_owner(owner)?;
+        let released = self
+            .inner()
+            .wal
+            .submit_async(|w| decide_release(w, name, owner, token.get()))
+            .await??;
+        Ok(self.count_release(self.freed(released)))
+    }
+
+    fn count_release(&self, released: bool) -> bool {
         if released {
             self.inner().counters.leases_released.add(1);
         }
-        Ok(released)
+        released
     }
 
     fn release_raw(&self, name: &[u8], owner: &[u8], token: u64) -> Result<bool> {
-        let released = self.inner().wal.submit(|w| {
-            let holds = w
-                .state()
-                .leases
-                .live(name)
-                .is_some_and(|l| &*l.owner == owner && l.token == token);
-            if !holds {
-                return Ok(false);
-            }
-            let entry = op::encode(&Op::Release { name, owner, token });
-            w.append(entry.len(), |buf| buf.copy_from_slice(&entry))?;
-            Ok::<_, Error>(w.state().leases.apply_release(name, owner, token))
-        })??;
+        let released = self
+            .inner()
+            .wal
+            .submit(|w| decide_release(w, name, owner, token))??;
+        Ok(self.freed(released))
+    }
+
+    /// Wakes waiting acquirers if a lease was released.
+    fn freed(&self, released: bool) -> bool {
         if released {
             self.inner().lease_freed.notify(usize::MAX);
         }
-        Ok(released)
+        released
     }
 
     /// The live lease on `name`: owner, token, time left; `None` if free.

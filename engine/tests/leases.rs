@@ -200,6 +200,47 @@ fn a_renewal_that_lengthens_the_ttl_survives_a_crash() {
 }
 
 #[test]
+fn the_async_renewal_and_release_are_durable_too() {
+    let mut e = Env::new();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let g = e.log.acquire("lock", "a", SEC, plain()).unwrap();
+    rt.block_on(e.log.renew_async("lock", "a", g.token, 60 * SEC))
+        .unwrap();
+    e.crash(CrashMode::LoseUnsynced);
+    e.advance(59 * SEC);
+    assert!(
+        matches!(
+            e.log.acquire("lock", "b", SEC, plain()),
+            Err(Error::Held { .. })
+        ),
+        "the async renewal was answered, so it is durable"
+    );
+    let other = Token::new(g.token.get() + 1).unwrap();
+    assert!(
+        !rt.block_on(e.log.release_async("lock", "a", other))
+            .unwrap(),
+        "another token releases nothing"
+    );
+    assert!(
+        rt.block_on(e.log.release_async("lock", "a", g.token))
+            .unwrap()
+    );
+    assert!(
+        !rt.block_on(e.log.release_async("lock", "a", g.token))
+            .unwrap(),
+        "a second release changes nothing"
+    );
+    // The release is not waited for; the next acquisition's sync carries it.
+    let b = e.log.acquire("lock", "b", SEC, plain()).unwrap();
+    e.crash(CrashMode::LoseUnsynced);
+    let info = e.log.lease_info("lock").unwrap().expect("b holds it");
+    assert_eq!((&info.owner[..], info.token), (&b"b"[..], b.token));
+}
+
+#[test]
 fn a_power_cut_during_an_acquisition_grants_nothing_twice() {
     for cut_after in 0..8 {
         let mut e = Env::new();

@@ -326,7 +326,7 @@ pub async fn execute(ctx: &Arc<Context>, session: &mut Session, args: Vec<Bytes>
                 Ok(t) => t,
                 Err(o) => return o,
             };
-            match log.release(&a[0], &a[1], token) {
+            match log.release_async(&a[0], &a[1], token).await {
                 Ok(released) => Outcome::Reply(Reply::Integer(i64::from(released))),
                 Err(e) => Outcome::Reply(error_reply(&e)),
             }
