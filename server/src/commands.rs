@@ -177,8 +177,41 @@ fn parse_token(b: &[u8]) -> Result<Token, Outcome> {
     Token::new(n).map_err(|e| Outcome::Reply(error_reply(&e)))
 }
 
-fn upper(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).to_ascii_uppercase()
+/// A command or option name in upper case, on the stack: every request
+/// matches one, so it must not allocate.
+struct Upper {
+    buf: [u8; Upper::MAX],
+    len: usize,
+}
+
+impl Upper {
+    /// Longer than any name this server knows.
+    const MAX: usize = 24;
+
+    fn as_str(&self) -> &str {
+        // Only ASCII is ever copied in, so this cannot fail.
+        std::str::from_utf8(&self.buf[..self.len]).unwrap_or("")
+    }
+}
+
+/// `b` in upper case; a name too long or not ASCII is empty, which matches
+/// nothing (error messages quote the name as the client sent it).
+fn upper(b: &[u8]) -> Upper {
+    let mut u = Upper {
+        buf: [0; Upper::MAX],
+        len: 0,
+    };
+    if b.len() <= Upper::MAX && b.is_ascii() {
+        u.buf[..b.len()].copy_from_slice(b);
+        u.buf[..b.len()].make_ascii_uppercase();
+        u.len = b.len();
+    }
+    u
+}
+
+/// A client's word, for an error message.
+fn quoted(b: &[u8]) -> std::borrow::Cow<'_, str> {
+    String::from_utf8_lossy(b)
 }
 
 /// Commands allowed before authentication.
@@ -191,18 +224,18 @@ pub async fn execute(ctx: &Arc<Context>, session: &mut Session, args: Vec<Bytes>
     let Some(first) = args.first() else {
         return err("ERR empty command");
     };
-    let cmd = upper(first);
+    let upper_cmd = upper(first);
+    let cmd = upper_cmd.as_str();
     ctx.stats.commands.fetch_add(1, Ordering::Relaxed);
-    if ctx.config.requirepass.is_some() && !session.authenticated && !allowed_unauthenticated(&cmd)
-    {
+    if ctx.config.requirepass.is_some() && !session.authenticated && !allowed_unauthenticated(cmd) {
         return err("NOAUTH Authentication required.");
     }
     let a = &args[1..];
     let log = &ctx.log;
-    match cmd.as_str() {
+    match cmd {
         "LOG.APPEND" => {
             if a.len() < 3 {
-                return wrong_arity(&cmd);
+                return wrong_arity(cmd);
             }
             let token = match parse_token(&a[1]) {
                 Ok(t) => t,
@@ -215,7 +248,7 @@ pub async fn execute(ctx: &Arc<Context>, session: &mut Session, args: Vec<Bytes>
         }
         "LOG.APPENDAT" => {
             if a.len() < 4 {
-                return wrong_arity(&cmd);
+                return wrong_arity(cmd);
             }
             let token = match parse_token(&a[1]) {
                 Ok(t) => t,
@@ -234,7 +267,7 @@ pub async fn execute(ctx: &Arc<Context>, session: &mut Session, args: Vec<Bytes>
         }
         "LOG.FENCE" => {
             if a.len() != 2 {
-                return wrong_arity(&cmd);
+                return wrong_arity(cmd);
             }
             let token = match parse_token(&a[1]) {
                 Ok(t) => t,
@@ -247,7 +280,7 @@ pub async fn execute(ctx: &Arc<Context>, session: &mut Session, args: Vec<Bytes>
         }
         "LOG.TRIM" => {
             if a.len() != 3 {
-                return wrong_arity(&cmd);
+                return wrong_arity(cmd);
             }
             let token = match parse_token(&a[1]) {
                 Ok(t) => t,
@@ -263,7 +296,7 @@ pub async fn execute(ctx: &Arc<Context>, session: &mut Session, args: Vec<Bytes>
         }
         "LOG.DELETE" => {
             if a.len() != 2 {
-                return wrong_arity(&cmd);
+                return wrong_arity(cmd);
             }
             let token = match parse_token(&a[1]) {
                 Ok(t) => t,
@@ -274,10 +307,10 @@ pub async fn execute(ctx: &Arc<Context>, session: &mut Session, args: Vec<Bytes>
                 Err(e) => Outcome::Reply(error_reply(&e)),
             }
         }
-        "LOG.READ" => read(&cmd, a, ctx),
+        "LOG.READ" => read(cmd, a, ctx),
         "LOG.STAT" => {
             if a.len() != 1 {
-                return wrong_arity(&cmd);
+                return wrong_arity(cmd);
             }
             match log.stat(&a[0]) {
                 Ok(st) => Outcome::Reply(Reply::Map(vec![
@@ -292,16 +325,16 @@ pub async fn execute(ctx: &Arc<Context>, session: &mut Session, args: Vec<Bytes>
         }
         "LOG.STREAMS" => {
             if !a.is_empty() {
-                return wrong_arity(&cmd);
+                return wrong_arity(cmd);
             }
             Outcome::Reply(Reply::Array(
                 log.streams().into_iter().map(Reply::Bulk).collect(),
             ))
         }
-        "LEASE.ACQUIRE" => acquire(&cmd, a, ctx),
+        "LEASE.ACQUIRE" => acquire(cmd, a, ctx),
         "LEASE.RENEW" => {
             if a.len() != 4 {
-                return wrong_arity(&cmd);
+                return wrong_arity(cmd);
             }
             let token = match parse_token(&a[2]) {
                 Ok(t) => t,
@@ -320,7 +353,7 @@ pub async fn execute(ctx: &Arc<Context>, session: &mut Session, args: Vec<Bytes>
         }
         "LEASE.RELEASE" => {
             if a.len() != 3 {
-                return wrong_arity(&cmd);
+                return wrong_arity(cmd);
             }
             let token = match parse_token(&a[2]) {
                 Ok(t) => t,
@@ -333,7 +366,7 @@ pub async fn execute(ctx: &Arc<Context>, session: &mut Session, args: Vec<Bytes>
         }
         "LEASE.INFO" => {
             if a.len() != 1 {
-                return wrong_arity(&cmd);
+                return wrong_arity(cmd);
             }
             match log.lease_info(&a[0]) {
                 Ok(Some(info)) => Outcome::Reply(Reply::Array(vec![
@@ -348,19 +381,19 @@ pub async fn execute(ctx: &Arc<Context>, session: &mut Session, args: Vec<Bytes>
         "PING" => match a.len() {
             0 => Outcome::Reply(Reply::Simple("PONG".into())),
             1 => Outcome::Reply(Reply::Bulk(a[0].clone())),
-            _ => wrong_arity(&cmd),
+            _ => wrong_arity(cmd),
         },
         "ECHO" => match a.len() {
             1 => Outcome::Reply(Reply::Bulk(a[0].clone())),
-            _ => wrong_arity(&cmd),
+            _ => wrong_arity(cmd),
         },
         "QUIT" => Outcome::Close(Reply::ok()),
-        "AUTH" => auth(&cmd, a, ctx, session),
-        "HELLO" => hello(&cmd, a, ctx, session),
+        "AUTH" => auth(cmd, a, ctx, session),
+        "HELLO" => hello(cmd, a, ctx, session),
         "SELECT" => match a.len() {
             1 if &a[0][..] == b"0" => Outcome::Reply(Reply::ok()),
             1 => err("ERR DB index is out of range"),
-            _ => wrong_arity(&cmd),
+            _ => wrong_arity(cmd),
         },
         "CLIENT" => client(a, session),
         "INFO" => {
@@ -371,14 +404,16 @@ pub async fn execute(ctx: &Arc<Context>, session: &mut Session, args: Vec<Bytes>
             Outcome::Reply(Reply::Verbatim(text))
         }
         "CONFIG" => config(a, ctx),
-        "COMMAND" => match a.first().map(|s| upper(s)).as_deref() {
-            None | Some("DOCS") | Some("INFO") | Some("LIST") => {
-                Outcome::Reply(Reply::Array(Vec::new()))
-            }
-            Some("COUNT") => Outcome::Reply(Reply::Integer(COMMANDS.len() as i64)),
-            Some(other) => err(format!(
-                "ERR unknown subcommand '{other}'. Try COMMAND HELP."
-            )),
+        "COMMAND" => match a.first() {
+            None => Outcome::Reply(Reply::Array(Vec::new())),
+            Some(sub) => match upper(sub).as_str() {
+                "DOCS" | "INFO" | "LIST" => Outcome::Reply(Reply::Array(Vec::new())),
+                "COUNT" => Outcome::Reply(Reply::Integer(COMMANDS.len() as i64)),
+                _ => err(format!(
+                    "ERR unknown subcommand '{}'. Try COMMAND HELP.",
+                    quoted(sub)
+                )),
+            },
         },
         _ => {
             let mut shown = String::new();
@@ -628,10 +663,11 @@ fn client(a: &[Bytes], session: &mut Session) -> Outcome {
                 session.lib = Some(value.clone());
                 Outcome::Reply(Reply::ok())
             }
-            other => err(format!("ERR Unrecognized option '{other}'")),
+            _ => err(format!("ERR Unrecognized option '{}'", quoted(attr))),
         },
-        (other, _) => err(format!(
-            "ERR unknown subcommand or wrong number of arguments for '{other}'"
+        _ => err(format!(
+            "ERR unknown subcommand or wrong number of arguments for '{}'",
+            quoted(sub)
         )),
     }
 }
@@ -641,10 +677,10 @@ fn config(a: &[Bytes], ctx: &Context) -> Outcome {
     let Some(sub) = a.first() else {
         return wrong_arity("config");
     };
-    if upper(sub) != "GET" {
+    if upper(sub).as_str() != "GET" {
         return err(format!(
             "ERR CONFIG {} is not supported: fencelog is configured on its command line",
-            upper(sub)
+            quoted(sub)
         ));
     }
     if a.len() < 2 {
@@ -704,6 +740,17 @@ mod tests {
         assert!(glob_match(b"sav?", b"save"));
         assert!(!glob_match(b"save", b"saves"));
         assert!(!glob_match(b"x*", b"save"));
+    }
+
+    #[test]
+    fn names_match_in_any_case_and_odd_ones_match_nothing() {
+        assert_eq!(upper(b"log.Append").as_str(), "LOG.APPEND");
+        assert_eq!(upper(b"LEASE.ACQUIRE").as_str(), "LEASE.ACQUIRE");
+        assert_eq!(upper(b"").as_str(), "");
+        assert_eq!(upper(&[b'x'; Upper::MAX]).as_str().len(), Upper::MAX);
+        assert_eq!(upper(&[b'x'; Upper::MAX + 1]).as_str(), "");
+        assert_eq!(upper("pïng".as_bytes()).as_str(), "");
+        assert!(COMMANDS.iter().all(|c| c.len() <= Upper::MAX));
     }
 
     #[test]
