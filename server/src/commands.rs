@@ -658,11 +658,10 @@ fn client(a: &[Bytes], session: &mut Session) -> Outcome {
             session.name = (!name.is_empty()).then(|| name.clone());
             Outcome::Reply(Reply::ok())
         }
-        ("SETINFO", [attr, value]) => match upper(attr).as_str() {
-            "LIB-NAME" | "LIB-VER" => {
-                session.lib = Some(value.clone());
-                Outcome::Reply(Reply::ok())
-            }
+        // Client libraries announce themselves; nothing here shows it
+        // (no CLIENT LIST), so it is accepted and not kept.
+        ("SETINFO", [attr, _]) => match upper(attr).as_str() {
+            "LIB-NAME" | "LIB-VER" => Outcome::Reply(Reply::ok()),
             _ => err(format!("ERR Unrecognized option '{}'", quoted(attr))),
         },
         _ => err(format!(

@@ -20,7 +20,6 @@ pub struct Session {
     pub proto: u8,
     pub authenticated: bool,
     pub name: Option<Bytes>,
-    pub lib: Option<Bytes>,
 }
 
 /// An answer in the connection's queue, in request order.
@@ -43,7 +42,6 @@ pub async fn serve(
         proto: 2,
         authenticated: ctx.config.requirepass.is_none(),
         name: None,
-        lib: None,
     };
     let limits = ctx.config.limits.clone();
     let mut parser = RequestParser::new();
