@@ -12,6 +12,8 @@
 //! `Dir` entries are sorted by stream id; a stream's `Ix` entries by offset.
 //! `cum_bytes` counts the stream's payload bytes before that offset.
 
+use fencelog_wal::format::{u32_at, u64_at};
+
 use crate::view::IndexEntry;
 
 const MAGIC: [u8; 4] = *b"FLIX";
@@ -62,18 +64,6 @@ pub(crate) fn encode(parts: &[StreamPart<'_>]) -> Vec<u8> {
         }
     }
     b
-}
-
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    let mut a = [0u8; 4];
-    a.copy_from_slice(&b[at..at + 4]);
-    u32::from_le_bytes(a)
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(a)
 }
 
 /// A segment index read in place.

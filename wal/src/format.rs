@@ -46,13 +46,16 @@ pub const fn entry_len(payload_len: usize) -> u64 {
     align_up(ENTRY_HEADER_LEN as u64 + payload_len as u64)
 }
 
-fn u32_at(b: &[u8], at: usize) -> u32 {
+/// The little-endian `u32` at `at`. The caller has checked that `b` holds
+/// it (a layout already validated against its length); it panics otherwise.
+pub fn u32_at(b: &[u8], at: usize) -> u32 {
     let mut a = [0u8; 4];
     a.copy_from_slice(&b[at..at + 4]);
     u32::from_le_bytes(a)
 }
 
-fn u64_at(b: &[u8], at: usize) -> u64 {
+/// The little-endian `u64` at `at`; as [`u32_at`], `b` must hold it.
+pub fn u64_at(b: &[u8], at: usize) -> u64 {
     let mut a = [0u8; 8];
     a.copy_from_slice(&b[at..at + 8]);
     u64::from_le_bytes(a)
