@@ -1710,6 +1710,19 @@ mod tests {
         assert!(table.contains("ops/s") && table.contains("ELSEWHERE"));
     }
 
+    /// The default workloads: every append accepted through group commit,
+    /// every stale write rejected; answers the rejection result.
+    fn assert_append_then_reject(report: &Report) -> &WorkloadResult {
+        assert_sane(report);
+        let a = by_name(report, Workload::Append);
+        assert_eq!((a.stale, a.accepted), (0, a.requests));
+        let g = a.group_commit.unwrap();
+        assert!(g.syncs > 0 && g.entries_per_sync >= 1.0, "{g:?}");
+        let r = by_name(report, Workload::Reject);
+        assert_eq!((r.accepted, r.stale), (0, r.requests));
+        r
+    }
+
     #[test]
     fn in_process_append_then_reject() {
         let report = execute(
@@ -1717,13 +1730,7 @@ mod tests {
             false,
         )
         .unwrap();
-        assert_sane(&report);
-        let a = by_name(&report, Workload::Append);
-        assert_eq!((a.stale, a.accepted), (0, a.requests));
-        let g = a.group_commit.unwrap();
-        assert!(g.syncs > 0 && g.entries_per_sync >= 1.0, "{g:?}");
-        let r = by_name(&report, Workload::Reject);
-        assert_eq!((r.accepted, r.stale), (0, r.requests));
+        let r = assert_append_then_reject(&report);
         assert_eq!(r.group_commit.unwrap().syncs, 0);
     }
 
@@ -1847,13 +1854,7 @@ mod tests {
             false,
         )
         .unwrap();
-        assert_sane(&report);
-        let a = by_name(&report, Workload::Append);
-        assert_eq!((a.stale, a.accepted), (0, a.requests));
-        let g = a.group_commit.unwrap();
-        assert!(g.syncs > 0 && g.entries_per_sync >= 1.0, "{g:?}");
-        let r = by_name(&report, Workload::Reject);
-        assert_eq!((r.accepted, r.stale), (0, r.requests));
+        assert_append_then_reject(&report);
         // A second run meets none of the first one's streams.
         let again = execute(
             &args(&["--addr", &addr, "--requests", "40", "--clients", "2"]),
