@@ -15,33 +15,19 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use fencelog_benches::{raw_batch_write_sync, raw_write_sync_per_entry};
-use fencelog_wal::{FsStorage, Sequencer, Wal, WalError, WalOptions};
+use fencelog_wal::{FsStorage, Wal, WalError, WalOptions};
 
 const ENTRY_BYTES: usize = 100;
 
-struct Nothing;
-
-impl Sequencer for Nothing {
-    type Effect = ();
-    fn checkpoint(&mut self, _segment: u64) -> Vec<u8> {
-        Vec::new()
-    }
-    fn seal(&mut self, _segment: u64) -> (Vec<u8>, Option<()>) {
-        (Vec::new(), None)
-    }
-}
-
-fn open(dir: &Path) -> Wal<Nothing> {
-    let (wal, _) = Wal::open(Arc::new(FsStorage), dir, WalOptions::default(), |_| {
-        Ok(Nothing)
-    })
-    .expect("open the log");
+fn open(dir: &Path) -> Wal<()> {
+    let (wal, _) = Wal::open(Arc::new(FsStorage), dir, WalOptions::default(), |_| Ok(()))
+        .expect("open the log");
     wal
 }
 
 /// `total` durable appends spread over `writers` threads, each waiting for
 /// its entry's sync before the next: answers the elapsed time.
-fn appends(wal: &Wal<Nothing>, writers: u64, total: u64) -> Duration {
+fn appends(wal: &Wal<()>, writers: u64, total: u64) -> Duration {
     let per = total.div_ceil(writers);
     let payload = [7u8; ENTRY_BYTES];
     let start = Instant::now();

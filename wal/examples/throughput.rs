@@ -5,19 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use fencelog_wal::{FsStorage, Preallocation, Sequencer, Wal, WalError, WalOptions};
-
-struct Nothing;
-
-impl Sequencer for Nothing {
-    type Effect = ();
-    fn checkpoint(&mut self, _segment: u64) -> Vec<u8> {
-        Vec::new()
-    }
-    fn seal(&mut self, _segment: u64) -> (Vec<u8>, Option<()>) {
-        (Vec::new(), None)
-    }
-}
+use fencelog_wal::{FsStorage, Preallocation, Wal, WalError, WalOptions};
 
 fn main() -> Result<(), WalError> {
     let args: Vec<String> = std::env::args().collect();
@@ -39,7 +27,7 @@ fn main() -> Result<(), WalError> {
         },
         ..WalOptions::default()
     };
-    let (wal, _) = Wal::open(Arc::new(FsStorage), dir.path(), opts, |_| Ok(Nothing))?;
+    let (wal, _) = Wal::open(Arc::new(FsStorage), dir.path(), opts, |_| Ok(()))?;
     let stop = AtomicBool::new(false);
     let done = AtomicU64::new(0);
     let start = Instant::now();

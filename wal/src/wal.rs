@@ -70,6 +70,18 @@ pub trait Durable: Send + 'static {
     fn durable(self);
 }
 
+/// A log that keeps no state of its own: no checkpoints, no footers (raw
+/// appends, as in benchmarks and examples).
+impl Sequencer for () {
+    type Effect = ();
+    fn checkpoint(&mut self, _segment: u64) -> Vec<u8> {
+        Vec::new()
+    }
+    fn seal(&mut self, _segment: u64) -> (Vec<u8>, Option<()>) {
+        (Vec::new(), None)
+    }
+}
+
 impl Durable for () {
     fn durable(self) {}
 }
@@ -268,19 +280,13 @@ struct Shared<S: Sequencer> {
 ///
 /// ```
 /// use std::sync::Arc;
-/// use fencelog_wal::{FsStorage, Sequencer, Wal, WalOptions};
+/// use fencelog_wal::{FsStorage, Wal, WalOptions};
 ///
-/// // The simplest state: nothing to checkpoint, nothing to seal.
-/// struct Nothing;
-/// impl Sequencer for Nothing {
-///     type Effect = ();
-///     fn checkpoint(&mut self, _segment: u64) -> Vec<u8> { Vec::new() }
-///     fn seal(&mut self, _segment: u64) -> (Vec<u8>, Option<()>) { (Vec::new(), None) }
-/// }
-///
+/// // The simplest state, `()`: nothing to checkpoint, nothing to seal. A
+/// // real caller implements `Sequencer` for the state it rebuilds on replay.
 /// let dir = tempfile::tempdir().unwrap();
 /// let (wal, _report) =
-///     Wal::open(Arc::new(FsStorage), dir.path(), WalOptions::default(), |_replay| Ok(Nothing))
+///     Wal::open(Arc::new(FsStorage), dir.path(), WalOptions::default(), |_replay| Ok(()))
 ///         .unwrap();
 /// let (appended, ticket) = wal
 ///     .submit(|w| {
