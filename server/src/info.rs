@@ -11,7 +11,7 @@ fn counters(ctx: &Context) -> Vec<(&'static str, &'static str, &'static str, f64
     let m = ctx.log.metrics();
     let s = &ctx.stats;
     let w = &m.wal;
-    let uptime = s.started.get().map_or(0.0, |t| t.elapsed().as_secs_f64());
+    let uptime = s.started.elapsed().as_secs_f64();
     vec![
         (
             "server",

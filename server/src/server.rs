@@ -17,14 +17,26 @@ use crate::connection;
 use crate::info;
 
 /// Counters of the server itself (the engine keeps its own).
-#[derive(Default)]
 pub struct ServerStats {
     pub connections_total: AtomicU64,
     pub connections_now: AtomicU64,
     pub connections_refused: AtomicU64,
     pub commands: AtomicU64,
     pub bytes_in: AtomicU64,
-    pub started: std::sync::OnceLock<std::time::Instant>,
+    pub started: std::time::Instant,
+}
+
+impl ServerStats {
+    fn new() -> Self {
+        ServerStats {
+            connections_total: AtomicU64::new(0),
+            connections_now: AtomicU64::new(0),
+            connections_refused: AtomicU64::new(0),
+            commands: AtomicU64::new(0),
+            bytes_in: AtomicU64::new(0),
+            started: std::time::Instant::now(),
+        }
+    }
 }
 
 /// A server bound to its addresses, not yet serving.
@@ -66,8 +78,7 @@ impl Server {
             ),
             None => None,
         };
-        let stats = ServerStats::default();
-        let _ = stats.started.set(std::time::Instant::now());
+        let stats = ServerStats::new();
         Ok(Server {
             ctx: Arc::new(Context { log, config, stats }),
             listener,
