@@ -11,6 +11,7 @@ use fencelog::{AcquireOptions, Deferred, Error, Log, Token};
 
 use crate::config::ServeConfig;
 use crate::connection::Session;
+use crate::glob;
 use crate::info;
 use crate::protocol::Reply;
 use crate::server::ServerStats;
@@ -209,10 +210,15 @@ fn upper(b: &[u8]) -> Upper {
     u
 }
 
-/// A client's word, for an error message.
+/// A client's word, for an error message: its first 128 bytes, as Redis
+/// quotes it. Whole, three 16 MiB arguments of invalid UTF-8 would make a
+/// 144 MiB error (each bad byte turns into a 3-byte U+FFFD).
 fn quoted(b: &[u8]) -> std::borrow::Cow<'_, str> {
-    String::from_utf8_lossy(b)
+    String::from_utf8_lossy(&b[..b.len().min(QUOTED_BYTES)])
 }
+
+/// How much of a client's word an error message quotes.
+const QUOTED_BYTES: usize = 128;
 
 /// Commands allowed before authentication.
 fn allowed_unauthenticated(cmd: &str) -> bool {
@@ -397,9 +403,7 @@ pub async fn execute(ctx: &Arc<Context>, session: &mut Session, args: Vec<Bytes>
         },
         "CLIENT" => client(a, session),
         "INFO" => {
-            let section = a
-                .first()
-                .map(|s| String::from_utf8_lossy(s).to_ascii_lowercase());
+            let section = a.first().map(|s| quoted(s).to_ascii_lowercase());
             let text = info::info_text(ctx, section.as_deref());
             Outcome::Reply(Reply::Verbatim(text))
         }
@@ -418,11 +422,11 @@ pub async fn execute(ctx: &Arc<Context>, session: &mut Session, args: Vec<Bytes>
         _ => {
             let mut shown = String::new();
             for arg in a.iter().take(3) {
-                shown.push_str(&format!("'{}' ", String::from_utf8_lossy(arg)));
+                shown.push_str(&format!("'{}' ", quoted(arg)));
             }
             err(format!(
                 "ERR unknown command '{}', with args beginning with: {}",
-                String::from_utf8_lossy(first),
+                quoted(first),
                 shown
             ))
         }
@@ -685,6 +689,13 @@ fn config(a: &[Bytes], ctx: &Context) -> Outcome {
     if a.len() < 2 {
         return wrong_arity("config|get");
     }
+    // Bounded before matching: a pattern comes from anyone who can connect.
+    if a[1..].iter().any(|p| p.len() > glob::MAX_PATTERN_BYTES) {
+        return err(format!(
+            "ERR CONFIG GET pattern longer than {} bytes",
+            glob::MAX_PATTERN_BYTES
+        ));
+    }
     let c = &ctx.config;
     let settings: Vec<(&str, String)> = vec![
         ("appendonly", "yes".into()),
@@ -707,7 +718,7 @@ fn config(a: &[Bytes], ctx: &Context) -> Outcome {
     for (name, value) in &settings {
         if a[1..]
             .iter()
-            .any(|p| glob_match(&p.to_ascii_lowercase(), name.as_bytes()))
+            .any(|p| glob::matches(p, name.as_bytes(), true))
         {
             pairs.push((Reply::text(*name), Reply::text(value.clone())));
         }
@@ -715,31 +726,9 @@ fn config(a: &[Bytes], ctx: &Context) -> Outcome {
     Outcome::Reply(Reply::Map(pairs))
 }
 
-/// Glob matching with `*` and `?`, as CONFIG GET patterns use.
-fn glob_match(pattern: &[u8], name: &[u8]) -> bool {
-    match (pattern.split_first(), name.split_first()) {
-        (None, None) => true,
-        (Some((b'*', rest)), _) => {
-            glob_match(rest, name) || (!name.is_empty() && glob_match(pattern, &name[1..]))
-        }
-        (Some((b'?', rest)), Some((_, n))) => glob_match(rest, n),
-        (Some((p, rest)), Some((c, n))) if p == c => glob_match(rest, n),
-        _ => false,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn globs() {
-        assert!(glob_match(b"*", b"save"));
-        assert!(glob_match(b"append*", b"appendonly"));
-        assert!(glob_match(b"sav?", b"save"));
-        assert!(!glob_match(b"save", b"saves"));
-        assert!(!glob_match(b"x*", b"save"));
-    }
 
     #[test]
     fn names_match_in_any_case_and_odd_ones_match_nothing() {

@@ -15,6 +15,7 @@ pub mod commands;
 pub mod config;
 pub mod connection;
 pub mod dump;
+pub mod glob;
 pub mod info;
 pub mod protocol;
 pub mod server;
