@@ -56,6 +56,10 @@ enum State {
 #[derive(Debug, Default)]
 pub struct RequestParser {
     state: State,
+    /// Bytes of an unfinished inline line already searched for its `\n`:
+    /// searching from there keeps a line that trickles in byte by byte
+    /// linear, not quadratic, in its length.
+    inline_scanned: usize,
 }
 
 /// One request: the command and its arguments.
@@ -108,8 +112,9 @@ impl RequestParser {
         loop {
             match std::mem::take(&mut self.state) {
                 State::Start => {
-                    // Empty lines between requests are ignored, as Redis does.
-                    while buf.starts_with(b"\r\n") {
+                    // Empty lines between requests are ignored, as Redis does
+                    // (not under an unfinished inline line, which starts here).
+                    while self.inline_scanned == 0 && buf.starts_with(b"\r\n") {
                         buf.advance(2);
                     }
                     let Some(&first) = buf.first() else {
@@ -217,13 +222,18 @@ impl RequestParser {
     /// An inline command: one line, arguments split on spaces (with Redis'
     /// quoting for "double" and 'single' quoted arguments).
     fn inline(&mut self, buf: &mut BytesMut, limits: &Limits) -> Result<Inline, ProtocolError> {
-        let end = match buf.iter().position(|&b| b == b'\n') {
-            Some(end) => end,
+        let from = self.inline_scanned.min(buf.len());
+        let end = match buf[from..].iter().position(|&b| b == b'\n') {
+            Some(end) => from + end,
             None if buf.len() > limits.max_inline_bytes => {
                 return Err(ProtocolError("too big inline request".into()));
             }
-            None => return Ok(Inline::NeedMore),
+            None => {
+                self.inline_scanned = buf.len();
+                return Ok(Inline::NeedMore);
+            }
         };
+        self.inline_scanned = 0;
         if end > limits.max_inline_bytes {
             return Err(ProtocolError("too big inline request".into()));
         }

@@ -206,8 +206,12 @@ async fn metrics_request(ctx: &Context, mut stream: TcpStream) -> std::io::Resul
     // A request line and headers, bounded: nothing else is read.
     let mut buf = vec![0u8; 8192];
     let mut len = 0;
+    // Bytes before this were searched already: each read searches only what
+    // it added (and 3 bytes before), not the whole buffer again.
+    let mut searched = 0;
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
-    while !buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
+    while !buf[searched..len].windows(4).any(|w| w == b"\r\n\r\n") {
+        searched = len.saturating_sub(3);
         if len == buf.len() {
             return stream
                 .write_all(

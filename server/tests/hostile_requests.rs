@@ -2,13 +2,17 @@
 //! down or keep a worker busy: `CONFIG GET` with a 100 000-byte pattern of
 //! `*` overflowed the stack of the recursive glob matcher and aborted the
 //! whole server, before any AUTH; 14 `*` then `z` backtracked for over a
-//! minute. Also: an unknown command's error quoted its arguments whole.
+//! minute. Also the other super-linear loops found on network input: an
+//! inline line arriving byte by byte was searched again from its start on
+//! every read, and an unknown command's error quoted its arguments whole.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
+use bytes::BytesMut;
 use common::*;
+use fencelog_server::protocol::{Limits, RequestParser};
 
 /// Generous: the fixed paths answer in microseconds; the broken ones took
 /// seconds to minutes, or killed the process.
@@ -85,4 +89,62 @@ fn an_unknown_command_quotes_at_most_128_bytes_of_each_argument() {
     assert!(text.starts_with("ERR unknown command '"), "{text}");
     assert!(text.len() < 4 * 3 * 128 + 100, "{} bytes", text.len());
     assert_eq!(c.cmd(&["PING"]), Value::Simple("PONG".into()));
+}
+
+/// Searched from its start on every read, an inline line of L bytes
+/// arriving byte by byte cost L²/2 byte compares: 32 GiB of them for a
+/// 256 KiB line (about half a minute), 2 GiB for the default 64 KiB.
+#[test]
+fn an_inline_line_trickling_in_byte_by_byte_is_searched_once() {
+    let limits = Limits {
+        max_inline_bytes: 256 << 10,
+        max_bulk_bytes: 256 << 10,
+        ..Limits::default()
+    };
+    let mut line = b"ECHO ".to_vec();
+    line.resize(limits.max_inline_bytes - 2, b'x');
+    line.extend_from_slice(b"\r\n");
+    let mut parser = RequestParser::new();
+    let mut buf = BytesMut::new();
+    let started = Instant::now();
+    let mut got = None;
+    for &b in &line {
+        buf.extend_from_slice(&[b]);
+        if let Some(r) = parser.next(&mut buf, &limits).unwrap() {
+            got = Some(r);
+        }
+    }
+    assert!(started.elapsed() < FAST, "{:?}", started.elapsed());
+    let got = got.expect("the request");
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[1].len(), line.len() - 7);
+    assert!(buf.is_empty());
+}
+
+/// A lone `\r` pending (the start of a blank line) must not confuse the
+/// remembered search position.
+#[test]
+fn a_split_blank_line_then_a_command_parse_as_at_once() {
+    let limits = Limits::default();
+    let input = b"\r\n\r\nPING\r\n\r\nECHO a\n";
+    for split in 0..input.len() {
+        let mut parser = RequestParser::new();
+        let mut buf = BytesMut::new();
+        let mut got = Vec::new();
+        for piece in [&input[..split], &input[split..]] {
+            buf.extend_from_slice(piece);
+            while let Some(r) = parser.next(&mut buf, &limits).unwrap() {
+                got.push(r);
+            }
+        }
+        let got: Vec<Vec<&[u8]>> = got
+            .iter()
+            .map(|r| r.iter().map(|a| &a[..]).collect())
+            .collect();
+        assert_eq!(
+            got,
+            vec![vec![&b"PING"[..]], vec![&b"ECHO"[..], b"a"]],
+            "split at {split}"
+        );
+    }
 }
