@@ -108,6 +108,13 @@ pub(crate) struct Leases {
     /// LSN of the entry that issued `last_token`.
     pub last_token_lsn: u64,
     live: HashMap<Box<[u8]>, Lease>,
+    /// At or below the expiry of every lease in `live`: before then no
+    /// lease can have expired, so [`Leases::sweep`] need not look. Without
+    /// it, each acquisition refused at `max_live_leases` scanned the whole
+    /// table inside the serialized section.
+    earliest_expiry_ms: u64,
+    /// Sweeps that scanned the table (for tests of the bound above).
+    pub full_sweeps: u64,
     clock: Arc<dyn Clock>,
     pub expired: u64,
 }
@@ -118,6 +125,8 @@ impl Leases {
             last_token: 0,
             last_token_lsn: 0,
             live: HashMap::new(),
+            earliest_expiry_ms: u64::MAX,
+            full_sweeps: 0,
             clock,
             expired: 0,
         }
@@ -146,16 +155,42 @@ impl Leases {
         self.live.get_mut(name)
     }
 
+    /// A live lease's new ttl from now, kept in memory only (the log holds
+    /// a longer one).
+    pub(crate) fn retime(&mut self, name: &[u8], ttl_ms: u64) {
+        let now = self.clock.now_ms();
+        if let Some(l) = self.live_mut(name) {
+            l.ttl_ms = ttl_ms;
+            l.expires_at_ms = now.saturating_add(ttl_ms);
+            let at = l.expires_at_ms;
+            self.earliest_expiry_ms = self.earliest_expiry_ms.min(at);
+        }
+    }
+
     /// Number of leases in the table (some may have expired unnoticed).
     pub(crate) fn len(&self) -> usize {
         self.live.len()
     }
 
-    /// Drops every expired lease; answers how many.
+    /// Drops every expired lease; answers how many. Scans the table only
+    /// once the earliest expiry has passed, so a refusal at the limit costs
+    /// O(1) until a lease can have expired.
     pub(crate) fn sweep(&mut self) -> u64 {
         let now = self.clock.now_ms();
+        if now < self.earliest_expiry_ms {
+            return 0;
+        }
+        self.full_sweeps += 1;
         let before = self.live.len();
-        self.live.retain(|_, l| l.expires_at_ms > now);
+        let mut earliest = u64::MAX;
+        self.live.retain(|_, l| {
+            let keep = l.expires_at_ms > now;
+            if keep {
+                earliest = earliest.min(l.expires_at_ms);
+            }
+            keep
+        });
+        self.earliest_expiry_ms = earliest;
         let n = (before - self.live.len()) as u64;
         self.expired += n;
         n
@@ -180,6 +215,7 @@ impl Leases {
         self.last_token = token;
         self.last_token_lsn = lsn;
         let expires_at_ms = self.clock.now_ms().saturating_add(ttl_ms);
+        self.earliest_expiry_ms = self.earliest_expiry_ms.min(expires_at_ms);
         self.live.insert(
             name.to_vec().into_boxed_slice(),
             Lease {
@@ -212,6 +248,7 @@ impl Leases {
             l.durable_ttl_ms = l.durable_ttl_ms.max(ttl_ms);
             l.expires_at_ms = now.saturating_add(ttl_ms);
             l.lsn = lsn;
+            self.earliest_expiry_ms = self.earliest_expiry_ms.min(l.expires_at_ms);
         }
     }
 
@@ -232,7 +269,9 @@ impl Leases {
         self.last_token = last_token;
         self.last_token_lsn = 0;
         self.live.clear();
+        self.earliest_expiry_ms = u64::MAX;
         for l in leases {
+            self.earliest_expiry_ms = self.earliest_expiry_ms.min(now.saturating_add(l.ttl_ms));
             self.live.insert(
                 l.name.into_boxed_slice(),
                 Lease {
@@ -261,5 +300,64 @@ impl Leases {
                 .iter()
                 .map(|(name, l)| (&name[..], &l.owner[..], l.token, l.ttl_ms)),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// At `max_live_leases` every refused acquisition swept the whole table
+    /// inside the serialized section: a client repeating LEASE.ACQUIRE kept
+    /// the writer busy for O(table) per request. A sweep now looks only once
+    /// a lease can have expired, and a shortened lease is still found.
+    #[test]
+    fn a_sweep_scans_only_once_a_lease_can_have_expired() {
+        let clock = Arc::new(ManualClock::default());
+        let mut leases = Leases::new(clock.clone());
+        for i in 0..1000u64 {
+            let name = format!("lease{i}");
+            leases
+                .apply_acquire(name.as_bytes(), b"o", i + 1, 10_000 + i, i + 1)
+                .unwrap();
+        }
+        for _ in 0..10_000 {
+            assert_eq!(leases.sweep(), 0);
+        }
+        assert_eq!(leases.full_sweeps, 0);
+        // Shortened in memory (a renewal to a shorter ttl): due sooner.
+        clock.advance(Duration::from_millis(100));
+        leases.retime(b"lease500", 50);
+        clock.advance(Duration::from_millis(49));
+        assert_eq!(leases.sweep(), 0);
+        assert_eq!(leases.full_sweeps, 0);
+        clock.advance(Duration::from_millis(1));
+        assert_eq!(leases.sweep(), 1);
+        assert_eq!(leases.full_sweeps, 1);
+        // Nothing else is due before the first acquisition's 10 s.
+        for _ in 0..10_000 {
+            assert_eq!(leases.sweep(), 0);
+        }
+        assert_eq!(leases.full_sweeps, 1);
+        clock.advance(Duration::from_millis(10_000));
+        assert_eq!(leases.sweep(), 151);
+        assert_eq!(leases.len(), 848);
+        // A release leaves the bound low: one scan finds nothing and
+        // raises it, then none until the next expiry.
+        let mut restored = Leases::new(clock.clone());
+        restored.restore(
+            7,
+            vec![crate::checkpoint::LeaseRecord {
+                name: b"x".to_vec(),
+                owner: b"o".to_vec(),
+                token: 7,
+                ttl_ms: 5,
+            }],
+        );
+        assert!(restored.apply_release(b"x", b"o", 7));
+        clock.advance(Duration::from_millis(5));
+        assert_eq!(restored.sweep(), 0);
+        assert_eq!(restored.sweep(), 0);
+        assert_eq!(restored.full_sweeps, 1);
     }
 }

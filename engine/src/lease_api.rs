@@ -206,11 +206,7 @@ fn extend(
             .apply_renew(name, owner, token, ttl_ms, at.lsn);
         return Ok(w.ticket());
     }
-    let now = w.state().leases.now_ms();
-    if let Some(l) = w.state().leases.live_mut(name) {
-        l.ttl_ms = ttl_ms;
-        l.expires_at_ms = now.saturating_add(ttl_ms);
-    }
+    w.state().leases.retime(name, ttl_ms);
     // The grant itself must be durable before it is answered again.
     Ok(w.ticket_for(lsn))
 }
