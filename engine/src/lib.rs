@@ -59,6 +59,9 @@ mod checkpoint;
 mod core;
 mod error;
 mod footer;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod inspect;
 mod lease;
 mod lease_api;
