@@ -31,9 +31,8 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use fencelog::wal::FsStorage;
@@ -96,15 +95,11 @@ fn context(log: Log, dir: &Path, requirepass: Option<&str>) -> Arc<Context> {
         shutdown_grace: Duration::from_secs(1),
     };
     config.check().expect("a valid configuration");
-    let stats = ServerStats {
-        connections_total: AtomicU64::new(0),
-        connections_now: AtomicU64::new(1),
-        connections_refused: AtomicU64::new(0),
-        commands: AtomicU64::new(0),
-        bytes_in: AtomicU64::new(0),
-        started: Instant::now(),
-    };
-    Arc::new(Context { log, config, stats })
+    Arc::new(Context {
+        log,
+        config,
+        stats: ServerStats::new(),
+    })
 }
 
 impl Harness {

@@ -27,7 +27,8 @@ pub struct ServerStats {
 }
 
 impl ServerStats {
-    fn new() -> Self {
+    /// Every counter at zero, the start time now.
+    pub fn new() -> Self {
         ServerStats {
             connections_total: AtomicU64::new(0),
             connections_now: AtomicU64::new(0),
@@ -36,6 +37,12 @@ impl ServerStats {
             bytes_in: AtomicU64::new(0),
             started: std::time::Instant::now(),
         }
+    }
+}
+
+impl Default for ServerStats {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
