@@ -276,6 +276,13 @@ impl Core {
                 self.leases.apply_renew(name, owner, token, ttl_ms, at.lsn);
                 Ok(Effect::Many(Vec::new()))
             }
+            Op::Batch { ops, .. } => {
+                let mut effects = Vec::new();
+                for op in op::batch_ops(ops) {
+                    effects.push(self.apply_op(&op, at)?);
+                }
+                Ok(Effect::Many(effects))
+            }
         }
     }
 

@@ -123,13 +123,29 @@ pub enum EntryView<'a> {
         /// The new ttl.
         ttl_ms: u64,
     },
+    /// A transaction: stream ops (appends, fences, trims, deletes) decided
+    /// together, in order, written as one entry.
+    Transaction {
+        /// Its ops, in order.
+        ops: Vec<EntryView<'a>>,
+    },
 }
 
 impl EntryView<'_> {
-    /// The stream or lease the entry concerns, if one.
+    /// Whether the entry concerns stream or lease `name` (a transaction:
+    /// any of its ops).
+    pub fn concerns(&self, name: &[u8]) -> bool {
+        match self {
+            EntryView::Transaction { ops } => ops.iter().any(|o| o.concerns(name)),
+            other => other.name() == Some(name),
+        }
+    }
+
+    /// The stream or lease the entry concerns, if one (`None` for a
+    /// checkpoint and a transaction).
     pub fn name(&self) -> Option<&[u8]> {
         match self {
-            EntryView::Checkpoint { .. } => None,
+            EntryView::Checkpoint { .. } | EntryView::Transaction { .. } => None,
             EntryView::Append { stream, .. }
             | EntryView::Fence { stream, .. }
             | EntryView::Trim { stream, .. }
@@ -162,56 +178,63 @@ pub fn describe(kind: EntryKind, payload: &[u8]) -> Result<EntryView<'_>, String
                 last_token: c.last_token,
             })
         }
-        EntryKind::Record => Ok(match op::decode(payload)? {
-            Op::Append {
-                stream,
-                token,
-                first_offset,
-                count,
-                records,
-            } => EntryView::Append {
-                stream,
-                token,
-                first_offset,
-                records: count,
-                payloads: op::records(records).map(|(s, e)| &records[s..e]).collect(),
-            },
-            Op::Fence { stream, token } => EntryView::Fence { stream, token },
-            Op::Trim {
-                stream,
-                token,
-                before,
-            } => EntryView::Trim {
-                stream,
-                token,
-                before,
-            },
-            Op::Delete { stream, token } => EntryView::Delete { stream, token },
-            Op::Acquire {
-                name,
-                owner,
-                token,
-                ttl_ms,
-                fence,
-            } => EntryView::Acquire {
-                name,
-                owner,
-                token,
-                ttl_ms,
-                fence,
-            },
-            Op::Release { name, owner, token } => EntryView::Release { name, owner, token },
-            Op::Renew {
-                name,
-                owner,
-                token,
-                ttl_ms,
-            } => EntryView::Renew {
-                name,
-                owner,
-                token,
-                ttl_ms,
-            },
-        }),
+        EntryKind::Record => Ok(view_of(op::decode(payload)?)),
+    }
+}
+
+fn view_of(op: Op<'_>) -> EntryView<'_> {
+    match op {
+        Op::Append {
+            stream,
+            token,
+            first_offset,
+            count,
+            records,
+        } => EntryView::Append {
+            stream,
+            token,
+            first_offset,
+            records: count,
+            payloads: op::records(records).map(|(s, e)| &records[s..e]).collect(),
+        },
+        Op::Fence { stream, token } => EntryView::Fence { stream, token },
+        Op::Trim {
+            stream,
+            token,
+            before,
+        } => EntryView::Trim {
+            stream,
+            token,
+            before,
+        },
+        Op::Delete { stream, token } => EntryView::Delete { stream, token },
+        Op::Acquire {
+            name,
+            owner,
+            token,
+            ttl_ms,
+            fence,
+        } => EntryView::Acquire {
+            name,
+            owner,
+            token,
+            ttl_ms,
+            fence,
+        },
+        Op::Release { name, owner, token } => EntryView::Release { name, owner, token },
+        Op::Renew {
+            name,
+            owner,
+            token,
+            ttl_ms,
+        } => EntryView::Renew {
+            name,
+            owner,
+            token,
+            ttl_ms,
+        },
+        Op::Batch { ops, .. } => EntryView::Transaction {
+            ops: op::batch_ops(ops).map(view_of).collect(),
+        },
     }
 }

@@ -67,13 +67,15 @@ mod metrics;
 mod op;
 mod options;
 mod token;
+mod tx;
 mod view;
 
 pub use error::{Error, Result};
 pub use fencelog_wal::{self as wal, RecoveryMode, RecoveryReport, WalOptions};
 pub use lease::{Clock, ManualClock, MonotonicClock};
 pub use lease_api::{AcquireOptions, Grant, LeaseInfo, MAX_OWNER};
-pub use log::{Deferred, Log, Record, StreamStat};
+pub use log::{Deferred, Log, ReadOptions, Record, StreamStat};
 pub use metrics::Metrics;
 pub use options::Options;
 pub use token::{MAX_STREAM_NAME, MAX_TOKEN, Offset, Token};
+pub use tx::TxOp;

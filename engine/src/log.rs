@@ -41,7 +41,7 @@ pub struct Deferred<T> {
 }
 
 impl<T> Deferred<T> {
-    fn new(f: impl std::future::Future<Output = Result<T>> + Send + 'static) -> Self {
+    pub(crate) fn new(f: impl std::future::Future<Output = Result<T>> + Send + 'static) -> Self {
         Deferred { inner: Box::pin(f) }
     }
 }
@@ -70,6 +70,55 @@ pub struct StreamStat {
     pub records: u64,
     /// Payload bytes of the readable records.
     pub bytes: u64,
+}
+
+/// How much one read answers, and how long it waits for a first record
+/// (see [`Log::read_with`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadOptions {
+    /// Most records answered (also capped by
+    /// [`Options::max_read_records`]). Default 100.
+    pub max_records: u32,
+    /// Most payload bytes answered; one record is answered whatever its
+    /// size. Default: no limit.
+    pub max_bytes: u64,
+    /// How long to wait when there is no record at `from` yet:
+    /// `Duration::ZERO` (the default) does not wait, `Duration::MAX` waits
+    /// without a limit.
+    pub wait: Duration,
+}
+
+impl Default for ReadOptions {
+    fn default() -> Self {
+        ReadOptions::records(100)
+    }
+}
+
+impl ReadOptions {
+    /// At most `max_records` records, no byte limit, no waiting.
+    pub fn records(max_records: u32) -> ReadOptions {
+        ReadOptions {
+            max_records,
+            max_bytes: u64::MAX,
+            wait: Duration::ZERO,
+        }
+    }
+}
+
+/// The payload bytes a read may still answer.
+struct Budget {
+    bytes_left: u64,
+    /// A record did not fit: the read ends here.
+    full: bool,
+}
+
+impl Budget {
+    fn unlimited() -> Budget {
+        Budget {
+            bytes_left: u64::MAX,
+            full: false,
+        }
+    }
 }
 
 /// A fenced append-only log: many named streams in one durable,
@@ -181,7 +230,7 @@ impl Decided {
     }
 }
 
-fn check_payloads<P: AsRef<[u8]>>(opts: &Options, payloads: &[P]) -> Result<()> {
+pub(crate) fn check_payloads<P: AsRef<[u8]>>(opts: &Options, payloads: &[P]) -> Result<()> {
     if payloads.is_empty() {
         return Err(Error::invalid(
             "payloads",
@@ -720,16 +769,7 @@ impl Log {
         from: Offset,
         max_records: u32,
     ) -> Result<Vec<Record>> {
-        let stream = stream.as_ref();
-        check_stream_name(stream)?;
-        let records = match self.inner.views.get(stream) {
-            Some(view) => self.read_view(&view, from, max_records)?,
-            None => Vec::new(),
-        };
-        let c = &self.inner.counters;
-        c.reads.add(1);
-        c.records_read.add(records.len() as u64);
-        Ok(records)
+        self.read_with(stream, from, &ReadOptions::records(max_records))
     }
 
     /// As [`Log::read`], but when there is nothing at `from` yet, waits up
@@ -741,11 +781,58 @@ impl Log {
         max_records: u32,
         timeout: Duration,
     ) -> Result<Vec<Record>> {
+        let opts = ReadOptions {
+            wait: timeout,
+            ..ReadOptions::records(max_records)
+        };
+        self.read_with(stream, from, &opts)
+    }
+
+    /// The async form of [`Log::read_wait`] (`Duration::ZERO`: no waiting).
+    /// Waiting with a limit needs a tokio runtime with its timer enabled.
+    pub async fn read_async(
+        &self,
+        stream: impl AsRef<[u8]>,
+        from: Offset,
+        max_records: u32,
+        timeout: Duration,
+    ) -> Result<Vec<Record>> {
+        let opts = ReadOptions {
+            wait: timeout,
+            ..ReadOptions::records(max_records)
+        };
+        self.read_with_async(stream, from, &opts).await
+    }
+
+    /// Reads durable records of `stream` from `from` on, as many as `opts`
+    /// allow: at most `max_records` records and `max_bytes` payload bytes,
+    /// but always one record if there is one. When there is none yet, waits
+    /// up to `opts.wait` for one. `from` below the start offset is
+    /// [`Error::Trimmed`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use fencelog::{Log, Options, ReadOptions, Token};
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let log = Log::open(dir.path(), Options::default()).unwrap();
+    /// log.append("s", Token::new(1).unwrap(), &["aaaa", "bbbb", "cccc"]).unwrap();
+    /// let opts = ReadOptions { max_bytes: 6, ..ReadOptions::default() };
+    /// // 4 bytes fit, 8 would not: one record, and the next read goes on.
+    /// assert_eq!(log.read_with("s", 0, &opts).unwrap().len(), 1);
+    /// assert_eq!(log.read_with("s", 1, &opts).unwrap()[0].offset, 1);
+    /// ```
+    pub fn read_with(
+        &self,
+        stream: impl AsRef<[u8]>,
+        from: Offset,
+        opts: &ReadOptions,
+    ) -> Result<Vec<Record>> {
         let stream = stream.as_ref();
-        let deadline = Instant::now().checked_add(timeout);
+        let deadline = Instant::now().checked_add(opts.wait);
         loop {
-            let records = self.read(stream, from, max_records)?;
-            if !records.is_empty() {
+            let records = self.read_now(stream, from, opts)?;
+            if !records.is_empty() || opts.wait.is_zero() {
                 return Ok(records);
             }
             let listener = self.listen_for_records(stream);
@@ -763,20 +850,19 @@ impl Log {
         }
     }
 
-    /// The async form of [`Log::read_wait`] (`Duration::ZERO`: no waiting).
-    /// Waiting with a limit needs a tokio runtime with its timer enabled.
-    pub async fn read_async(
+    /// The async form of [`Log::read_with`]. Waiting with a limit needs a
+    /// tokio runtime with its timer enabled.
+    pub async fn read_with_async(
         &self,
         stream: impl AsRef<[u8]>,
         from: Offset,
-        max_records: u32,
-        timeout: Duration,
+        opts: &ReadOptions,
     ) -> Result<Vec<Record>> {
         let stream = stream.as_ref();
-        let deadline = tokio::time::Instant::now().checked_add(timeout);
+        let deadline = tokio::time::Instant::now().checked_add(opts.wait);
         loop {
-            let records = self.read(stream, from, max_records)?;
-            if !records.is_empty() || timeout.is_zero() {
+            let records = self.read_now(stream, from, opts)?;
+            if !records.is_empty() || opts.wait.is_zero() {
                 return Ok(records);
             }
             let listener = self.listen_for_records(stream);
@@ -794,6 +880,19 @@ impl Log {
         }
     }
 
+    /// One read without waiting.
+    fn read_now(&self, stream: &[u8], from: Offset, opts: &ReadOptions) -> Result<Vec<Record>> {
+        check_stream_name(stream)?;
+        let records = match self.inner.views.get(stream) {
+            Some(view) => self.read_view(&view, from, opts)?,
+            None => Vec::new(),
+        };
+        let c = &self.inner.counters;
+        c.reads.add(1);
+        c.records_read.add(records.len() as u64);
+        Ok(records)
+    }
+
     fn listen_for_records(&self, stream: &[u8]) -> event_listener::EventListener {
         match self.inner.views.get(stream) {
             Some(view) => view.grown.listen(),
@@ -809,7 +908,7 @@ impl Log {
             .is_some_and(|v| v.next.load(Ordering::Acquire) > from)
     }
 
-    fn read_view(&self, view: &StreamView, from: u64, max_records: u32) -> Result<Vec<Record>> {
+    fn read_view(&self, view: &StreamView, from: u64, opts: &ReadOptions) -> Result<Vec<Record>> {
         let start = view.start.load(Ordering::Acquire);
         if from < start {
             return Err(Error::Trimmed {
@@ -818,13 +917,17 @@ impl Log {
             });
         }
         let next = view.next.load(Ordering::Acquire);
-        let max = max_records.min(self.inner.opts.max_read_records);
+        let max = opts.max_records.min(self.inner.opts.max_read_records);
         if from >= next || max == 0 {
             return Ok(Vec::new());
         }
         let end = next.min(from.saturating_add(u64::from(max)));
-        let mut out = Vec::with_capacity((end - from) as usize);
-        match self.collect_records(view, from, end, &mut out) {
+        let mut out = Vec::with_capacity(((end - from) as usize).min(1024));
+        let mut budget = Budget {
+            bytes_left: opts.max_bytes,
+            full: false,
+        };
+        match self.collect_records(view, from, end, &mut out, &mut budget) {
             Ok(()) => Ok(out),
             Err(e) => {
                 // Trimmed (and collected) under our feet: say so.
@@ -848,6 +951,7 @@ impl Log {
         from: u64,
         end: u64,
         out: &mut Vec<Record>,
+        budget: &mut Budget,
     ) -> Result<()> {
         // (segment, position) of each entry to read, in offset order.
         let mut entries: Vec<(u64, u64, u64)> = Vec::new();
@@ -895,9 +999,10 @@ impl Log {
                     cursor,
                     end,
                     out,
+                    budget,
                 )?;
                 cursor = entry_end.max(cursor);
-                if cursor >= end {
+                if cursor >= end || budget.full {
                     return Ok(());
                 }
             }
@@ -907,7 +1012,10 @@ impl Log {
                 break;
             }
             let before = out.len();
-            self.decode_entry(view, segment, position, first, cursor, end, out)?;
+            self.decode_entry(view, segment, position, first, cursor, end, out, budget)?;
+            if budget.full {
+                return Ok(());
+            }
             if let Some(last) = out.last()
                 && out.len() > before
             {
@@ -933,16 +1041,29 @@ impl Log {
         from: u64,
         end: u64,
         out: &mut Vec<Record>,
+        budget: &mut Budget,
     ) -> Result<()> {
         let entry = self.inner.wal.read_entry(segment, position)?;
         let payload = entry.payload;
+        let op = op::decode(&payload).map_err(|why| self.damaged(segment, why))?;
+        // A transaction's entry holds its appends among other ops: the one
+        // the index means is this stream's, at this offset.
+        let op = match op {
+            Op::Batch { ops, .. } => op::batch_ops(ops)
+                .find(|o| {
+                    matches!(o, Op::Append { stream, first_offset, .. }
+                        if *stream == &view.name[..] && *first_offset == first)
+                })
+                .unwrap_or(op),
+            other => other,
+        };
         let Op::Append {
             stream,
             token,
             first_offset,
             records,
             ..
-        } = op::decode(&payload).map_err(|why| self.damaged(segment, why))?
+        } = op
         else {
             return Err(self.damaged(
                 segment,
@@ -968,6 +1089,12 @@ impl Log {
                 break;
             }
             if offset >= from {
+                let len = (e - s) as u64;
+                if !out.is_empty() && len > budget.bytes_left {
+                    budget.full = true;
+                    break;
+                }
+                budget.bytes_left = budget.bytes_left.saturating_sub(len);
                 out.push(Record {
                     offset,
                     token,
@@ -1072,6 +1199,7 @@ impl Log {
             entry.first_offset,
             offset,
             &mut records,
+            &mut Budget::unlimited(),
         )?;
         Ok(entry.cum_bytes + records.iter().map(|r| r.payload.len() as u64).sum::<u64>())
     }
@@ -1098,6 +1226,7 @@ impl Log {
             .wal
             .with_state(|core| (core.leases.len() as u64, core.leases.expired));
         Metrics {
+            transactions: c.transactions.get(),
             appends: c.appends.get(),
             records: c.records.get(),
             bytes: c.bytes.get(),

@@ -52,6 +52,7 @@ impl Counter {
 
 #[derive(Default)]
 pub(crate) struct Counters {
+    pub transactions: Counter,
     pub appends: Counter,
     pub records: Counter,
     pub bytes: Counter,
@@ -75,6 +76,8 @@ pub(crate) struct Counters {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Metrics {
+    /// Transactions applied (their ops are counted below too).
+    pub transactions: u64,
     /// Accepted appends (plain and conditional).
     pub appends: u64,
     /// Records appended.
