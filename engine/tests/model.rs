@@ -550,12 +550,11 @@ fn sync_floor(world: &World, model: &mut Model, acked: Option<&Model>) {
     assert!(floor >= model.floor, "the token floor went down");
     if world.log().recovery_report().cut.is_some() {
         let acked = acked.unwrap_or(model);
-        for s in 0..STREAMS.len() {
+        for (s, name) in STREAMS.iter().enumerate() {
             let h = acked.get(s).highest;
             assert!(
                 floor >= h,
-                "a cut left the floor at {floor}, below token {h} acknowledged on {}",
-                STREAMS[s]
+                "a cut left the floor at {floor}, below token {h} acknowledged on {name}"
             );
         }
     }
