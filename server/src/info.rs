@@ -98,6 +98,36 @@ fn counters(ctx: &Context) -> Vec<(&'static str, &'static str, &'static str, f64
         ),
         (
             "persistence",
+            "segments",
+            "Segment files in the log.",
+            m.segments as f64,
+        ),
+        (
+            "persistence",
+            "open_segment_files",
+            "Segment files open for reading now (within max_open_segments).",
+            w.open_segment_files as f64,
+        ),
+        (
+            "persistence",
+            "last_checkpoint_bytes",
+            "Bytes of the last checkpoint written.",
+            w.last_checkpoint_bytes as f64,
+        ),
+        (
+            "persistence",
+            "segments_uncounted",
+            "Segments older than the last open not yet looked at by garbage collection.",
+            m.segments_uncounted as f64,
+        ),
+        (
+            "persistence",
+            "token_floor",
+            "Every stream's highest token is at least this (raised when recovery cut entries).",
+            m.token_floor as f64,
+        ),
+        (
+            "persistence",
             "fsyncs",
             "Group commits (write + fdatasync).",
             w.syncs as f64,

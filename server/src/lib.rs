@@ -15,6 +15,8 @@ pub mod commands;
 pub mod config;
 pub mod connection;
 pub mod dump;
+pub mod fds;
+pub mod history;
 pub mod info;
 pub mod protocol;
 pub mod server;

@@ -49,8 +49,9 @@ pub struct Server {
 impl Server {
     /// Opens the log and binds the addresses: every error a person must fix
     /// (a locked directory, a taken port, an unsafe bind) surfaces here.
-    pub async fn bind(config: ServeConfig) -> Result<Server, String> {
+    pub async fn bind(mut config: ServeConfig) -> Result<Server, String> {
         config.check()?;
+        fit_open_files(&mut config);
         let engine = config.engine.clone();
         let dir = config.dir.clone();
         let log = tokio::task::spawn_blocking(move || fencelog::Log::open(&dir, engine))
@@ -236,4 +237,34 @@ async fn metrics_request(ctx: &Context, mut stream: TcpStream) -> std::io::Resul
     stream.write_all(head.as_bytes()).await?;
     stream.write_all(body.as_bytes()).await?;
     stream.shutdown().await
+}
+
+/// Raises the open-file limit as far as allowed, and keeps the connection
+/// limit within what is left after the log's files; says so in the log.
+fn fit_open_files(config: &mut ServeConfig) {
+    use crate::fds;
+    let reserved = fds::reserved_for_log(config.engine.wal.max_open_segments);
+    match fds::raise_open_files_limit() {
+        Ok(limit) => {
+            if limit.now != limit.before {
+                tracing::info!(
+                    before = limit.before,
+                    now = limit.now,
+                    "raised the open-file limit to the hard limit"
+                );
+            }
+            let fit = fds::connections_that_fit(config.max_connections, limit.now, reserved);
+            if fit < config.max_connections {
+                tracing::warn!(
+                    max_connections = config.max_connections,
+                    now = fit,
+                    open_file_limit = limit.now,
+                    reserved_for_log = reserved,
+                    "--max-connections lowered to what the open-file limit leaves"
+                );
+                config.max_connections = fit;
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot read or raise the open-file limit"),
+    }
 }
