@@ -5,7 +5,13 @@
 //! across reads (a 10 MiB payload arriving in 1 KiB pieces is looked at
 //! once, not re-parsed per piece). Every length a client claims is checked
 //! against a limit before anything is allocated for it, and payloads are
-//! handed out as slices of the read buffer, without copying.
+//! handed out as slices of the read buffer, without copying. The arguments
+//! of a request not yet complete are counted ([`RequestParser::held_bytes`])
+//! so that the connection can bound them with its query buffer.
+//!
+//! Error texts are Redis' own (`networking.c`), so that clients and tools
+//! matching them keep working; where a configured limit is the reason, the
+//! numbers follow Redis' words.
 
 use bytes::{Buf, Bytes, BytesMut};
 
@@ -36,6 +42,21 @@ impl Default for Limits {
 #[error("Protocol error: {0}")]
 pub struct ProtocolError(pub String);
 
+/// Bulk strings at least this long get a buffer of their exact size (as
+/// Redis does from `PROTO_MBULK_BIG_ARG`): no doubling past what was
+/// claimed, and the argument is handed out without a copy.
+const BIG_ARG_BYTES: usize = 32 << 10;
+
+/// What one argument costs beyond its bytes: its `Bytes` handle in the
+/// request's vector and the `$len\r\n…\r\n` framing its slice keeps alive.
+pub const ARG_OVERHEAD_BYTES: usize = 48;
+
+/// Before authentication (with a password configured) Redis allows only
+/// tiny requests; so do we, with the same numbers.
+pub const UNAUTHENTICATED_MAX_ARGS: usize = 10;
+/// See [`UNAUTHENTICATED_MAX_ARGS`].
+pub const UNAUTHENTICATED_MAX_BULK_BYTES: usize = 16 << 10;
+
 /// Where a partially received request stands.
 #[derive(Debug, Default)]
 enum State {
@@ -56,10 +77,32 @@ enum State {
 #[derive(Debug, Default)]
 pub struct RequestParser {
     state: State,
+    /// Bytes held by the arguments of the unfinished request (with
+    /// [`ARG_OVERHEAD_BYTES`] each).
+    held: usize,
+    /// Whether the client still has to authenticate: requests are limited
+    /// to [`UNAUTHENTICATED_MAX_ARGS`] and
+    /// [`UNAUTHENTICATED_MAX_BULK_BYTES`].
+    unauthenticated: bool,
 }
 
 /// One request: the command and its arguments.
 pub type Request = Vec<Bytes>;
+
+/// Whether a request looks like HTTP rather than Redis: a browser made to
+/// post to this port (a cross-protocol attack) sends `POST / HTTP/1.1`
+/// then headers such as `Host: …`, and the body could hold commands. Redis
+/// closes such connections at once (`securityWarningCommand`); so do we,
+/// and `GET /…` too, since this server has no GET.
+pub fn looks_like_http(request: &[Bytes]) -> bool {
+    match request {
+        [cmd, ..] if cmd.eq_ignore_ascii_case(b"POST") || cmd.eq_ignore_ascii_case(b"HOST:") => {
+            true
+        }
+        [cmd, path, ..] => cmd.eq_ignore_ascii_case(b"GET") && path.starts_with(b"/"),
+        _ => false,
+    }
+}
 
 /// Finds `\r\n` in `buf` (from the start); answers the line's length.
 fn line_end(buf: &[u8]) -> Option<usize> {
@@ -98,9 +141,36 @@ impl RequestParser {
         !matches!(self.state, State::Start)
     }
 
+    /// Memory held by the arguments already parsed out of the request not
+    /// yet complete: they no longer sit in the input buffer, yet count as
+    /// much as if they did.
+    pub fn held_bytes(&self) -> usize {
+        self.held
+    }
+
+    /// Limits requests as Redis does before a client authenticates (at
+    /// most 10 arguments, bulk strings of at most 16 KiB), or lifts those
+    /// limits again.
+    pub fn set_unauthenticated(&mut self, unauthenticated: bool) {
+        self.unauthenticated = unauthenticated;
+    }
+
     /// Takes the next whole request from the front of `buf`, consuming its
     /// bytes; `Ok(None)` when more bytes are needed (the progress is kept).
     pub fn next(
+        &mut self,
+        buf: &mut BytesMut,
+        limits: &Limits,
+    ) -> Result<Option<Request>, ProtocolError> {
+        let next = self.parse(buf, limits);
+        if !matches!(next, Ok(None)) {
+            // A request handed out, or the connection ends: nothing is held.
+            self.held = 0;
+        }
+        next
+    }
+
+    fn parse(
         &mut self,
         buf: &mut BytesMut,
         limits: &Limits,
@@ -137,9 +207,13 @@ impl RequestParser {
                     }
                     if n as usize > limits.max_args {
                         return Err(ProtocolError(format!(
-                            "a request of {n} arguments is over the limit of {}",
+                            "invalid multibulk length: {n} arguments is over the limit of {} \
+                             (--max-args)",
                             limits.max_args
                         )));
+                    }
+                    if self.unauthenticated && n as usize > UNAUTHENTICATED_MAX_ARGS {
+                        return Err(ProtocolError("unauthenticated multibulk length".into()));
                     }
                     let expected = n as usize;
                     // Grow as arguments arrive; never trust the count with
@@ -176,9 +250,13 @@ impl RequestParser {
                     }
                     if len as usize > limits.max_bulk_bytes {
                         return Err(ProtocolError(format!(
-                            "a bulk string of {len} bytes is over the limit of {}",
+                            "invalid bulk length: {len} bytes is over the limit of {} \
+                             (--max-bulk-bytes)",
                             limits.max_bulk_bytes
                         )));
+                    }
+                    if self.unauthenticated && len as usize > UNAUTHENTICATED_MAX_BULK_BYTES {
+                        return Err(ProtocolError("unauthenticated bulk length".into()));
                     }
                     buf.advance(end + 2);
                     self.state = State::Bulk {
@@ -193,8 +271,18 @@ impl RequestParser {
                     len,
                 } => {
                     if buf.len() < len + 2 {
-                        // Room for the rest, once: not one growth per read.
-                        buf.reserve(len + 2 - buf.len());
+                        if len >= BIG_ARG_BYTES && buf.capacity() < len + 2 {
+                            // A buffer of exactly the argument's size, once:
+                            // not one growth per read, nor a doubling past
+                            // what the client claimed. The bytes already
+                            // here are the argument's first (its header was
+                            // consumed), so the copy is small.
+                            let mut exact = BytesMut::with_capacity(len + 2);
+                            exact.extend_from_slice(buf);
+                            *buf = exact;
+                        } else {
+                            buf.reserve(len + 2 - buf.len());
+                        }
                         self.state = State::Bulk {
                             expected,
                             args,
@@ -207,6 +295,7 @@ impl RequestParser {
                     }
                     let arg = buf.split_to(len).freeze();
                     buf.advance(2);
+                    self.held += len + ARG_OVERHEAD_BYTES;
                     args.push(arg);
                     self.state = State::Array { expected, args };
                 }
@@ -361,6 +450,51 @@ impl Reply {
         Reply::Bulk(Bytes::from(s.into()))
     }
 
+    /// The length of [`Reply::encode`]'s output, without encoding: what a
+    /// reply will hold in a connection's output buffer.
+    pub fn encoded_len(&self, proto: u8) -> usize {
+        // Digits of a length or integer, with its sign.
+        fn digits(n: i128) -> usize {
+            let mut len = usize::from(n < 0) + 1;
+            let mut n = n.unsigned_abs() / 10;
+            while n > 0 {
+                len += 1;
+                n /= 10;
+            }
+            len
+        }
+        let line = |s: &str| 1 + s.len() + 2;
+        match self {
+            Reply::Simple(s) | Reply::Error(s) => line(s),
+            Reply::Integer(n) => 1 + digits(i128::from(*n)) + 2,
+            Reply::Bulk(b) => 1 + digits(b.len() as i128) + 2 + b.len() + 2,
+            Reply::Verbatim(s) if proto >= 3 => {
+                1 + digits(s.len() as i128 + 4) + 2 + 4 + s.len() + 2
+            }
+            Reply::Verbatim(s) => 1 + digits(s.len() as i128) + 2 + s.len() + 2,
+            Reply::Null if proto >= 3 => 3,
+            Reply::Null => 5,
+            Reply::Array(items) => {
+                1 + digits(items.len() as i128)
+                    + 2
+                    + items.iter().map(|i| i.encoded_len(proto)).sum::<usize>()
+            }
+            Reply::Map(pairs) => {
+                let n = if proto >= 3 {
+                    pairs.len()
+                } else {
+                    pairs.len() * 2
+                };
+                1 + digits(n as i128)
+                    + 2
+                    + pairs
+                        .iter()
+                        .map(|(k, v)| k.encoded_len(proto) + v.encoded_len(proto))
+                        .sum::<usize>()
+            }
+        }
+    }
+
     /// Appends the encoding of this reply for protocol `proto` (2 or 3).
     pub fn encode(&self, proto: u8, out: &mut BytesMut) {
         match self {
@@ -484,6 +618,141 @@ mod tests {
         let mut p = RequestParser::new();
         let mut buf = BytesMut::from(&b"*1\r\n$2\r\nabXY"[..]);
         assert!(p.next(&mut buf, &small).is_err());
+    }
+
+    #[test]
+    fn arguments_of_an_unfinished_request_are_counted() {
+        let limits = Limits::default();
+        let mut p = RequestParser::new();
+        let mut buf = BytesMut::from(&b"*4\r\n$3\r\nabc\r\n$5\r\nhello\r\n$10\r\n0123"[..]);
+        assert_eq!(p.next(&mut buf, &limits), Ok(None));
+        // Cut out of the buffer, yet held.
+        assert_eq!(p.held_bytes(), 3 + 5 + 2 * ARG_OVERHEAD_BYTES);
+        assert_eq!(&buf[..], b"0123");
+        buf.extend_from_slice(b"456789\r\n$0\r\n\r\n");
+        assert!(p.next(&mut buf, &limits).unwrap().is_some());
+        assert_eq!(p.held_bytes(), 0);
+        // A broken request holds nothing either.
+        let mut buf = BytesMut::from(&b"*2\r\n$1\r\nx\r\n:1\r\n"[..]);
+        assert!(p.next(&mut buf, &limits).is_err());
+        assert_eq!(p.held_bytes(), 0);
+    }
+
+    #[test]
+    fn a_big_argument_gets_a_buffer_of_its_size() {
+        let limits = Limits::default();
+        let mut p = RequestParser::new();
+        let len = 1 << 20;
+        let mut buf = BytesMut::with_capacity(16 << 10);
+        buf.extend_from_slice(format!("*1\r\n${len}\r\nxyz").as_bytes());
+        assert_eq!(p.next(&mut buf, &limits), Ok(None));
+        assert_eq!(buf.capacity(), len + 2);
+        assert_eq!(&buf[..], b"xyz");
+    }
+
+    #[test]
+    fn before_authentication_requests_are_tiny_as_in_redis() {
+        let limits = Limits::default();
+        let mut p = RequestParser::new();
+        p.set_unauthenticated(true);
+        let mut buf = BytesMut::from(&b"*11\r\n"[..]);
+        assert_eq!(
+            p.next(&mut buf, &limits).unwrap_err().to_string(),
+            "Protocol error: unauthenticated multibulk length"
+        );
+        let mut p = RequestParser::new();
+        p.set_unauthenticated(true);
+        let mut buf = BytesMut::from(&b"*2\r\n$4\r\nAUTH\r\n$16385\r\n"[..]);
+        assert_eq!(
+            p.next(&mut buf, &limits).unwrap_err().to_string(),
+            "Protocol error: unauthenticated bulk length"
+        );
+        // Within those limits, and once authenticated, as usual.
+        let mut buf = BytesMut::from(&b"*10\r\n"[..]);
+        let mut p = RequestParser::new();
+        p.set_unauthenticated(true);
+        assert_eq!(p.next(&mut buf, &limits), Ok(None));
+        p.set_unauthenticated(false);
+        let mut buf = BytesMut::from(&b"*11\r\n$16385\r\n"[..]);
+        let mut p = RequestParser::new();
+        assert_eq!(p.next(&mut buf, &limits), Ok(None));
+    }
+
+    #[test]
+    fn error_texts_are_redis_own() {
+        // unit/protocol.tcl matches these with globs.
+        let cases: &[(&[u8], &str)] = &[
+            (b"*3000000000\r\n", "invalid multibulk length"),
+            (
+                b"*3\r\n$3\r\nSET\r\n$1\r\nx\r\nfooz\r\n",
+                "expected '$', got 'f'",
+            ),
+            (
+                b"*3\r\n$3\r\nSET\r\n$1\r\nx\r\n$-10\r\n",
+                "invalid bulk length",
+            ),
+            (
+                b"*3\r\n$3\r\nSET\r\n$1\r\nx\r\n$2000000000\r\n",
+                "invalid bulk length",
+            ),
+            (
+                b"*3\r\n$3\r\nSET\r\n$1\r\nx\r\n$blabla\r\n",
+                "invalid bulk length",
+            ),
+            (b"*1\r\nfoo\r\n", "expected '$', got 'f'"),
+            (b"set \"\"\"test-key\"\"\" test-value\r\n", "unbalanced"),
+        ];
+        for (input, expected) in cases {
+            let mut p = RequestParser::new();
+            let mut buf = BytesMut::from(&input[..]);
+            let e = p.next(&mut buf, &Limits::default()).unwrap_err();
+            assert!(
+                e.0.contains(expected),
+                "{:?}: {e}",
+                String::from_utf8_lossy(input)
+            );
+        }
+    }
+
+    #[test]
+    fn http_looking_requests() {
+        let req = |args: &[&str]| -> Request {
+            args.iter().map(|a| Bytes::from(a.to_string())).collect()
+        };
+        assert!(looks_like_http(&req(&["POST", "/", "HTTP/1.1"])));
+        assert!(looks_like_http(&req(&["post"])));
+        assert!(looks_like_http(&req(&["Host:", "localhost:7379"])));
+        assert!(looks_like_http(&req(&["GET", "/metrics", "HTTP/1.1"])));
+        assert!(!looks_like_http(&req(&["GET", "key"])));
+        assert!(!looks_like_http(&req(&["LOG.APPEND", "POST", "1", "x"])));
+    }
+
+    #[test]
+    fn encoded_lengths_match_the_encoding() {
+        let replies = vec![
+            Reply::ok(),
+            Reply::Error("ERR x".into()),
+            Reply::Integer(0),
+            Reply::Integer(-42),
+            Reply::Integer(i64::MIN),
+            Reply::Integer(i64::MAX),
+            Reply::Bulk(Bytes::from(vec![7u8; 1234])),
+            Reply::Verbatim("info text".into()),
+            Reply::Null,
+            Reply::Array(vec![
+                Reply::Integer(10),
+                Reply::Array(Vec::new()),
+                Reply::Null,
+            ]),
+            Reply::Map(vec![(Reply::text("k"), Reply::Integer(123_456))]),
+        ];
+        for r in replies {
+            for proto in [2, 3] {
+                let mut out = BytesMut::new();
+                r.encode(proto, &mut out);
+                assert_eq!(r.encoded_len(proto), out.len(), "{r:?} in RESP{proto}");
+            }
+        }
     }
 
     #[test]
