@@ -11,6 +11,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod bench;
+pub mod budget;
 pub mod commands;
 pub mod config;
 pub mod connection;
@@ -18,4 +19,5 @@ pub mod dump;
 pub mod info;
 pub mod protocol;
 pub mod server;
+pub mod shutdown;
 pub mod verify;
