@@ -20,4 +20,5 @@ pub mod info;
 pub mod protocol;
 pub mod server;
 pub mod shutdown;
+pub mod transaction;
 pub mod verify;
