@@ -93,6 +93,16 @@ enum Held {
     Close(Reply),
 }
 
+/// Why a connection stopped running requests for now.
+enum Stop {
+    /// It ran its share of this turn; others go first.
+    TurnSpent,
+    /// Its client has not read enough of the replies.
+    Output,
+    /// For input, an answer, or a waiting command.
+    Wait,
+}
+
 /// Why a connection ended.
 enum End {
     /// The client closed, or the connection finished closing.
@@ -182,8 +192,8 @@ impl Connection {
             if let Some(why) = self.share.evicted() {
                 return End::Evicted(why);
             }
-            let turn_spent = match self.process().await {
-                Ok(spent) => spent,
+            let stop = match self.process().await {
+                Ok(stop) => stop,
                 Err(end) => return end,
             };
             if let Err(end) = self.write_now() {
@@ -197,10 +207,16 @@ impl Connection {
                 let _ = self.stream.shutdown().await;
                 return End::Closed;
             }
-            if turn_spent {
-                // Let the other connections run before going on.
-                tokio::task::yield_now().await;
-                continue;
+            match stop {
+                Stop::TurnSpent => {
+                    // Let the other connections run before going on.
+                    tokio::task::yield_now().await;
+                    continue;
+                }
+                // The socket took the replies: requests already received can
+                // run (nothing else would wake this connection for them).
+                Stop::Output if self.unwritten() < OUTPUT_HIGH_WATER_BYTES => continue,
+                _ => {}
             }
             if let Err(end) = self.wait().await {
                 return end;
@@ -209,29 +225,29 @@ impl Connection {
     }
 
     /// Runs requests until one must wait (for the answers before it, for the
-    /// client to read, for more input) or the turn is spent (`Ok(true)`).
-    async fn process(&mut self) -> Result<bool, End> {
+    /// client to read, for more input) or the turn is spent.
+    async fn process(&mut self) -> Result<Stop, End> {
         let mut requests = 0;
         let mut produced = 0;
         loop {
-            if self.blocked.is_some()
-                || self.unwritten() >= OUTPUT_HIGH_WATER_BYTES
-                || self.pending.len() >= self.ctx.config.max_pipeline
-            {
-                return Ok(false);
+            if self.unwritten() >= OUTPUT_HIGH_WATER_BYTES {
+                return Ok(Stop::Output);
+            }
+            if self.blocked.is_some() || self.pending.len() >= self.ctx.config.max_pipeline {
+                return Ok(Stop::Wait);
             }
             if requests >= REQUESTS_PER_TURN || produced >= OUTPUT_PER_TURN_BYTES {
-                return Ok(true);
+                return Ok(Stop::TurnSpent);
             }
             let next = match self.held.take() {
                 Some(held) => held,
-                None if self.closing => return Ok(false),
+                None if self.closing => return Ok(Stop::Wait),
                 None => match self.parser.next(&mut self.input, &self.ctx.config.limits) {
                     Ok(Some(request)) => {
                         let bytes = request_bytes(&request);
                         Held::Request(request, bytes)
                     }
-                    Ok(None) => return Ok(false),
+                    Ok(None) => return Ok(Stop::Wait),
                     Err(ProtocolError(why)) => {
                         tracing::debug!(
                             client = self.session.id,
@@ -252,12 +268,12 @@ impl Connection {
             };
             if in_order && !self.pending.is_empty() {
                 self.held = Some(next);
-                return Ok(false);
+                return Ok(Stop::Wait);
             }
             let (request, bytes) = match next {
                 Held::Close(reply) => {
                     self.encode(&reply);
-                    return Ok(false);
+                    return Ok(Stop::Wait);
                 }
                 Held::Request(request, bytes) => (request, bytes),
             };
@@ -287,7 +303,7 @@ impl Connection {
                 Outcome::Close(reply) => {
                     self.encode(&reply);
                     self.close_input();
-                    return Ok(false);
+                    return Ok(Stop::Wait);
                 }
                 Outcome::Blocking(command) => {
                     let on_shutdown = command.shutdown_reply();
@@ -295,7 +311,7 @@ impl Connection {
                         run: Box::pin(command.run(self.ctx.log.clone())),
                         on_shutdown,
                     });
-                    return Ok(false);
+                    return Ok(Stop::Wait);
                 }
                 Outcome::OverOutputLimit {
                     reply_bytes,
@@ -546,7 +562,7 @@ impl Connection {
                     "client closed: its query buffer passed the limit (--max-query-buffer; \
                      1 MiB before AUTH)"
                 );
-                let mut out = BytesMut::new();
+                let mut out = self.output.split_off(self.written);
                 Reply::Error(format!(
                     "ERR Protocol error: the query buffer holds {bytes} bytes, over the limit \
                      of {limit}"
@@ -560,6 +576,10 @@ impl Connection {
                 limit,
                 transaction_applied,
             } => {
+                // The replies before the one over the limit, if the socket
+                // takes them now; nothing waits for a client that does not
+                // read.
+                let _ = self.stream.try_write(&self.output[self.written..]);
                 stats
                     .output_buffer_limit_disconnections
                     .fetch_add(1, Ordering::Relaxed);
