@@ -84,6 +84,24 @@ impl ServerProcess {
         assert!(status.success());
     }
 
+    /// Waits until the server's log holds `needle` (events are written as
+    /// they happen, and read by another thread); answers the log. Panics
+    /// with the log after 5 s.
+    pub fn wait_for_log(&self, needle: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let log = self.stderr.lock().unwrap().clone();
+            if log.contains(needle) {
+                return log;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the server's log never said {needle:?}:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Waits for the process to exit, up to `timeout`.
     pub fn wait(&mut self, timeout: Duration) -> std::process::ExitStatus {
         let deadline = Instant::now() + timeout;
