@@ -237,7 +237,23 @@ fn main() -> ExitCode {
     }
 }
 
+/// Large buffers (a 16 MiB reply, a 1 MiB argument) come and go with
+/// clients. glibc serves them from its heap once the first is freed (its
+/// mmap threshold moves up to 32 MiB), and a fragmented heap keeps what was
+/// freed: the process would hold twice what its clients do. A fixed
+/// threshold maps every buffer of 128 KiB or more on its own and gives it
+/// back when freed, so resident memory follows the clients' budgets.
+fn return_large_buffers_to_the_system() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets an allocator parameter; it is called before
+    // any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 10);
+    }
+}
+
 fn serve(config: ServeConfig) -> ExitCode {
+    return_large_buffers_to_the_system();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -249,6 +265,9 @@ fn serve(config: ServeConfig) -> ExitCode {
         }
     };
     runtime.block_on(async {
+        // Handlers first: a signal that arrives once the server says it is
+        // serving must be a graceful stop, not the default (death).
+        let stop = shutdown_signal();
         let server = match Server::bind(config).await {
             Ok(s) => s,
             Err(e) => {
@@ -256,7 +275,7 @@ fn serve(config: ServeConfig) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        match server.run(shutdown_signal()).await {
+        match server.run(stop).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("fencelog: {e}");
@@ -266,18 +285,22 @@ fn serve(config: ServeConfig) -> ExitCode {
     })
 }
 
-/// SIGINT or SIGTERM.
-async fn shutdown_signal() {
+/// SIGINT or SIGTERM: the handlers are installed when this is called, the
+/// future resolves on the first signal.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut int), Ok(mut term)) = (
+    let handlers = (
         signal(SignalKind::interrupt()),
         signal(SignalKind::terminate()),
-    ) else {
-        // Without signal handlers there is nothing to wait for.
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = int.recv() => {}
-        _ = term.recv() => {}
+    );
+    async move {
+        let (Ok(mut int), Ok(mut term)) = handlers else {
+            // Without signal handlers there is nothing to wait for.
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
     }
 }
