@@ -74,6 +74,7 @@ impl ClientMemory {
             memory: Arc::clone(self),
             gauge,
             id,
+            parts: [AtomicUsize::new(0), AtomicUsize::new(0)],
         }
     }
 
@@ -133,21 +134,36 @@ pub struct ClientShare {
     memory: Arc<ClientMemory>,
     gauge: Arc<Gauge>,
     id: u64,
+    /// What the connection holds, and what a read it runs has gathered
+    /// (reported by the read itself, between its steps).
+    parts: [AtomicUsize; 2],
 }
 
 impl ClientShare {
-    /// Reports that this connection holds `bytes` now; past the budget,
-    /// the largest client (perhaps this one) is told to go.
+    /// Reports that this connection holds `bytes` now (besides what a read
+    /// it runs gathers); past the budget, the largest client (perhaps this
+    /// one) is told to go.
     pub fn set(&self, bytes: usize) {
-        let before = self.gauge.bytes.swap(bytes, Ordering::AcqRel);
+        self.set_part(0, bytes);
+    }
+
+    /// Reports what a read this connection runs has gathered so far.
+    pub fn set_reading(&self, bytes: usize) {
+        self.set_part(1, bytes);
+    }
+
+    fn set_part(&self, part: usize, bytes: usize) {
+        let before = self.parts[part].swap(bytes, Ordering::AcqRel);
         if before == bytes {
             return;
         }
         if bytes > before {
+            self.gauge.bytes.fetch_add(bytes - before, Ordering::AcqRel);
             self.memory
                 .total
                 .fetch_add(bytes - before, Ordering::AcqRel);
         } else {
+            self.gauge.bytes.fetch_sub(before - bytes, Ordering::AcqRel);
             self.memory
                 .total
                 .fetch_sub(before - bytes, Ordering::AcqRel);
@@ -179,6 +195,7 @@ impl ClientShare {
 impl Drop for ClientShare {
     fn drop(&mut self) {
         self.set(0);
+        self.set_reading(0);
         let mut clients = self.memory.clients.lock();
         clients.remove(&self.id);
         // Under the lock `enforce` holds, so no eviction is half recorded.

@@ -93,13 +93,89 @@ pub enum Blocking {
     },
 }
 
+/// Payload bytes one step of a read takes from the engine before it lets
+/// other connections run: a 16 MiB read is 16 steps, not one long stall.
+pub const READ_STEP_BYTES: u64 = 1 << 20;
+
+/// Told the payload bytes a read has gathered so far, between its steps
+/// (the connection reports them to the budget over all clients).
+pub type ReadProgress = Arc<dyn Fn(usize) + Send + Sync>;
+
+/// Reads like [`Log::read_with_async`], in steps of at most
+/// [`READ_STEP_BYTES`], yielding between steps; `progress` is told the
+/// payload bytes gathered so far. Records are immutable once durable, so the steps answer what
+/// one read would, or a prefix of it (a trim between steps ends the read
+/// early: a read answers at most, and the client pages on).
+async fn stepped_read(
+    log: &Log,
+    stream: &[u8],
+    from: u64,
+    opts: ReadOptions,
+    progress: Option<&ReadProgress>,
+) -> fencelog::Result<Vec<fencelog::Record>> {
+    let first = ReadOptions {
+        max_bytes: opts.max_bytes.min(READ_STEP_BYTES),
+        ..opts
+    };
+    let mut records = log.read_with_async(stream, from, &first).await?;
+    let mut bytes: u64 = records.iter().map(|r| r.payload.len() as u64).sum();
+    let mut step_bytes = bytes;
+    // A step that came back at least half full stopped at its byte limit,
+    // most likely: there may be more. Otherwise the stream ended there.
+    while step_bytes >= READ_STEP_BYTES / 2
+        && (records.len() as u64) < u64::from(opts.max_records)
+        && bytes < opts.max_bytes
+    {
+        let Some(next_offset) = records.last().map(|r| r.offset + 1) else {
+            break;
+        };
+        if let Some(p) = progress {
+            p(usize::try_from(bytes).unwrap_or(usize::MAX));
+        }
+        tokio::task::yield_now().await;
+        let step = ReadOptions {
+            max_records: opts.max_records - records.len() as u32,
+            max_bytes: (opts.max_bytes - bytes).min(READ_STEP_BYTES),
+            wait: Duration::ZERO,
+        };
+        // An error past the first step (a trim meanwhile) ends the read with
+        // what it has; the next read from there answers the error.
+        let Ok(more) = log.read_with(stream, next_offset, &step) else {
+            break;
+        };
+        step_bytes = 0;
+        for record in more {
+            let len = record.payload.len() as u64;
+            // Only the first record of a read may be over the byte limit.
+            if bytes + len > opts.max_bytes {
+                step_bytes = 0;
+                break;
+            }
+            bytes += len;
+            step_bytes += len;
+            records.push(record);
+        }
+    }
+    if let Some(p) = progress {
+        // The records go to the reply, which the connection counts.
+        p(0);
+    }
+    Ok(records)
+}
+
 impl Blocking {
     /// Runs it to its answer. Dropping the future gives up the wait and
     /// takes nothing (an acquisition decided meanwhile is released).
     pub async fn run(self, log: Log) -> Reply {
+        self.run_counted(log, None).await
+    }
+
+    /// As [`Blocking::run`], telling `progress` how many payload bytes a
+    /// read has gathered so far.
+    pub async fn run_counted(self, log: Log, progress: Option<ReadProgress>) -> Reply {
         match self {
             Blocking::Read { stream, from, opts } => {
-                match log.read_with_async(&stream, from, &opts).await {
+                match stepped_read(&log, &stream, from, opts, progress.as_ref()).await {
                     Ok(records) => records_reply(records),
                     Err(e) => error_reply(&e),
                 }
@@ -149,14 +225,16 @@ impl Blocking {
     }
 
     /// What a client waiting in this command is told when the server shuts
-    /// down: a read answers what a timeout answers (nothing new); a waiting
-    /// acquisition is given up (and takes nothing).
-    pub fn shutdown_reply(&self) -> Reply {
+    /// down: a read with `BLOCK` answers what a timeout answers (nothing
+    /// new); a waiting acquisition is given up (and takes nothing). `None`:
+    /// it does not wait, and finishes.
+    pub fn shutdown_reply(&self) -> Option<Reply> {
         match self {
-            Blocking::Read { .. } => Reply::Array(Vec::new()),
-            Blocking::Acquire { .. } => Reply::Error(
+            Blocking::Read { opts, .. } if opts.wait.is_zero() => None,
+            Blocking::Read { .. } => Some(Reply::Array(Vec::new())),
+            Blocking::Acquire { .. } => Some(Reply::Error(
                 "ERR the server is shutting down: the wait ended and nothing was acquired".into(),
-            ),
+            )),
         }
     }
 }
@@ -685,10 +763,12 @@ fn read(cmd: &str, a: &[Bytes], ctx: &Context) -> Outcome {
         wait: Duration::ZERO,
     };
     match block {
-        None => match ctx.log.read_with(&a[0], from, &opts) {
-            Ok(records) => Outcome::Reply(records_reply(records)),
-            Err(e) => Outcome::Reply(error_reply(&e)),
-        },
+        // Run in steps by the connection: a large read yields to others.
+        None => Outcome::Blocking(Blocking::Read {
+            stream: a[0].clone(),
+            from,
+            opts,
+        }),
         Some(ms) => {
             // BLOCK 0 waits without a limit, as in Redis.
             opts.wait = if ms == 0 {

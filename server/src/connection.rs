@@ -34,9 +34,9 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::budget::{ClientShare, Eviction};
-use crate::commands::{self, Context, Outcome};
+use crate::commands::{self, Context, Outcome, ReadProgress};
 use crate::protocol::{
-    ARG_OVERHEAD_BYTES, ProtocolError, Reply, Request, RequestParser, looks_like_http,
+    ARG_OVERHEAD_BYTES, Output, ProtocolError, Reply, Request, RequestParser, looks_like_http,
 };
 use crate::shutdown::Shutdown;
 use crate::transaction::Multi;
@@ -78,11 +78,11 @@ struct Pending {
     bytes: usize,
 }
 
-/// A command waiting (`BLOCK`, `WAIT`), and what it answers if the server
-/// shuts down meanwhile.
+/// A command that waits (`BLOCK`, `WAIT`) or reads in steps, and what it
+/// answers if the server shuts down meanwhile (`None`: it finishes).
 struct Blocked {
     run: Pin<Box<dyn Future<Output = Reply> + Send>>,
-    on_shutdown: Reply,
+    on_shutdown: Option<Reply>,
 }
 
 /// What runs next once the answers before it are out.
@@ -133,7 +133,7 @@ pub async fn serve(
     shutdown: Shutdown,
 ) -> std::io::Result<()> {
     let _ = stream.set_nodelay(true);
-    let share = ctx.clients.register(id);
+    let share = Arc::new(ctx.clients.register(id));
     let authenticated = ctx.config.requirepass.is_none();
     let mut parser = RequestParser::new();
     parser.set_unauthenticated(!authenticated);
@@ -151,8 +151,7 @@ pub async fn serve(
         share,
         parser,
         input: BytesMut::new(),
-        output: BytesMut::new(),
-        written: 0,
+        output: Output::new(),
         pending: VecDeque::new(),
         pending_bytes: 0,
         held: None,
@@ -169,12 +168,11 @@ struct Connection {
     ctx: Arc<Context>,
     stream: TcpStream,
     session: Session,
-    share: ClientShare,
+    share: Arc<ClientShare>,
     parser: RequestParser,
     input: BytesMut,
-    /// Encoded replies; `output[..written]` went out already.
-    output: BytesMut,
-    written: usize,
+    /// Encoded replies not yet written.
+    output: Output,
     pending: VecDeque<Pending>,
     pending_bytes: usize,
     held: Option<Held>,
@@ -307,10 +305,20 @@ impl Connection {
                 }
                 Outcome::Blocking(command) => {
                     let on_shutdown = command.shutdown_reply();
-                    self.blocked = Some(Blocked {
-                        run: Box::pin(command.run(self.ctx.log.clone())),
-                        on_shutdown,
-                    });
+                    // A large read tells the budget what it gathers as it
+                    // goes, not only once it is done.
+                    let share = Arc::clone(&self.share);
+                    let progress: ReadProgress = Arc::new(move |bytes| share.set_reading(bytes));
+                    let mut run =
+                        Box::pin(command.run_counted(self.ctx.log.clone(), Some(progress)));
+                    // Most reads are done at once: answer them in line, so
+                    // a pipeline of reads is not a wait (and a write) each.
+                    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                    if let Poll::Ready(reply) = run.as_mut().poll(&mut cx) {
+                        produced += self.encode(&reply);
+                        continue;
+                    }
+                    self.blocked = Some(Blocked { run, on_shutdown });
                     return Ok(Stop::Wait);
                 }
                 Outcome::OverOutputLimit {
@@ -395,8 +403,9 @@ impl Connection {
             self.held = None;
         }
         self.close_input();
-        if let Some(blocked) = self.blocked.take() {
-            self.encode(&blocked.on_shutdown);
+        if let Some(reply) = self.blocked.as_ref().and_then(|b| b.on_shutdown.clone()) {
+            self.blocked = None;
+            self.encode(&reply);
         }
     }
 
@@ -416,37 +425,36 @@ impl Connection {
     }
 
     fn unwritten(&self) -> usize {
-        self.output.len() - self.written
+        self.output.len()
     }
 
     /// Appends a reply to the output; answers its length.
     fn encode(&mut self, reply: &Reply) -> usize {
         let len = reply.encoded_len(self.session.proto);
-        // Room for it at once: one allocation of about its size, rather
-        // than doublings up to twice that.
-        self.output.reserve(len);
-        reply.encode(self.session.proto, &mut self.output);
+        if len < KEEP_BUFFER_BYTES {
+            // Room for it at once rather than doublings (large replies are
+            // mostly payloads, which are not copied).
+            self.output.reserve(len);
+        }
+        reply.encode_output(self.session.proto, &mut self.output);
         len
     }
 
     /// Writes what the socket takes now.
     fn write_now(&mut self) -> Result<(), End> {
-        while self.unwritten() > 0 {
-            match self.stream.try_write(&self.output[self.written..]) {
+        while !self.output.is_empty() {
+            let written = {
+                let slices = self.output.slices(64);
+                self.stream.try_write_vectored(&slices)
+            };
+            match written {
                 Ok(0) => return Err(End::Closed),
-                Ok(n) => self.written += n,
+                Ok(n) => self.output.advance(n),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) => return Err(End::Io(e)),
             }
         }
-        if self.unwritten() == 0 {
-            self.written = 0;
-            if self.output.capacity() > KEEP_BUFFER_BYTES {
-                self.output = BytesMut::new();
-            } else {
-                self.output.clear();
-            }
-        }
+        self.output.shrink(KEEP_BUFFER_BYTES);
         Ok(())
     }
 
@@ -527,7 +535,7 @@ impl Connection {
             + held
             + self.pending_bytes
             + self.session.multi.as_ref().map_or(0, Multi::bytes)
-            + self.output.capacity()
+            + self.output.memory_bytes()
     }
 
     /// Logs why the connection ended, when that is news.
@@ -562,13 +570,12 @@ impl Connection {
                     "client closed: its query buffer passed the limit (--max-query-buffer; \
                      1 MiB before AUTH)"
                 );
-                let mut out = self.output.split_off(self.written);
                 Reply::Error(format!(
                     "ERR Protocol error: the query buffer holds {bytes} bytes, over the limit \
                      of {limit}"
                 ))
-                .encode(s.proto, &mut out);
-                let _ = self.stream.try_write(&out);
+                .encode_output(s.proto, &mut self.output);
+                let _ = self.stream.try_write_vectored(&self.output.slices(64));
                 Ok(())
             }
             End::OutputLimit {
@@ -579,7 +586,7 @@ impl Connection {
                 // The replies before the one over the limit, if the socket
                 // takes them now; nothing waits for a client that does not
                 // read.
-                let _ = self.stream.try_write(&self.output[self.written..]);
+                let _ = self.stream.try_write_vectored(&self.output.slices(64));
                 stats
                     .output_buffer_limit_disconnections
                     .fetch_add(1, Ordering::Relaxed);
@@ -606,9 +613,6 @@ impl Connection {
                     "client closed: all clients together held more than --maxmemory-clients, \
                      and this one held the most"
                 );
-                // Give its share back before the next one is weighed.
-                self.input = BytesMut::new();
-                self.output = BytesMut::new();
                 Ok(())
             }
         }

@@ -497,49 +497,182 @@ impl Reply {
 
     /// Appends the encoding of this reply for protocol `proto` (2 or 3).
     pub fn encode(&self, proto: u8, out: &mut BytesMut) {
+        self.encode_to(proto, out);
+    }
+
+    /// Appends the encoding to an [`Output`]: payloads of
+    /// [`ZERO_COPY_MIN_BYTES`] or more are kept as the `Bytes` they are,
+    /// not copied.
+    pub fn encode_output(&self, proto: u8, out: &mut Output) {
+        self.encode_to(proto, out);
+    }
+
+    fn encode_to(&self, proto: u8, out: &mut impl Sink) {
         match self {
             Reply::Simple(s) => {
-                out.extend_from_slice(b"+");
-                out.extend_from_slice(clean_line(s).as_bytes());
-                out.extend_from_slice(b"\r\n");
+                out.put(b"+");
+                out.put(clean_line(s).as_bytes());
+                out.put(b"\r\n");
             }
             Reply::Error(s) => {
-                out.extend_from_slice(b"-");
-                out.extend_from_slice(clean_line(s).as_bytes());
-                out.extend_from_slice(b"\r\n");
+                out.put(b"-");
+                out.put(clean_line(s).as_bytes());
+                out.put(b"\r\n");
             }
             Reply::Integer(n) => {
-                out.extend_from_slice(format!(":{n}\r\n").as_bytes());
+                out.put(format!(":{n}\r\n").as_bytes());
             }
             Reply::Bulk(b) => {
-                out.extend_from_slice(format!("${}\r\n", b.len()).as_bytes());
-                out.extend_from_slice(b);
-                out.extend_from_slice(b"\r\n");
+                out.put(format!("${}\r\n", b.len()).as_bytes());
+                out.put_bytes(b);
+                out.put(b"\r\n");
             }
             Reply::Verbatim(s) if proto >= 3 => {
-                out.extend_from_slice(format!("={}\r\ntxt:", s.len() + 4).as_bytes());
-                out.extend_from_slice(s.as_bytes());
-                out.extend_from_slice(b"\r\n");
+                out.put(format!("={}\r\ntxt:", s.len() + 4).as_bytes());
+                out.put(s.as_bytes());
+                out.put(b"\r\n");
             }
-            Reply::Verbatim(s) => Reply::text(s.clone()).encode(proto, out),
-            Reply::Null if proto >= 3 => out.extend_from_slice(b"_\r\n"),
-            Reply::Null => out.extend_from_slice(b"$-1\r\n"),
+            Reply::Verbatim(s) => Reply::text(s.clone()).encode_to(proto, out),
+            Reply::Null if proto >= 3 => out.put(b"_\r\n"),
+            Reply::Null => out.put(b"$-1\r\n"),
             Reply::Array(items) => {
-                out.extend_from_slice(format!("*{}\r\n", items.len()).as_bytes());
+                out.put(format!("*{}\r\n", items.len()).as_bytes());
                 for item in items {
-                    item.encode(proto, out);
+                    item.encode_to(proto, out);
                 }
             }
             Reply::Map(pairs) => {
                 if proto >= 3 {
-                    out.extend_from_slice(format!("%{}\r\n", pairs.len()).as_bytes());
+                    out.put(format!("%{}\r\n", pairs.len()).as_bytes());
                 } else {
-                    out.extend_from_slice(format!("*{}\r\n", pairs.len() * 2).as_bytes());
+                    out.put(format!("*{}\r\n", pairs.len() * 2).as_bytes());
                 }
                 for (k, v) in pairs {
-                    k.encode(proto, out);
-                    v.encode(proto, out);
+                    k.encode_to(proto, out);
+                    v.encode_to(proto, out);
                 }
+            }
+        }
+    }
+}
+
+/// Where an encoding goes.
+trait Sink {
+    fn put(&mut self, bytes: &[u8]);
+    /// A payload: copied by default.
+    fn put_bytes(&mut self, bytes: &Bytes) {
+        self.put(bytes);
+    }
+}
+
+impl Sink for BytesMut {
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+}
+
+/// Payloads at least this long go out as they are, without a copy into
+/// the output buffer.
+pub const ZERO_COPY_MIN_BYTES: usize = 4 << 10;
+
+/// Encoded replies not yet written to a client: small parts gathered in one
+/// buffer, large payloads kept as the `Bytes` the engine handed out (a
+/// 16 MiB read is not copied a second time, nor its memory doubled).
+#[derive(Debug, Default)]
+pub struct Output {
+    /// Parts before `tail`, in order.
+    chunks: std::collections::VecDeque<Bytes>,
+    /// Small parts being gathered, after every chunk.
+    tail: BytesMut,
+    /// Unwritten bytes in `chunks`.
+    chunked: usize,
+}
+
+impl Sink for Output {
+    fn put(&mut self, bytes: &[u8]) {
+        self.tail.extend_from_slice(bytes);
+    }
+
+    fn put_bytes(&mut self, bytes: &Bytes) {
+        if bytes.len() < ZERO_COPY_MIN_BYTES {
+            return self.put(bytes);
+        }
+        if !self.tail.is_empty() {
+            let gathered = self.tail.split().freeze();
+            self.chunked += gathered.len();
+            self.chunks.push_back(gathered);
+        }
+        self.chunked += bytes.len();
+        self.chunks.push_back(bytes.clone());
+    }
+}
+
+impl Output {
+    /// An empty output.
+    pub fn new() -> Output {
+        Output::default()
+    }
+
+    /// Bytes not yet written.
+    pub fn len(&self) -> usize {
+        self.chunked + self.tail.len()
+    }
+
+    /// Whether everything was written.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Memory this output holds: what is unwritten, and the room of its
+    /// gathering buffer. (Payloads the engine maps from its files count as
+    /// well: conservative.)
+    pub fn memory_bytes(&self) -> usize {
+        self.chunked + self.tail.capacity()
+    }
+
+    /// Reserves room for `additional` bytes of small parts.
+    pub fn reserve(&mut self, additional: usize) {
+        self.tail.reserve(additional);
+    }
+
+    /// The unwritten bytes as slices for a vectored write (at most `max`).
+    pub fn slices(&self, max: usize) -> Vec<std::io::IoSlice<'_>> {
+        self.chunks
+            .iter()
+            .map(|c| &c[..])
+            .chain(std::iter::once(&self.tail[..]))
+            .filter(|s| !s.is_empty())
+            .take(max)
+            .map(std::io::IoSlice::new)
+            .collect()
+    }
+
+    /// Marks `n` bytes as written.
+    pub fn advance(&mut self, mut n: usize) {
+        while n > 0 {
+            let Some(front) = self.chunks.front_mut() else {
+                let n = n.min(self.tail.len());
+                self.tail.advance(n);
+                return;
+            };
+            let take = n.min(front.len());
+            front.advance(take);
+            self.chunked -= take;
+            n -= take;
+            if front.is_empty() {
+                self.chunks.pop_front();
+            }
+        }
+    }
+
+    /// Gives back memory once everything is written.
+    pub fn shrink(&mut self, keep_bytes: usize) {
+        if self.is_empty() {
+            self.chunks = std::collections::VecDeque::new();
+            if self.tail.capacity() > keep_bytes {
+                self.tail = BytesMut::new();
+            } else {
+                self.tail.clear();
             }
         }
     }
@@ -725,6 +858,37 @@ mod tests {
         assert!(looks_like_http(&req(&["GET", "/metrics", "HTTP/1.1"])));
         assert!(!looks_like_http(&req(&["GET", "key"])));
         assert!(!looks_like_http(&req(&["LOG.APPEND", "POST", "1", "x"])));
+    }
+
+    #[test]
+    fn output_keeps_large_payloads_without_copying_them() {
+        let big = Bytes::from(vec![b'x'; ZERO_COPY_MIN_BYTES]);
+        let reply = Reply::Array(vec![
+            Reply::Integer(1),
+            Reply::Bulk(big.clone()),
+            Reply::Bulk(Bytes::from_static(b"small")),
+        ]);
+        let mut flat = BytesMut::new();
+        reply.encode(3, &mut flat);
+        let mut out = Output::new();
+        reply.encode_output(3, &mut out);
+        assert_eq!(out.len(), flat.len());
+        let gathered: Vec<u8> = out.slices(64).iter().flat_map(|s| s.to_vec()).collect();
+        assert_eq!(gathered, &flat[..]);
+        // The payload is the engine's own bytes.
+        assert!(out.slices(64).iter().any(|s| s.as_ptr() == big.as_ptr()));
+        // Written in odd pieces, the rest is always what follows.
+        let mut written = 0;
+        for n in [1, 7, 4096, 3, 100_000] {
+            let n = n.min(out.len());
+            out.advance(n);
+            written += n;
+            let rest: Vec<u8> = out.slices(64).iter().flat_map(|s| s.to_vec()).collect();
+            assert_eq!(rest, &flat[written..]);
+        }
+        assert!(out.is_empty());
+        out.shrink(0);
+        assert_eq!(out.memory_bytes(), 0);
     }
 
     #[test]
