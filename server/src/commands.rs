@@ -63,6 +63,23 @@ pub enum Later {
 }
 
 impl Later {
+    /// The answer, if it has come (polled in place: a connection keeps its
+    /// answers in a queue without boxing each again).
+    pub fn poll_reply(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Reply> {
+        use std::future::Future;
+        use std::pin::Pin;
+        match self {
+            Later::Integer(d) => Pin::new(d).poll(cx).map(|r| match r {
+                Ok(n) => integer(n),
+                Err(e) => error_reply(&e),
+            }),
+            Later::Token(d) => Pin::new(d).poll(cx).map(|r| match r {
+                Ok(t) => integer(t.get()),
+                Err(e) => error_reply(&e),
+            }),
+        }
+    }
+
     /// Waits for the answer.
     pub async fn reply(self) -> Reply {
         match self {

@@ -34,7 +34,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::budget::{ClientShare, Eviction};
-use crate::commands::{self, Context, Outcome, ReadProgress};
+use crate::commands::{self, Context, Later, Outcome, ReadProgress};
 use crate::protocol::{
     ARG_OVERHEAD_BYTES, Output, ProtocolError, Reply, Request, RequestParser, looks_like_http,
 };
@@ -74,8 +74,28 @@ const UNAUTHENTICATED_QUERY_BYTES: usize = 1 << 20;
 /// An answer to come, in request order, with the bytes its request holds
 /// until then (a write's payloads stay with its answer until durable).
 struct Pending {
-    answer: Pin<Box<dyn Future<Output = Reply> + Send>>,
+    answer: Answer,
     bytes: usize,
+}
+
+/// An answer in the queue.
+enum Answer {
+    /// Given at once, behind answers still to come.
+    Ready(Option<Reply>),
+    /// A decided write's, once durable.
+    Later(Later),
+}
+
+impl Answer {
+    fn poll(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Reply> {
+        match self {
+            Answer::Ready(reply) => match reply.take() {
+                Some(reply) => Poll::Ready(reply),
+                None => Poll::Pending,
+            },
+            Answer::Later(later) => later.poll_reply(cx),
+        }
+    }
 }
 
 /// A command that waits (`BLOCK`, `WAIT`) or reads in steps, and what it
@@ -286,14 +306,14 @@ impl Connection {
                 // still answers after the writes before it.
                 Outcome::Reply(reply) if !self.pending.is_empty() => {
                     self.pending.push_back(Pending {
-                        answer: Box::pin(std::future::ready(reply)),
+                        answer: Answer::Ready(Some(reply)),
                         bytes: 0,
                     });
                 }
                 Outcome::Reply(reply) => produced += self.encode(&reply),
                 Outcome::Later(later) => {
                     self.pending.push_back(Pending {
-                        answer: Box::pin(later.reply()),
+                        answer: Answer::Later(later),
                         bytes,
                     });
                     self.pending_bytes += bytes;
@@ -444,8 +464,9 @@ impl Connection {
     fn write_now(&mut self) -> Result<(), End> {
         while !self.output.is_empty() {
             let written = {
-                let slices = self.output.slices(64);
-                self.stream.try_write_vectored(&slices)
+                let mut slices = [std::io::IoSlice::new(&[]); 64];
+                let n = self.output.fill_slices(&mut slices);
+                self.stream.try_write_vectored(&slices[..n])
             };
             match written {
                 Ok(0) => return Err(End::Closed),
@@ -631,17 +652,18 @@ enum Event {
 
 /// The oldest pending answer, once it comes (it stays in the queue).
 async fn next_answer(pending: &mut VecDeque<Pending>) -> Reply {
-    match pending.front_mut() {
-        Some(p) => p.answer.as_mut().await,
-        None => std::future::pending().await,
-    }
+    std::future::poll_fn(|cx| match pending.front_mut() {
+        Some(p) => p.answer.poll(cx),
+        None => Poll::Pending,
+    })
+    .await
 }
 
 /// The oldest pending answer if it is already there.
 fn ready_answer(pending: &mut VecDeque<Pending>) -> Option<Reply> {
     let front = pending.front_mut()?;
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    match front.answer.as_mut().poll(&mut cx) {
+    match front.answer.poll(&mut cx) {
         Poll::Ready(reply) => Some(reply),
         Poll::Pending => None,
     }

@@ -647,6 +647,23 @@ impl Output {
             .collect()
     }
 
+    /// Fills `slices` with the unwritten bytes, in order, for a vectored
+    /// write; answers how many it filled.
+    pub fn fill_slices<'a>(&'a self, slices: &mut [std::io::IoSlice<'a>]) -> usize {
+        let parts = self
+            .chunks
+            .iter()
+            .map(|c| &c[..])
+            .chain(std::iter::once(&self.tail[..]))
+            .filter(|s| !s.is_empty());
+        let mut n = 0;
+        for (slot, part) in slices.iter_mut().zip(parts) {
+            *slot = std::io::IoSlice::new(part);
+            n += 1;
+        }
+        n
+    }
+
     /// Marks `n` bytes as written.
     pub fn advance(&mut self, mut n: usize) {
         while n > 0 {
