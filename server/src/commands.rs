@@ -1004,6 +1004,13 @@ fn config(a: &[Bytes], ctx: &Context) -> Outcome {
             "client-query-buffer-limit",
             c.max_query_buffer_bytes.to_string(),
         ),
+        // Redis' format: class, hard limit, soft limit, soft seconds. Only
+        // the hard limit applies here, to every client.
+        (
+            "client-output-buffer-limit",
+            format!("normal {} 0 0", c.client_output_buffer_limit_bytes),
+        ),
+        ("maxmemory-clients", c.maxmemory_clients_bytes.to_string()),
     ];
     let mut pairs = Vec::new();
     for (name, value) in &settings {
