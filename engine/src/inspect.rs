@@ -54,6 +54,9 @@ pub enum EntryView<'a> {
         /// The highest lease token issued.
         last_token: u64,
     },
+    /// A segment that opens without a checkpoint (replay reaches it from
+    /// an older segment's).
+    Link,
     /// Records appended.
     Append {
         /// The stream.
@@ -145,7 +148,7 @@ impl EntryView<'_> {
     /// checkpoint and a transaction).
     pub fn name(&self) -> Option<&[u8]> {
         match self {
-            EntryView::Checkpoint { .. } | EntryView::Transaction { .. } => None,
+            EntryView::Checkpoint { .. } | EntryView::Transaction { .. } | EntryView::Link => None,
             EntryView::Append { stream, .. }
             | EntryView::Fence { stream, .. }
             | EntryView::Trim { stream, .. }
@@ -178,6 +181,11 @@ pub fn describe(kind: EntryKind, payload: &[u8]) -> Result<EntryView<'_>, String
                 last_token: c.last_token,
             })
         }
+        EntryKind::Link if payload.is_empty() => Ok(EntryView::Link),
+        EntryKind::Link => Err(format!(
+            "a link of {} bytes (links are empty)",
+            payload.len()
+        )),
         EntryKind::Record => Ok(view_of(op::decode(payload)?)),
     }
 }

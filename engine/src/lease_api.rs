@@ -73,9 +73,9 @@ enum Acquired {
         ticket: Ticket,
         fresh: bool,
     },
-    Held {
-        remaining_ms: u64,
-    },
+    /// Answered once the grant that holds it is durable: a refusal never
+    /// rests on a grant a crash could take back.
+    Held { remaining_ms: u64, ticket: Ticket },
     /// A re-acquisition with `fence` whose token is below the stream's.
     Stale {
         presented: u64,
@@ -95,17 +95,15 @@ fn decide_acquire(
     let now = w.state().leases.now_ms();
     if let Some(l) = w.state().leases.live(name) {
         if &*l.owner != owner {
+            let (remaining_ms, lsn) = (l.expires_at_ms.saturating_sub(now), l.lsn);
             return Ok(Acquired::Held {
-                remaining_ms: l.expires_at_ms.saturating_sub(now),
+                remaining_ms,
+                ticket: w.ticket_for(lsn),
             });
         }
         // The live holder again: same token, the new ttl.
         let (token, lsn, durable_ttl) = (l.token, l.lsn, l.durable_ttl_ms);
-        let (highest, highest_lsn) = w
-            .state()
-            .streams
-            .get(name)
-            .map_or((0, 0), |s| (s.highest, s.highest_lsn));
+        let (highest, highest_lsn) = w.state().highest(name);
         if fence && highest > token {
             // Tokens from elsewhere passed this lease's on the stream: it
             // cannot fence, and its writes would be rejected. Say so.
@@ -117,6 +115,7 @@ fn decide_acquire(
         }
         let mut ticket = extend(w, name, owner, token, ttl_ms, durable_ttl, lsn)?;
         if fence && highest < token {
+            crate::log::room_for(w, name)?;
             let entry = op::encode(&Op::Fence {
                 stream: name,
                 token,
@@ -145,7 +144,8 @@ fn decide_acquire(
     }
     let mut token = leases.last_token() + 1;
     if fence {
-        let highest = w.state().streams.get(name).map_or(0, |s| s.highest);
+        crate::log::room_for(w, name)?;
+        let (highest, _) = w.state().highest(name);
         token = token.max(highest + 1);
     }
     if token > MAX_TOKEN {
@@ -266,8 +266,17 @@ struct Abandon<'a> {
 impl Drop for Abandon<'_> {
     fn drop(&mut self) {
         if self.armed {
-            // A waiter that gives up takes nothing.
-            let _ = self.log.release_raw(self.name, self.owner, self.token);
+            // A waiter that gives up takes nothing. A destructor cannot
+            // await: the release joins the batch without waiting for room
+            // (it is a few bytes), so it never blocks a runtime thread.
+            let released = self.log.inner().wal.submit_now(|w| {
+                let r = decide_release(w, self.name, self.owner, self.token);
+                crate::log::reserve(w);
+                r
+            });
+            if let Ok(Ok(released)) = released {
+                self.log.freed(released);
+            }
         }
     }
 }
@@ -337,8 +346,12 @@ impl Log {
                     ticket.wait()?;
                     return self.granted(token, ttl_ms, fresh);
                 }
-                Acquired::Held { remaining_ms } => {
+                Acquired::Held {
+                    remaining_ms,
+                    ticket,
+                } => {
                     let Some(wake) = self.wait_until(opts.wait, deadline, remaining_ms) else {
+                        ticket.wait()?;
                         self.inner().counters.leases_held.add(1);
                         return Err(Error::Held { remaining_ms });
                     };
@@ -375,10 +388,8 @@ impl Log {
         loop {
             let listener = self.inner().lease_freed.listen();
             let decided = self
-                .inner()
-                .wal
-                .submit_async(|w| decide_acquire(w, name, owner, ttl_ms, opts.fence, max_live))
-                .await??;
+                .decide_async(|w| decide_acquire(w, name, owner, ttl_ms, opts.fence, max_live))
+                .await?;
             match decided {
                 Acquired::Granted {
                     token,
@@ -398,8 +409,12 @@ impl Log {
                     result?;
                     return self.granted(token, ttl_ms, fresh);
                 }
-                Acquired::Held { remaining_ms } => {
+                Acquired::Held {
+                    remaining_ms,
+                    ticket,
+                } => {
                     let Some(wake) = self.wait_until(opts.wait, deadline, remaining_ms) else {
+                        ticket.await?;
                         self.inner().counters.leases_held.add(1);
                         return Err(Error::Held { remaining_ms });
                     };
@@ -426,9 +441,7 @@ impl Log {
         fence: bool,
     ) -> Result<Acquired> {
         let max_live = self.options().max_live_leases;
-        self.inner()
-            .wal
-            .submit(|w| decide_acquire(w, name, owner, ttl_ms, fence, max_live))?
+        self.decide(|w| decide_acquire(w, name, owner, ttl_ms, fence, max_live))
     }
 
     /// When to look again at a held lease: at its expiry, or at the end of
@@ -476,10 +489,7 @@ impl Log {
     ) -> Result<Duration> {
         let (name, owner) = (name.as_ref(), owner.as_ref());
         let ttl_ms = self.check_lease_args(name, owner, ttl)?;
-        let renewed = self
-            .inner()
-            .wal
-            .submit(|w| decide_renew(w, name, owner, token.get(), ttl_ms))??;
+        let renewed = self.decide(|w| decide_renew(w, name, owner, token.get(), ttl_ms))?;
         self.lost_unless(renewed)?.wait()?;
         self.inner().counters.leases_renewed.add(1);
         Ok(ttl)
@@ -496,10 +506,8 @@ impl Log {
         let (name, owner) = (name.as_ref(), owner.as_ref());
         let ttl_ms = self.check_lease_args(name, owner, ttl)?;
         let renewed = self
-            .inner()
-            .wal
-            .submit_async(|w| decide_renew(w, name, owner, token.get(), ttl_ms))
-            .await??;
+            .decide_async(|w| decide_renew(w, name, owner, token.get(), ttl_ms))
+            .await?;
         self.lost_unless(renewed)?.await?;
         self.inner().counters.leases_renewed.add(1);
         Ok(ttl)
@@ -524,8 +532,8 @@ impl Log {
         let (name, owner) = (name.as_ref(), owner.as_ref());
         check_stream_name(name)?;
         check_owner(owner)?;
-        let released = self.release_raw(name, owner, token.get())?;
-        Ok(self.count_release(released))
+        let released = self.decide(|w| decide_release(w, name, owner, token.get()))?;
+        Ok(self.count_release(self.freed(released)))
     }
 
     /// The async form of [`Log::release`]: waits asynchronously for room in
@@ -540,10 +548,8 @@ impl Log {
         check_stream_name(name)?;
         check_owner(owner)?;
         let released = self
-            .inner()
-            .wal
-            .submit_async(|w| decide_release(w, name, owner, token.get()))
-            .await??;
+            .decide_async(|w| decide_release(w, name, owner, token.get()))
+            .await?;
         Ok(self.count_release(self.freed(released)))
     }
 
@@ -552,14 +558,6 @@ impl Log {
             self.inner().counters.leases_released.add(1);
         }
         released
-    }
-
-    fn release_raw(&self, name: &[u8], owner: &[u8], token: u64) -> Result<bool> {
-        let released = self
-            .inner()
-            .wal
-            .submit(|w| decide_release(w, name, owner, token))??;
-        Ok(self.freed(released))
     }
 
     /// Wakes waiting acquirers if a lease was released.
@@ -571,27 +569,48 @@ impl Log {
     }
 
     /// The live lease on `name`: owner, token, time left; `None` if free.
+    /// Only durable grants are shown: a grant still on its way to the disk
+    /// is answered once it is there (a token a crash could still take back
+    /// is never shown).
     pub fn lease_info(&self, name: impl AsRef<[u8]>) -> Result<Option<LeaseInfo>> {
-        let name = name.as_ref();
+        let (info, ticket) = self.lease_info_decided(name.as_ref())?;
+        ticket.wait()?;
+        info.transpose()
+    }
+
+    /// The async form of [`Log::lease_info`].
+    pub async fn lease_info_async(&self, name: impl AsRef<[u8]>) -> Result<Option<LeaseInfo>> {
+        let (info, ticket) = self.lease_info_decided(name.as_ref())?;
+        ticket.await?;
+        info.transpose()
+    }
+
+    /// The live lease as the serialized section knows it, and what to wait
+    /// for before showing it.
+    fn lease_info_decided(&self, name: &[u8]) -> Result<(Option<Result<LeaseInfo>>, Ticket)> {
         check_stream_name(name)?;
-        let info = self.inner().wal.with_state_mut(|core| {
+        let (lease, ticket) = self.inner().wal.with_state_mut(|core, ticket_for| {
             let now = core.leases.now_ms();
-            core.leases.live(name).map(|l| {
-                (
-                    Bytes::copy_from_slice(&l.owner),
-                    l.token,
-                    l.expires_at_ms.saturating_sub(now),
-                )
-            })
+            match core.leases.live(name) {
+                Some(l) => (
+                    Some((
+                        Bytes::copy_from_slice(&l.owner),
+                        l.token,
+                        l.expires_at_ms.saturating_sub(now),
+                    )),
+                    ticket_for(l.lsn),
+                ),
+                None => (None, ticket_for(0)),
+            }
         });
-        info.map(|(owner, token, remaining_ms)| {
+        let info = lease.map(|(owner, token, remaining_ms)| {
             Ok(LeaseInfo {
                 owner,
                 token: Token::new(token)?,
                 remaining: Duration::from_millis(remaining_ms),
             })
-        })
-        .transpose()
+        });
+        Ok((info, ticket))
     }
 }
 

@@ -128,26 +128,29 @@ fn decide(w: &mut Writer<'_, Core>, ops: &[TxOp]) -> Result<TxDecision> {
     let mut encoded: Vec<Vec<u8>> = Vec::with_capacity(ops.len());
     for (index, tx_op) in ops.iter().enumerate() {
         let name = tx_op.stream();
-        let s = *seen.entry(name).or_insert_with(|| {
-            w.state().streams.get(name).map_or(
+        let s = match seen.get(name) {
+            Some(s) => *s,
+            None => {
+                crate::log::room_for(w, name).map_err(|e| Error::Aborted {
+                    index,
+                    cause: Box::new(e),
+                })?;
+                let (logged, logged_lsn) = w.state().highest(name);
+                let (next, start, last_lsn) = w
+                    .state()
+                    .streams
+                    .get(name)
+                    .map_or((0, 0, 0), |c| (c.next_offset, c.start_offset, c.last_lsn));
                 Seen {
-                    logged: 0,
-                    logged_lsn: 0,
-                    highest: 0,
-                    next: 0,
-                    start: 0,
-                    last_lsn: 0,
-                },
-                |c| Seen {
-                    logged: c.highest,
-                    logged_lsn: c.highest_lsn,
-                    highest: c.highest,
-                    next: c.next_offset,
-                    start: c.start_offset,
-                    last_lsn: c.last_lsn,
-                },
-            )
-        });
+                    logged,
+                    logged_lsn,
+                    highest: logged,
+                    next,
+                    start,
+                    last_lsn,
+                }
+            }
+        };
         let token = tx_op.token().get();
         if token < s.logged {
             // A STALE answer waits until the token it cites is durable.
@@ -282,7 +285,7 @@ impl Log {
     /// ```
     pub fn transact(&self, ops: Vec<TxOp>) -> Result<Vec<u64>> {
         self.check_tx(&ops)?;
-        let d = self.inner().wal.submit(|w| decide(w, &ops))??;
+        let d = self.decide(|w| decide(w, &ops))?;
         d.ticket.wait()?;
         self.count_tx(&ops, d.then)
     }
@@ -296,7 +299,7 @@ impl Log {
     /// [`Log::append_deferred`]): decided now, answered once durable.
     pub async fn transact_deferred(&self, ops: Vec<TxOp>) -> Result<Deferred<Vec<u64>>> {
         self.check_tx(&ops)?;
-        let d = self.inner().wal.submit_async(|w| decide(w, &ops)).await??;
+        let d = self.decide_async(|w| decide(w, &ops)).await?;
         let log = self.clone();
         Ok(Deferred::new(async move {
             d.ticket.await?;
@@ -353,7 +356,6 @@ impl Log {
                         TxOp::Delete { .. } => c.deletes.add(1),
                     }
                 }
-                self.collect_garbage();
             }
             Err(Error::Aborted { cause, .. }) => match **cause {
                 Error::Stale { .. } => c.stale.add(1),

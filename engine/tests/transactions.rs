@@ -227,7 +227,10 @@ fn a_power_cut_keeps_a_transaction_whole_or_drops_it_whole() {
             }
         }
     }
-    assert!(cut_midway > 20, "only {cut_midway} cuts fell among the transactions");
+    assert!(
+        cut_midway > 20,
+        "only {cut_midway} cuts fell among the transactions"
+    );
 }
 
 #[test]

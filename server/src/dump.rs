@@ -89,6 +89,7 @@ fn try_format_entry(
             let kind = match e.kind {
                 EntryKind::Checkpoint => "checkpoint",
                 EntryKind::Record => "record",
+                EntryKind::Link => "link",
             };
             return write!(o, " {kind} UNDECODABLE ({} bytes): {why}", e.payload.len());
         }

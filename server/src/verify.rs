@@ -166,6 +166,7 @@ impl Damage {
         let what = match e.kind {
             EntryKind::Checkpoint => "a checkpoint",
             EntryKind::Record => "an entry",
+            EntryKind::Link => "a link",
         };
         Damage {
             file: dir.join(format::segment_file_name(e.segment)),
