@@ -25,7 +25,8 @@ pub struct ServeConfig {
     /// Bytes of requests one connection may hold before they run: unparsed
     /// input, arguments of the request not yet complete, commands queued in
     /// a transaction (Redis' `client-query-buffer-limit`). Past it the
-    /// client is disconnected. Default 64 MiB; at least `--max-bulk-bytes`.
+    /// client is disconnected. Default 64 MiB; at least `--max-bulk-bytes`
+    /// plus 64 KiB.
     pub max_query_buffer_bytes: usize,
     /// Bytes of replies one connection may hold unwritten (Redis'
     /// `client-output-buffer-limit`, hard limit): past it the client is
@@ -74,8 +75,14 @@ impl ServeConfig {
                 self.limits.max_bulk_bytes, self.engine.max_payload_bytes
             ));
         }
-        if self.max_query_buffer_bytes < self.limits.max_bulk_bytes {
-            return Err("--max-query-buffer must be at least --max-bulk-bytes".into());
+        // Room for one largest argument with its command and framing: else
+        // a payload the protocol allows would always disconnect its client.
+        let room = self.limits.max_bulk_bytes.saturating_add(64 << 10);
+        if self.max_query_buffer_bytes < room {
+            return Err(format!(
+                "--max-query-buffer ({}) must be at least --max-bulk-bytes + 64 KiB ({room})",
+                self.max_query_buffer_bytes
+            ));
         }
         if self.max_pipeline == 0 || self.max_connections == 0 {
             return Err("--max-pipeline and --max-connections must be at least 1".into());
