@@ -11,6 +11,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod bench;
+pub mod budget;
 pub mod commands;
 pub mod config;
 pub mod connection;
@@ -20,4 +21,6 @@ pub mod history;
 pub mod info;
 pub mod protocol;
 pub mod server;
+pub mod shutdown;
+pub mod transaction;
 pub mod verify;
