@@ -132,8 +132,11 @@ impl Core {
 
     /// The stream `name`, created (with a new id and view) if it is new.
     /// Only accepted writes call this, so recovery assigns the same ids.
+    /// One hash lookup for a stream that exists (the common case).
     fn stream_mut(&mut self, name: &[u8]) -> &mut StreamCore {
-        if !self.streams.contains_key(name) {
+        // A second lookup only for a new stream: the borrow checker cannot
+        // see that the first one's borrow ends on the `None` path.
+        if self.streams.get_mut(name).is_none() {
             let id = self.next_stream_id;
             self.next_stream_id += 1;
             self.names_bytes += name.len() as u64;
@@ -203,7 +206,6 @@ impl Core {
         bytes: u64,
         at: Appended,
     ) -> Result<Effect, String> {
-        self.check_token(name, token)?;
         self.max_token = self.max_token.max(token);
         if self.building.segment != at.segment {
             self.building = Building {
@@ -211,7 +213,14 @@ impl Core {
                 ..Building::default()
             };
         }
+        let floor = self.floor;
         let s = self.stream_mut(name);
+        if token < s.highest.max(floor) {
+            return Err(format!(
+                "token {token} is below the highest {} of stream {name:?}",
+                s.highest.max(floor)
+            ));
+        }
         if first_offset != s.next_offset || count == 0 {
             return Err(format!(
                 "an append at offset {first_offset} does not follow the stream (next offset {})",

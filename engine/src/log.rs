@@ -261,19 +261,20 @@ pub(crate) fn check_payloads<P: AsRef<[u8]>>(opts: &Options, payloads: &[P]) -> 
 /// What the serialized section knows of a stream: (highest, its LSN, next,
 /// start, the stream's newest LSN). A stream never seen has only the floor.
 pub(crate) fn stream_state(w: &mut Writer<'_, Core>, stream: &[u8]) -> (u64, u64, u64, u64, u64) {
-    let (highest, highest_lsn) = w.state().highest(stream);
-    w.state()
-        .streams
-        .get(stream)
-        .map_or((highest, highest_lsn, 0, 0, 0), |s| {
-            (
-                highest,
-                highest_lsn,
-                s.next_offset,
-                s.start_offset,
-                s.last_lsn,
-            )
-        })
+    let core = w.state();
+    let floor = core.floor;
+    match core.streams.get(stream) {
+        Some(s) if s.highest >= floor => (
+            s.highest,
+            s.highest_lsn,
+            s.next_offset,
+            s.start_offset,
+            s.last_lsn,
+        ),
+        // The floor is durable (in the marks file): nothing to wait for.
+        Some(s) => (floor, 0, s.next_offset, s.start_offset, s.last_lsn),
+        None => (floor, 0, 0, 0, 0),
+    }
 }
 
 pub(crate) fn stale(
@@ -344,7 +345,10 @@ pub(crate) fn decide_append<P: AsRef<[u8]>>(
     if token < highest {
         return Ok(stale(w, token, highest, highest_lsn));
     }
-    room_for(w, stream)?;
+    if next == 0 && last_lsn == 0 {
+        // Perhaps a new stream: is there room for one more?
+        room_for(w, stream)?;
+    }
     let len = op::append_len(stream, payloads);
     let at = w.append(len, |buf| {
         op::encode_append(buf, stream, token, next, payloads)
