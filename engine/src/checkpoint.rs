@@ -6,10 +6,12 @@
 //! ```text
 //! // Checkpoint: { magic: [u8; 4] = "FLCK" | version: u32 = 2 | next_stream_id: u64 | last_token: u64 |
 //! //               stream_count: u64 | [Row; stream_count] | names_len: u64 | names: [u8; names_len] |
-//! //               lease_count: u64 | [Lease]* }
+//! //               lease_count: u64 | [Lease]* | repl: u8 | [Repl] }
 //! // Row (56 B): { id: u64 | highest: u64 | next_offset: u64 | start_offset: u64 | total_bytes: u64 |
 //! //               last_sealed: u64 | name_at: u32 | name_len: u8 | reserved: [u8; 3] }
 //! // Lease:      { name_len: u8 | name | owner_len: u8 | owner | token: u64 | ttl_ms: u64 }
+//! // Repl (cluster mode; repl = 1): { term: u64 | node: u64 | index: u64 | clock_ms: u64 |
+//! //               clock_term: u64 | clock_first_ms: u64 | clock_base_ms: u64 | membership_len: u32 | membership }
 //! ```
 //!
 //! Rows are sorted by stream id and have a fixed size, so a reader looking
@@ -46,6 +48,20 @@ pub(crate) struct LeaseRecord {
     pub ttl_ms: u64,
 }
 
+/// What a replica's state machine adds (cluster mode): the position of
+/// the last replicated entry applied, its clock, and the membership.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ReplRecord {
+    pub term: u64,
+    pub node: u64,
+    pub index: u64,
+    pub clock_ms: u64,
+    pub clock_term: u64,
+    pub clock_first_ms: u64,
+    pub clock_base_ms: u64,
+    pub membership: Vec<u8>,
+}
+
 /// A whole checkpoint.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Checkpoint {
@@ -53,6 +69,7 @@ pub(crate) struct Checkpoint {
     pub last_token: u64,
     pub streams: Vec<StreamRecord>,
     pub leases: Vec<LeaseRecord>,
+    pub repl: Option<ReplRecord>,
 }
 
 /// One stream's row, borrowed from the state, for encoding.
@@ -74,6 +91,7 @@ pub(crate) fn encode<'a>(
     last_token: u64,
     mut rows: Vec<Row<'_>>,
     leases: impl ExactSizeIterator<Item = (&'a [u8], &'a [u8], u64, u64)>,
+    repl: Option<&ReplRecord>,
 ) -> Vec<u8> {
     rows.sort_unstable_by_key(|r| r.id);
     let names_len: usize = rows.iter().map(|r| r.name.len()).sum();
@@ -112,6 +130,25 @@ pub(crate) fn encode<'a>(
         b.extend_from_slice(owner);
         b.extend_from_slice(&token.to_le_bytes());
         b.extend_from_slice(&ttl_ms.to_le_bytes());
+    }
+    match repl {
+        None => b.push(0),
+        Some(r) => {
+            b.push(1);
+            for v in [
+                r.term,
+                r.node,
+                r.index,
+                r.clock_ms,
+                r.clock_term,
+                r.clock_first_ms,
+                r.clock_base_ms,
+            ] {
+                b.extend_from_slice(&v.to_le_bytes());
+            }
+            b.extend_from_slice(&(r.membership.len() as u32).to_le_bytes());
+            b.extend_from_slice(&r.membership);
+        }
     }
     b
 }
@@ -213,6 +250,27 @@ pub(crate) fn decode(b: &[u8]) -> Result<Checkpoint, String> {
             ttl_ms: r.u64()?,
         });
     }
+    let repl = match r.u8()? {
+        0 => None,
+        1 => {
+            let mut v = [0u64; 7];
+            for x in &mut v {
+                *x = r.u64()?;
+            }
+            let len = r.u32()? as usize;
+            Some(ReplRecord {
+                term: v[0],
+                node: v[1],
+                index: v[2],
+                clock_ms: v[3],
+                clock_term: v[4],
+                clock_first_ms: v[5],
+                clock_base_ms: v[6],
+                membership: r.bytes(len)?.to_vec(),
+            })
+        }
+        other => return Err(format!("unknown replication section {other}")),
+    };
     if !r.is_empty() {
         return Err("bytes after the checkpoint".into());
     }
@@ -221,11 +279,12 @@ pub(crate) fn decode(b: &[u8]) -> Result<Checkpoint, String> {
         last_token,
         streams,
         leases,
+        repl,
     })
 }
 
 /// Bytes a checkpoint of these streams (with `names` bytes of names in
-/// all) and leases takes, before leases' names: for admission checks.
+/// all) takes, without its leases: to decide whether one is worth writing.
 pub(crate) fn row_bytes(streams: usize, names: usize) -> usize {
     HEADER + streams * ROW + 8 + names
 }
@@ -254,6 +313,7 @@ mod tests {
             99,
             rows,
             [(&b"lock"[..], &b"me"[..], 99u64, 5000u64)].into_iter(),
+            None,
         );
         let c = decode(&bytes).unwrap();
         assert_eq!(c.next_stream_id, 7);
@@ -272,14 +332,37 @@ mod tests {
     #[test]
     fn a_checkpoint_grows_with_streams_not_history() {
         // The same streams at any point of the log take the same room.
-        let small = encode(3, 0, vec![row(1, b"a", 1), row(2, b"b", 1)], [].into_iter());
+        let small = encode(
+            3,
+            0,
+            vec![row(1, b"a", 1), row(2, b"b", 1)],
+            [].into_iter(),
+            None,
+        );
         let later = encode(
             3,
             0,
             vec![row(1, b"a", u64::MAX / 4), row(2, b"b", u64::MAX / 4)],
             [].into_iter(),
+            None,
         );
         assert_eq!(small.len(), later.len());
-        assert_eq!(small.len(), row_bytes(2, 2) + 8);
+        assert_eq!(small.len(), row_bytes(2, 2) + 8 + 1);
+    }
+
+    #[test]
+    fn a_replica_s_section_round_trips() {
+        let repl = ReplRecord {
+            term: 3,
+            node: 2,
+            index: 99,
+            clock_ms: 1234,
+            clock_term: 3,
+            clock_first_ms: 50,
+            clock_base_ms: 1000,
+            membership: b"{members}".to_vec(),
+        };
+        let bytes = encode(2, 0, vec![row(1, b"a", 1)], [].into_iter(), Some(&repl));
+        assert_eq!(decode(&bytes).unwrap().repl, Some(repl));
     }
 }

@@ -22,6 +22,7 @@ use crate::footer::{self, StreamPart};
 use crate::gc::GcHandle;
 use crate::lease::Leases;
 use crate::op::{self, Op};
+use crate::replicated::{LogPosition, ReplState};
 use crate::token::MAX_TOKEN;
 use crate::view::{Effect, IndexEntry, OpenEntry, StreamView, Views};
 
@@ -92,6 +93,11 @@ pub(crate) struct Core {
     /// The first segment recovery replayed (older ones were not read).
     pub replayed_from: u64,
     pub leases: Leases,
+    /// Cluster mode: the replicated log's position, clock and membership.
+    pub repl: Option<ReplState>,
+    /// While a replicated entry is applied: the header every entry written
+    /// carries (see `replicated::write_op`).
+    pub wrap: Option<[u8; op::REPLICATED_HEADER]>,
 }
 
 impl Core {
@@ -108,6 +114,8 @@ impl Core {
             names_bytes: 0,
             replayed_from: 0,
             leases,
+            repl: None,
+            wrap: None,
         }
     }
 
@@ -370,6 +378,33 @@ impl Core {
                 }
                 Ok(Effect::Many(effects))
             }
+            Op::Replicated {
+                term,
+                node,
+                index,
+                time_ms,
+                inner,
+            } => {
+                let Some(repl) = &mut self.repl else {
+                    return Err("a replicated entry in a log not opened in cluster mode".into());
+                };
+                repl.enter(LogPosition { term, node, index }, time_ms);
+                if inner.is_empty() {
+                    return Ok(Effect::Many(Vec::new()));
+                }
+                let inner = op::decode(inner)?;
+                self.apply_op(&inner, at)
+            }
+            Op::Membership { config } => {
+                if let Some(repl) = &mut self.repl {
+                    repl.membership = Bytes::copy_from_slice(config);
+                }
+                Ok(Effect::Many(Vec::new()))
+            }
+            Op::TakeOver => {
+                self.leases.restart_all();
+                Ok(Effect::Many(Vec::new()))
+            }
         }
     }
 
@@ -448,6 +483,10 @@ impl Core {
             );
         }
         self.max_token = self.max_token.max(c.last_token);
+        // The clock first: the leases restored expire on it.
+        if let (Some(repl), Some(rec)) = (&mut self.repl, c.repl) {
+            repl.restore(rec);
+        }
         self.leases.restore(c.last_token, c.leases);
         Ok(())
     }
@@ -500,8 +539,13 @@ impl Core {
             effect.durable();
         }
         // The token floor: after a cut, every stream's highest token and the
-        // token counter start at or above it.
-        self.floor = replay.report().marks.floor;
+        // token counter start at or above it. (A replica keeps no marks: the
+        // replicated log holds whatever a cut of its own log takes.)
+        self.floor = if self.repl.is_some() {
+            0
+        } else {
+            replay.report().marks.floor
+        };
         self.views
             .floor
             .store(self.floor, std::sync::atomic::Ordering::Release);
@@ -545,12 +589,14 @@ impl Sequencer for Core {
             })
             .collect();
         let last_token = self.leases.last_token();
+        let repl = self.repl.as_ref().map(ReplState::record);
         let leases = self.leases.for_checkpoint();
         Some(checkpoint::encode(
             self.next_stream_id,
             last_token,
             rows,
             leases.into_iter(),
+            repl.as_ref(),
         ))
     }
 

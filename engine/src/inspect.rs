@@ -132,6 +132,26 @@ pub enum EntryView<'a> {
         /// Its ops, in order.
         ops: Vec<EntryView<'a>>,
     },
+    /// A replica applied an entry of the replicated log (cluster mode).
+    Replicated {
+        /// The leader's term.
+        term: u64,
+        /// The leader's node id.
+        node: u64,
+        /// The entry's index in the replicated log.
+        index: u64,
+        /// The leader's clock when it proposed the entry, in ms.
+        time_ms: u64,
+        /// What it changed (none: only the position moved).
+        op: Option<Box<EntryView<'a>>>,
+    },
+    /// The cluster's membership (opaque to the engine).
+    Membership {
+        /// As the replication layer encodes it.
+        config: &'a [u8],
+    },
+    /// A new leader took over: every live lease restarted its full ttl.
+    TakeOver,
 }
 
 impl EntryView<'_> {
@@ -140,6 +160,7 @@ impl EntryView<'_> {
     pub fn concerns(&self, name: &[u8]) -> bool {
         match self {
             EntryView::Transaction { ops } => ops.iter().any(|o| o.concerns(name)),
+            EntryView::Replicated { op, .. } => op.as_ref().is_some_and(|o| o.concerns(name)),
             other => other.name() == Some(name),
         }
     }
@@ -148,7 +169,12 @@ impl EntryView<'_> {
     /// checkpoint and a transaction).
     pub fn name(&self) -> Option<&[u8]> {
         match self {
-            EntryView::Checkpoint { .. } | EntryView::Transaction { .. } | EntryView::Link => None,
+            EntryView::Checkpoint { .. }
+            | EntryView::Transaction { .. }
+            | EntryView::Link
+            | EntryView::Membership { .. }
+            | EntryView::TakeOver => None,
+            EntryView::Replicated { op, .. } => op.as_ref().and_then(|o| o.name()),
             EntryView::Append { stream, .. }
             | EntryView::Fence { stream, .. }
             | EntryView::Trim { stream, .. }
@@ -191,6 +217,28 @@ pub fn describe(kind: EntryKind, payload: &[u8]) -> Result<EntryView<'_>, String
 }
 
 fn view_of(op: Op<'_>) -> EntryView<'_> {
+    match op {
+        Op::Replicated {
+            term,
+            node,
+            index,
+            time_ms,
+            inner,
+        } => EntryView::Replicated {
+            term,
+            node,
+            index,
+            time_ms,
+            // Checked by the decoder when it decoded the wrapper.
+            op: op::decode(inner).ok().map(|o| Box::new(view_of_op(o))),
+        },
+        Op::Membership { config } => EntryView::Membership { config },
+        Op::TakeOver => EntryView::TakeOver,
+        other => view_of_op(other),
+    }
+}
+
+fn view_of_op(op: Op<'_>) -> EntryView<'_> {
     match op {
         Op::Append {
             stream,
@@ -244,5 +292,7 @@ fn view_of(op: Op<'_>) -> EntryView<'_> {
         Op::Batch { ops, .. } => EntryView::Transaction {
             ops: op::batch_ops(ops).map(view_of).collect(),
         },
+        // Handled by `view_of`; a wrapper is never inside another.
+        Op::Replicated { .. } | Op::Membership { .. } | Op::TakeOver => view_of(op),
     }
 }

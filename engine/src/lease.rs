@@ -262,6 +262,15 @@ impl Leases {
             .collect()
     }
 
+    /// Every live lease is held for its full ttl from now (a new leader took
+    /// over: the old leader's clock cannot be trusted).
+    pub(crate) fn restart_all(&mut self) {
+        let now = self.clock.now_ms();
+        for l in self.live.values_mut() {
+            l.expires_at_ms = now.saturating_add(l.ttl_ms);
+        }
+    }
+
     /// Raises the counter to at least `floor` (after a cut: tokens issued
     /// before it may have been lost with it).
     pub(crate) fn raise_last_token(&mut self, floor: u64) {

@@ -50,7 +50,7 @@ pub struct LeaseInfo {
 }
 
 /// Checks an owner: 1..=128 bytes of printable ASCII, no space.
-fn check_owner(owner: &[u8]) -> Result<()> {
+pub(crate) fn check_owner(owner: &[u8]) -> Result<()> {
     if owner.is_empty() || owner.len() > MAX_OWNER {
         return Err(Error::invalid(
             "owner",
@@ -66,7 +66,7 @@ fn check_owner(owner: &[u8]) -> Result<()> {
     Ok(())
 }
 
-enum Acquired {
+pub(crate) enum Acquired {
     Granted {
         token: u64,
         ttl_ms: u64,
@@ -84,7 +84,7 @@ enum Acquired {
     },
 }
 
-fn decide_acquire(
+pub(crate) fn decide_acquire(
     w: &mut Writer<'_, Core>,
     name: &[u8],
     owner: &[u8],
@@ -120,7 +120,8 @@ fn decide_acquire(
                 stream: name,
                 token,
             });
-            let at = w.append(entry.len(), |buf| buf.copy_from_slice(&entry))?;
+            let at =
+                crate::replicated::write_op(w, entry.len(), |buf| buf.copy_from_slice(&entry))?;
             let effect = w
                 .state()
                 .apply_fence(name, token, at.lsn)
@@ -161,7 +162,7 @@ fn decide_acquire(
         ttl_ms,
         fence,
     });
-    let at = w.append(entry.len(), |buf| buf.copy_from_slice(&entry))?;
+    let at = crate::replicated::write_op(w, entry.len(), |buf| buf.copy_from_slice(&entry))?;
     let Ok(acquire) = op::decode(&entry) else {
         return Err(Error::invalid(
             "internal state",
@@ -193,14 +194,16 @@ fn extend(
     durable_ttl_ms: u64,
     lsn: u64,
 ) -> Result<Ticket> {
-    if ttl_ms > durable_ttl_ms {
+    // A replica writes every renewal: its effect must replay the same on
+    // every replica, and after a restart.
+    if ttl_ms > durable_ttl_ms || w.state().wrap.is_some() {
         let entry = op::encode(&Op::Renew {
             name,
             owner,
             token,
             ttl_ms,
         });
-        let at = w.append(entry.len(), |buf| buf.copy_from_slice(&entry))?;
+        let at = crate::replicated::write_op(w, entry.len(), |buf| buf.copy_from_slice(&entry))?;
         w.state()
             .leases
             .apply_renew(name, owner, token, ttl_ms, at.lsn);
@@ -217,7 +220,7 @@ fn extend(
 
 /// Renews the live lease held by exactly this owner and token; `None` if
 /// there is none (expired, released, or another's).
-fn decide_renew(
+pub(crate) fn decide_renew(
     w: &mut Writer<'_, Core>,
     name: &[u8],
     owner: &[u8],
@@ -240,7 +243,12 @@ fn decide_renew(
 
 /// Writes the release if this owner holds the lease with this token;
 /// answers whether it did.
-fn decide_release(w: &mut Writer<'_, Core>, name: &[u8], owner: &[u8], token: u64) -> Result<bool> {
+pub(crate) fn decide_release(
+    w: &mut Writer<'_, Core>,
+    name: &[u8],
+    owner: &[u8],
+    token: u64,
+) -> Result<bool> {
     let holds = w
         .state()
         .leases
@@ -250,7 +258,7 @@ fn decide_release(w: &mut Writer<'_, Core>, name: &[u8], owner: &[u8], token: u6
         return Ok(false);
     }
     let entry = op::encode(&Op::Release { name, owner, token });
-    w.append(entry.len(), |buf| buf.copy_from_slice(&entry))?;
+    crate::replicated::write_op(w, entry.len(), |buf| buf.copy_from_slice(&entry))?;
     Ok(w.state().leases.apply_release(name, owner, token))
 }
 

@@ -23,6 +23,7 @@ use crate::locate::Locator;
 use crate::metrics::{Counters, Metrics};
 use crate::op::{self, Op};
 use crate::options::Options;
+use crate::replicated::{ReplState, ReplicatedClock, write_op};
 use crate::token::{Offset, Token, check_stream_name};
 use crate::view::{StreamView, Views};
 
@@ -196,12 +197,12 @@ impl Decision {
         }
     }
 
-    fn wait(self) -> Result<Decided> {
+    pub(crate) fn wait(self) -> Result<Decided> {
         self.ticket.wait()?;
         Ok(self.then)
     }
 
-    async fn wait_async(self) -> Result<Decided> {
+    pub(crate) async fn wait_async(self) -> Result<Decided> {
         self.ticket.await?;
         Ok(self.then)
     }
@@ -222,7 +223,7 @@ pub(crate) enum Decided {
 }
 
 impl Decided {
-    fn value(self) -> Result<u64> {
+    pub(crate) fn value(self) -> Result<u64> {
         match self {
             Decided::Value(v) => Ok(v),
             Decided::Error(e) => Err(e),
@@ -350,7 +351,7 @@ pub(crate) fn decide_append<P: AsRef<[u8]>>(
         room_for(w, stream)?;
     }
     let len = op::append_len(stream, payloads);
-    let at = w.append(len, |buf| {
+    let at = write_op(w, len, |buf| {
         op::encode_append(buf, stream, token, next, payloads)
     })?;
     let bytes = payloads.iter().map(|p| p.as_ref().len() as u64).sum();
@@ -377,7 +378,7 @@ pub(crate) fn decide_fence(
     }
     room_for(w, stream)?;
     let entry = op::encode(&Op::Fence { stream, token });
-    let at = w.append(entry.len(), |buf| buf.copy_from_slice(&entry))?;
+    let at = write_op(w, entry.len(), |buf| buf.copy_from_slice(&entry))?;
     let effect = w
         .state()
         .apply_fence(stream, token, at.lsn)
@@ -386,7 +387,7 @@ pub(crate) fn decide_fence(
     Ok(Decision::accepted(token, w.ticket()))
 }
 
-fn decide_trim(
+pub(crate) fn decide_trim(
     w: &mut Writer<'_, Core>,
     stream: &[u8],
     token: u64,
@@ -426,7 +427,7 @@ fn decide_trim(
             before,
         })
     };
-    let at = w.append(entry.len(), |buf| buf.copy_from_slice(&entry))?;
+    let at = write_op(w, entry.len(), |buf| buf.copy_from_slice(&entry))?;
     let effect = w
         .state()
         .apply_trim(stream, token, before, at.lsn)
@@ -476,12 +477,20 @@ impl Log {
         opts.validate()?;
         let views = Arc::new(Views::default());
         let (gc_handle, gc_inbox) = gc::channel_for_gc();
-        let core = Core::new(
+        // A replica's leases follow the leader's clock, carried by entries.
+        let (clock, repl) = if opts.replicated {
+            let c = Arc::new(ReplicatedClock::default());
+            (Arc::clone(&c) as Arc<dyn Clock>, Some(ReplState::new(c)))
+        } else {
+            (clock, None)
+        };
+        let mut core = Core::new(
             Arc::clone(&views),
             gc_handle.clone(),
             Leases::new(clock),
             opts.max_streams,
         );
+        core.repl = repl;
         let (wal, report) = Wal::open(storage, dir, opts.wal.clone(), |replay| {
             core.recover(replay)
         })?;
@@ -489,7 +498,7 @@ impl Log {
         // Every token the replayed log holds is covered by the ceiling
         // before anything is answered (a STALE may cite one of them).
         let max_token = wal.with_state(|c| c.max_token);
-        if max_token > wal.marks().ceiling {
+        if !opts.replicated && max_token > wal.marks().ceiling {
             wal.raise_marks(fencelog_wal::Marks {
                 ceiling: ceiling_for(max_token),
                 floor: 0,
@@ -581,6 +590,7 @@ impl Log {
         &self,
         f: impl FnOnce(&mut Writer<'_, Core>) -> Result<R>,
     ) -> Result<R> {
+        self.standalone()?;
         self.inner.wal.submit(|w| {
             let r = f(w);
             reserve(w);
@@ -593,6 +603,7 @@ impl Log {
         &self,
         f: impl FnOnce(&mut Writer<'_, Core>) -> Result<R>,
     ) -> Result<R> {
+        self.standalone()?;
         self.inner
             .wal
             .submit_async(|w| {
@@ -601,6 +612,18 @@ impl Log {
                 r
             })
             .await?
+    }
+
+    /// Writes on a single node only: a replica's writes come through the
+    /// replicated log (`apply_replicated`), in its order.
+    fn standalone(&self) -> Result<()> {
+        if self.inner.opts.replicated {
+            return Err(Error::invalid(
+                "mode",
+                "this log is a replica's state machine: writes go through the replicated log",
+            ));
+        }
+        Ok(())
     }
 
     /// The fast path: a token below the stream's durable highest token is
@@ -810,7 +833,7 @@ impl Log {
 
     /// Is this conditional append a retry of one that succeeded? The records
     /// at `expected..` are durable now; compare them.
-    fn settle_retry<P: AsRef<[u8]>>(
+    pub(crate) fn settle_retry<P: AsRef<[u8]>>(
         &self,
         stream: &[u8],
         token: Token,
@@ -1280,6 +1303,13 @@ impl Log {
         let entry = self.inner.wal.read_entry(segment, position)?;
         let payload = entry.payload;
         let op = op::decode(&payload).map_err(|why| self.damaged(segment, why))?;
+        // A replica's entries wrap the op they applied.
+        let op = match op {
+            Op::Replicated { inner, .. } => {
+                op::decode(inner).map_err(|why| self.damaged(segment, why))?
+            }
+            other => other,
+        };
         // A transaction's entry holds its appends among other ops: the one
         // the index means is this stream's, at this offset.
         let op = match op {
@@ -1516,5 +1546,11 @@ impl Log {
     /// The segments of the log, oldest first (for tests and tools).
     pub fn segments(&self) -> Vec<u64> {
         self.inner.wal.segments()
+    }
+
+    /// Makes everything written so far durable (useful when the log is
+    /// opened with `wal.sync_every_batch = false`, as a replica's is).
+    pub fn sync(&self) -> Result<()> {
+        Ok(self.inner.wal.sync_all()?)
     }
 }

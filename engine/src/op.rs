@@ -13,7 +13,15 @@
 //! // Release: { op: u8 = 6 | name_len: u8 | name | owner_len: u8 | owner | token: u64 }
 //! // Renew:   { op: u8 = 7 | name_len: u8 | name | owner_len: u8 | owner | token: u64 | ttl_ms: u64 }
 //! // Batch:   { op: u8 = 8 | count: u32 | [len: u32 | op]* }   (each op an Append, Fence, Trim or Delete)
+//! // Replicated: { op: u8 = 9 | term: u64 | node: u64 | index: u64 | time_ms: u64 | inner: [op] }
+//! // Membership: { op: u8 = 10 | config: [u8] }   (only inside Replicated)
+//! // TakeOver:   { op: u8 = 11 }                  (only inside Replicated)
 //! ```
+//!
+//! In cluster mode every entry the state machine writes is Replicated: the
+//! position of the replicated log entry it applies (term, leader node,
+//! index), the proposing leader's clock, and the op it decided (none for an
+//! entry that changed nothing but the position).
 //!
 //! A batch is a transaction: its ops were decided together, in order, and
 //! land (or vanish in a crash) together.
@@ -29,6 +37,12 @@ const ACQUIRE: u8 = 5;
 const RELEASE: u8 = 6;
 const RENEW: u8 = 7;
 const BATCH: u8 = 8;
+const REPLICATED: u8 = 9;
+const MEMBERSHIP: u8 = 10;
+const TAKE_OVER: u8 = 11;
+
+/// Bytes of a Replicated op's header, before its inner op.
+pub(crate) const REPLICATED_HEADER: usize = 33;
 
 /// A decoded op, borrowing the entry's payload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,6 +92,22 @@ pub(crate) enum Op<'a> {
         count: u32,
         ops: &'a [u8],
     },
+    /// A replicated log entry applied: its position, the leader's clock,
+    /// and the op decided (empty: nothing changed but the position).
+    Replicated {
+        term: u64,
+        node: u64,
+        index: u64,
+        time_ms: u64,
+        /// An op other than Replicated (checked by [`decode`]), or empty.
+        inner: &'a [u8],
+    },
+    /// The cluster's membership, as the replication layer encodes it.
+    Membership {
+        config: &'a [u8],
+    },
+    /// A new leader took over: every live lease restarts its full ttl.
+    TakeOver,
 }
 
 /// Bytes of an append op with these payloads.
@@ -120,6 +150,9 @@ pub(crate) fn encode(op: &Op<'_>) -> Vec<u8> {
         Op::Release { name, owner, .. } => 11 + name.len() + owner.len(),
         Op::Renew { name, owner, .. } => 19 + name.len() + owner.len(),
         Op::Batch { ops, .. } => 5 + ops.len(),
+        Op::Replicated { inner, .. } => REPLICATED_HEADER + inner.len(),
+        Op::Membership { config } => 1 + config.len(),
+        Op::TakeOver => 1,
     };
     let mut buf = vec![0u8; len];
     let mut w = Cursor {
@@ -198,9 +231,40 @@ pub(crate) fn encode(op: &Op<'_>) -> Vec<u8> {
             w.u32(count);
             w.bytes(ops);
         }
+        Op::Replicated {
+            term,
+            node,
+            index,
+            time_ms,
+            inner,
+        } => {
+            w.bytes(&replicated_header(term, node, index, time_ms));
+            w.bytes(inner);
+        }
+        Op::Membership { config } => {
+            w.u8(MEMBERSHIP);
+            w.bytes(config);
+        }
+        Op::TakeOver => w.u8(TAKE_OVER),
     }
     debug_assert_eq!(w.at, len);
     buf
+}
+
+/// The header of a Replicated op; its inner op follows.
+pub(crate) fn replicated_header(
+    term: u64,
+    node: u64,
+    index: u64,
+    time_ms: u64,
+) -> [u8; REPLICATED_HEADER] {
+    let mut h = [0u8; REPLICATED_HEADER];
+    h[0] = REPLICATED;
+    h[1..9].copy_from_slice(&term.to_le_bytes());
+    h[9..17].copy_from_slice(&node.to_le_bytes());
+    h[17..25].copy_from_slice(&index.to_le_bytes());
+    h[25..33].copy_from_slice(&time_ms.to_le_bytes());
+    h
 }
 
 /// Bytes of a batch op holding these encoded ops.
@@ -414,6 +478,27 @@ pub(crate) fn decode(b: &[u8]) -> Result<Op<'_>, String> {
             }
             return Ok(Op::Batch { count, ops });
         }
+        REPLICATED => {
+            let (term, node, index, time_ms) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+            let inner = r.rest();
+            // Checked before decoding: a wrapper inside a wrapper would make
+            // decoding recurse as deep as the bytes nest.
+            if inner.first() == Some(&REPLICATED) {
+                return Err("a replicated entry inside a replicated entry".into());
+            }
+            if !inner.is_empty() {
+                decode(inner)?;
+            }
+            return Ok(Op::Replicated {
+                term,
+                node,
+                index,
+                time_ms,
+                inner,
+            });
+        }
+        MEMBERSHIP => return Ok(Op::Membership { config: r.rest() }),
+        TAKE_OVER => Op::TakeOver,
         other => return Err(format!("unknown op code {other}")),
     };
     if !r.is_empty() {
@@ -438,8 +523,10 @@ fn check_fields(op: &Op<'_>) -> Result<(), String> {
         | Op::Renew {
             name, owner, token, ..
         } => (name, Some(owner), token),
-        // Its ops were checked one by one.
-        Op::Batch { .. } => return Ok(()),
+        // Its ops were checked one by one; the others carry no name.
+        Op::Batch { .. } | Op::Replicated { .. } | Op::Membership { .. } | Op::TakeOver => {
+            return Ok(());
+        }
     };
     if name.is_empty() {
         return Err("an empty stream or lease name".into());

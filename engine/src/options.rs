@@ -34,6 +34,11 @@ pub struct Options {
     /// footers and checkpoint tables), most recently used kept. Default
     /// 64 MiB. More only speeds up reads of old records.
     pub index_cache_bytes: usize,
+    /// Cluster mode: the log is a replica's state machine. Writes come only
+    /// through [`Log::apply_replicated`](crate::Log::apply_replicated), in
+    /// the replicated log's order; leases follow the leader's clock; no
+    /// token marks are kept. Default false (a single node).
+    pub replicated: bool,
 }
 
 impl Default for Options {
@@ -48,6 +53,7 @@ impl Default for Options {
             max_live_leases: 1_000_000,
             max_streams: 1_000_000,
             index_cache_bytes: 64 << 20,
+            replicated: false,
         }
     }
 }

@@ -105,9 +105,9 @@ struct Seen {
 
 /// What the serialized section decided for a transaction; the answer
 /// waits for `ticket`.
-struct TxDecision {
-    then: Result<Vec<u64>>,
-    ticket: Ticket,
+pub(crate) struct TxDecision {
+    pub(crate) then: Result<Vec<u64>>,
+    pub(crate) ticket: Ticket,
 }
 
 impl TxDecision {
@@ -122,7 +122,7 @@ impl TxDecision {
     }
 }
 
-fn decide(w: &mut Writer<'_, Core>, ops: &[TxOp]) -> Result<TxDecision> {
+pub(crate) fn decide(w: &mut Writer<'_, Core>, ops: &[TxOp]) -> Result<TxDecision> {
     let mut seen: HashMap<&[u8], Seen> = HashMap::new();
     let mut answers = Vec::with_capacity(ops.len());
     let mut encoded: Vec<Vec<u8>> = Vec::with_capacity(ops.len());
@@ -234,7 +234,7 @@ fn decide(w: &mut Writer<'_, Core>, ops: &[TxOp]) -> Result<TxDecision> {
         answers.push(answer);
         encoded.push(bytes);
     }
-    let at = w.append(op::batch_len(&encoded), |buf| {
+    let at = crate::replicated::write_op(w, op::batch_len(&encoded), |buf| {
         op::encode_batch(buf, &encoded)
     })?;
     // Applied the way recovery applies it: decoded from what was written.
@@ -310,7 +310,28 @@ impl Log {
     /// The checks before the write lock: arguments, limits, and the fast
     /// path (a token below a durable highest rejects the whole
     /// transaction at once).
-    fn check_tx(&self, ops: &[TxOp]) -> Result<()> {
+    pub(crate) fn check_tx(&self, ops: &[TxOp]) -> Result<()> {
+        self.check_tx_shape(ops)?;
+        for (index, tx_op) in ops.iter().enumerate() {
+            let highest = self.inner().views.durable_highest(tx_op.stream());
+            let token = tx_op.token().get();
+            if token < highest {
+                self.inner().counters.stale.add(1);
+                return Err(Error::Aborted {
+                    index,
+                    cause: Box::new(Error::Stale {
+                        presented: token,
+                        highest,
+                    }),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The checks of arguments and limits alone (no fast path: a replica
+    /// decides every token inside the serialized section).
+    pub(crate) fn check_tx_shape(&self, ops: &[TxOp]) -> Result<()> {
         if ops.is_empty() {
             return Err(Error::invalid("transaction", "no ops"));
         }
@@ -323,23 +344,11 @@ impl Log {
             if let TxOp::Append { payloads, .. } | TxOp::AppendAt { payloads, .. } = tx_op {
                 check_payloads(self.options(), payloads).map_err(|e| aborted(index, e))?;
             }
-            let highest = self.inner().views.durable_highest(tx_op.stream());
-            let token = tx_op.token().get();
-            if token < highest {
-                self.inner().counters.stale.add(1);
-                return Err(aborted(
-                    index,
-                    Error::Stale {
-                        presented: token,
-                        highest,
-                    },
-                ));
-            }
         }
         Ok(())
     }
 
-    fn count_tx(&self, ops: &[TxOp], result: Result<Vec<u64>>) -> Result<Vec<u64>> {
+    pub(crate) fn count_tx(&self, ops: &[TxOp], result: Result<Vec<u64>>) -> Result<Vec<u64>> {
         let c = &self.inner().counters;
         match &result {
             Ok(_) => {

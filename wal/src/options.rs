@@ -67,6 +67,12 @@ pub struct WalOptions {
     /// memory. Default 32 MiB. A footer larger than this is read again
     /// at each use.
     pub footer_cache_bytes: usize,
+    /// Sync every batch before it is acknowledged. Default true: an
+    /// acknowledged entry is durable. False only where something else makes
+    /// entries durable (a replica's state machine, whose replicated log
+    /// does): batches are then acknowledged once written, and made durable
+    /// by `Wal::sync_all`, by seals, and when the log closes.
+    pub sync_every_batch: bool,
 }
 
 impl Default for WalOptions {
@@ -79,6 +85,7 @@ impl Default for WalOptions {
             recovery: RecoveryMode::default(),
             max_open_segments: 64,
             footer_cache_bytes: 32 << 20,
+            sync_every_batch: true,
         }
     }
 }

@@ -713,6 +713,7 @@ impl<S: Sequencer> Wal<S> {
                 current_opens_checkpoint: false,
                 written_to: flush_written_to,
                 next_requested: false,
+                unsynced: false,
             }),
             files: FileCache::new(opts.max_open_segments),
             footers,
@@ -1034,6 +1035,32 @@ impl<S: Sequencer> Wal<S> {
         Ok(Removal::Removed)
     }
 
+    /// Writes what is pending and syncs the segment being written: with
+    /// `sync_every_batch` off, everything acknowledged so far is durable
+    /// when this returns.
+    pub fn sync_all(&self) -> Result<(), WalError> {
+        let mut fs = self.shared.flush.lock();
+        if self.shared.flush_pending(&mut fs) == Flushed::Failed {
+            return Err(self.failed_error());
+        }
+        if fs.unsynced
+            && let Some((seg, file)) = &fs.current
+        {
+            if let Err(e) = file.sync_data() {
+                let e = annotate(e, "fdatasync", &seg.path);
+                drop(fs);
+                self.shared.fail_with(Arc::new(e));
+                return Err(self.failed_error());
+            }
+            fs.unsynced = false;
+        }
+        Ok(())
+    }
+
+    fn failed_error(&self) -> WalError {
+        crate::ticket::failed(self.shared.failure.get())
+    }
+
     /// Waits until everything submitted so far is durable, then stops the
     /// sync thread. Dropping the log does the same.
     pub fn close(mut self) -> Result<(), WalError> {
@@ -1052,6 +1079,9 @@ impl<S: Sequencer> Wal<S> {
         }
         if let Some(t) = self.sync_thread.take() {
             let _ = t.join();
+        }
+        if !self.shared.opts.sync_every_batch && !self.shared.failed.load(Ordering::Acquire) {
+            let _ = self.sync_all();
         }
         {
             let mut alloc = self.shared.alloc.lock();
@@ -1177,6 +1207,8 @@ struct FlushState {
     written_to: u64,
     /// Whether the allocator was asked for the segment after it.
     next_requested: bool,
+    /// Written and not synced (only without `sync_every_batch`).
+    unsynced: bool,
 }
 
 /// Lets a blocked [`Ticket`] flush its own batch when nobody else is.
@@ -1402,7 +1434,11 @@ impl<S: Sequencer> Shared<S> {
             }
         }
         if let Some(file) = unsynced {
-            self.sync(file.as_ref(), fs)?;
+            if self.opts.sync_every_batch {
+                self.sync(file.as_ref(), fs)?;
+            } else {
+                fs.unsynced = true;
+            }
         }
         Ok(())
     }
