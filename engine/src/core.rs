@@ -6,24 +6,32 @@
 //! The `apply_*` functions are the only way state changes, both when a
 //! decision is made and when recovery replays the log, so the two cannot
 //! drift apart.
+//!
+//! Memory: per stream a fixed-size [`StreamCore`] and its name once (shared
+//! with the readers' view); per entry of the segment being written, 24
+//! bytes of index until the segment is sealed. Nothing grows with history.
 
-use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use bytes::Bytes;
 use fencelog_wal::{Appended, Durable, EntryKind, Replay, Sequencer, WalError};
 use hashbrown::HashMap;
 
-use crate::checkpoint::{self, Encoder};
+use crate::checkpoint::{self, Row};
 use crate::footer::{self, StreamPart};
+use crate::gc::GcHandle;
 use crate::lease::Leases;
 use crate::op::{self, Op};
-use crate::view::{Effect, GcQueue, IndexEntry, OpenEntry, Run, StreamView, Views};
+use crate::replicated::{LogPosition, ReplState};
+use crate::token::MAX_TOKEN;
+use crate::view::{Effect, IndexEntry, OpenEntry, StreamView, Views};
 
 /// A stream as the serialized section knows it: every accepted write
 /// counts, synced or not.
 pub(crate) struct StreamCore {
     pub view: Arc<StreamView>,
+    /// The highest token accepted on this stream itself (the floor is
+    /// applied on top, see [`Core::highest`]).
     pub highest: u64,
     /// LSN of the entry that raised `highest` to its value: a STALE answer
     /// waits for it to be durable.
@@ -33,51 +41,118 @@ pub(crate) struct StreamCore {
     pub total_bytes: u64,
     /// LSN of the newest entry that changed this stream.
     pub last_lsn: u64,
-    /// The segment of the newest entry with records (to list the stream
-    /// once per segment).
-    last_segment: u64,
-    /// Sealed segments with this stream's records, in offset order.
-    pub runs: VecDeque<Run>,
+    /// The newest sealed segment with records of this stream (0: none):
+    /// the footer of the next segment it is in links back to it.
+    pub last_sealed: u64,
+}
+
+/// The index of the segment being written: each stream's entries in it,
+/// turned into the segment's footer when it is sealed.
+#[derive(Default)]
+struct Building {
+    segment: u64,
+    /// By stream id.
+    parts: HashMap<u64, Part>,
+    /// Bytes the footer will take.
+    index_bytes: u64,
+}
+
+struct Part {
+    view: Arc<StreamView>,
+    entries: Vec<IndexEntry>,
+    end_offset: u64,
+}
+
+/// How far above a token the ceiling of the token marks is raised when a
+/// token passes it: large enough that the marks file is written rarely
+/// (once per 65 536 tokens issued one by one, or per millionth of the
+/// token's size for tokens taken from clocks), small enough that after a
+/// cut the floor lies close to the last token acknowledged.
+pub(crate) fn ceiling_for(token: u64) -> u64 {
+    token
+        .saturating_add((1u64 << 16).max(token >> 20))
+        .min(MAX_TOKEN)
 }
 
 pub(crate) struct Core {
-    pub streams: HashMap<Box<[u8]>, StreamCore>,
+    /// Keyed by the stream's name, the same allocation as its view's.
+    pub streams: HashMap<Bytes, StreamCore>,
     next_stream_id: u64,
     pub views: Arc<Views>,
-    gc: Arc<GcQueue>,
-    /// Unsealed segments and the streams with records in each.
-    open_segments: BTreeMap<u64, Vec<Arc<StreamView>>>,
-    /// Sealed segments and how many streams still have live records there.
-    live_segments: BTreeMap<u64, u32>,
-    /// Bytes the current segment's footer index will take.
-    index_bytes: u64,
+    gc: GcHandle,
+    building: Building,
+    /// Every stream's highest token is at least this (see [`Views::floor`]).
+    pub floor: u64,
+    /// The largest token any entry carries: what the token marks' ceiling
+    /// must cover before an entry is acknowledged.
+    pub max_token: u64,
+    /// Streams at most (a checkpoint must stay a modest entry).
+    max_streams: u64,
+    /// Bytes of all stream names.
+    names_bytes: u64,
+    /// The first segment recovery replayed (older ones were not read).
+    pub replayed_from: u64,
     pub leases: Leases,
+    /// Cluster mode: the replicated log's position, clock and membership.
+    pub repl: Option<ReplState>,
+    /// While a replicated entry is applied: the header every entry written
+    /// carries (see `replicated::write_op`).
+    pub wrap: Option<[u8; op::REPLICATED_HEADER]>,
 }
 
 impl Core {
-    pub(crate) fn new(views: Arc<Views>, gc: Arc<GcQueue>, leases: Leases) -> Core {
+    pub(crate) fn new(views: Arc<Views>, gc: GcHandle, leases: Leases, max_streams: u64) -> Core {
         Core {
             streams: HashMap::new(),
             next_stream_id: 1,
             views,
             gc,
-            open_segments: BTreeMap::new(),
-            live_segments: BTreeMap::new(),
-            index_bytes: 0,
+            building: Building::default(),
+            floor: 0,
+            max_token: 0,
+            max_streams,
+            names_bytes: 0,
+            replayed_from: 0,
             leases,
+            repl: None,
+            wrap: None,
+        }
+    }
+
+    /// The highest token of `name` as decisions see it: its own, or the
+    /// floor. A stream never seen has the floor.
+    pub(crate) fn highest(&self, name: &[u8]) -> (u64, u64) {
+        match self.streams.get(name) {
+            Some(s) if s.highest >= self.floor => (s.highest, s.highest_lsn),
+            // The floor is durable (in the marks file): nothing to wait for.
+            _ => (self.floor, 0),
+        }
+    }
+
+    /// Whether a stream `name` may be created (it exists, or there is room).
+    pub(crate) fn room_for(&self, name: &[u8]) -> Result<(), u64> {
+        if self.streams.contains_key(name) || (self.streams.len() as u64) < self.max_streams {
+            Ok(())
+        } else {
+            Err(self.max_streams)
         }
     }
 
     /// The stream `name`, created (with a new id and view) if it is new.
     /// Only accepted writes call this, so recovery assigns the same ids.
+    /// One hash lookup for a stream that exists (the common case).
     fn stream_mut(&mut self, name: &[u8]) -> &mut StreamCore {
-        if !self.streams.contains_key(name) {
+        // A second lookup only for a new stream: the borrow checker cannot
+        // see that the first one's borrow ends on the `None` path.
+        if self.streams.get_mut(name).is_none() {
             let id = self.next_stream_id;
             self.next_stream_id += 1;
-            let view = Arc::new(StreamView::new(id, Bytes::copy_from_slice(name)));
+            self.names_bytes += name.len() as u64;
+            let name = Bytes::copy_from_slice(name);
+            let view = Arc::new(StreamView::new(id, name.clone()));
             self.views.insert(Arc::clone(&view));
             self.streams.insert(
-                name.to_vec().into_boxed_slice(),
+                name,
                 StreamCore {
                     view,
                     highest: 0,
@@ -86,8 +161,7 @@ impl Core {
                     start_offset: 0,
                     total_bytes: 0,
                     last_lsn: 0,
-                    last_segment: 0,
-                    runs: VecDeque::new(),
+                    last_sealed: 0,
                 },
             );
         }
@@ -105,14 +179,28 @@ impl Core {
         s.last_lsn = lsn;
     }
 
-    fn advance(s: &StreamCore) -> Effect {
+    fn advance(s: &StreamCore, entry: Option<OpenEntry>) -> Effect {
         Effect::Advance {
             view: Arc::clone(&s.view),
             highest: s.highest,
             next: s.next_offset,
             start: s.start_offset,
             total_bytes: s.total_bytes,
+            entry,
         }
+    }
+
+    /// Checks the fencing rule once more where an entry is applied (a
+    /// decision that broke it would be a bug; a replayed entry that breaks
+    /// it is damage).
+    fn check_token(&self, name: &[u8], token: u64) -> Result<(), String> {
+        let (highest, _) = self.highest(name);
+        if token < highest {
+            return Err(format!(
+                "token {token} is below the highest {highest} of stream {name:?}"
+            ));
+        }
+        Ok(())
     }
 
     /// An accepted append of `count` records (`bytes` payload bytes) whose
@@ -126,12 +214,25 @@ impl Core {
         bytes: u64,
         at: Appended,
     ) -> Result<Effect, String> {
+        self.max_token = self.max_token.max(token);
+        if self.building.segment != at.segment {
+            self.building = Building {
+                segment: at.segment,
+                ..Building::default()
+            };
+        }
+        let floor = self.floor;
         let s = self.stream_mut(name);
-        if token < s.highest || first_offset != s.next_offset || count == 0 {
+        if token < s.highest.max(floor) {
             return Err(format!(
-                "an append at offset {first_offset} with token {token} does not follow the stream \
-                 (next offset {}, highest token {})",
-                s.next_offset, s.highest
+                "token {token} is below the highest {} of stream {name:?}",
+                s.highest.max(floor)
+            ));
+        }
+        if first_offset != s.next_offset || count == 0 {
+            return Err(format!(
+                "an append at offset {first_offset} does not follow the stream (next offset {})",
+                s.next_offset
             ));
         }
         let entry = IndexEntry {
@@ -139,22 +240,29 @@ impl Core {
             cum_bytes: s.total_bytes,
             position: at.position,
         };
-        s.view.index.write().open.push_back(OpenEntry {
-            segment: at.segment,
-            entry,
-        });
-        let new_in_segment = s.last_segment != at.segment;
-        s.last_segment = at.segment;
         s.next_offset += u64::from(count);
         s.total_bytes += bytes;
         Self::raise(s, token, at.lsn);
-        let effect = Self::advance(s);
-        let view = Arc::clone(&s.view);
-        self.index_bytes += footer::encoded_len(0, 1) as u64 - footer::encoded_len(0, 0) as u64;
-        if new_in_segment {
-            self.index_bytes += footer::encoded_len(1, 0) as u64 - footer::encoded_len(0, 0) as u64;
-            self.open_segments.entry(at.segment).or_default().push(view);
-        }
+        let effect = Self::advance(
+            s,
+            Some(OpenEntry {
+                segment: at.segment,
+                entry,
+            }),
+        );
+        let (id, view, end) = (s.view.id, Arc::clone(&s.view), s.next_offset);
+        let b = &mut self.building;
+        b.index_bytes += (footer::encoded_len(0, 1) - footer::encoded_len(0, 0)) as u64;
+        let part = b.parts.entry(id).or_insert_with(|| {
+            b.index_bytes += (footer::encoded_len(1, 0) - footer::encoded_len(0, 0)) as u64;
+            Part {
+                view,
+                entries: Vec::new(),
+                end_offset: end,
+            }
+        });
+        part.entries.push(entry);
+        part.end_offset = end;
         Ok(effect)
     }
 
@@ -165,15 +273,11 @@ impl Core {
         token: u64,
         lsn: u64,
     ) -> Result<Effect, String> {
+        self.check_token(name, token)?;
+        self.max_token = self.max_token.max(token);
         let s = self.stream_mut(name);
-        if token < s.highest {
-            return Err(format!(
-                "a fence with token {token} below the highest {}",
-                s.highest
-            ));
-        }
         Self::raise(s, token, lsn);
-        Ok(Self::advance(s))
+        Ok(Self::advance(s, None))
     }
 
     /// An accepted trim (or, with `before` = next offset, delete).
@@ -184,43 +288,33 @@ impl Core {
         before: u64,
         lsn: u64,
     ) -> Result<Effect, String> {
+        self.check_token(name, token)?;
+        self.max_token = self.max_token.max(token);
+        let gc = self.gc.clone();
         let s = self.stream_mut(name);
-        if token < s.highest || before > s.next_offset {
+        if before > s.next_offset {
             return Err(format!(
-                "a trim before {before} with token {token} does not fit the stream \
-                 (next offset {}, highest token {})",
-                s.next_offset, s.highest
+                "a trim before {before} beyond the next offset {}",
+                s.next_offset
             ));
         }
         Self::raise(s, token, lsn);
-        let mut retired = Vec::new();
-        if before > s.start_offset {
+        let moved = before > s.start_offset;
+        if moved {
             s.start_offset = before;
-            while s.runs.front().is_some_and(|r| r.end_offset <= before) {
-                if let Some(r) = s.runs.pop_front() {
-                    retired.push(r.segment);
-                }
-            }
         }
-        let advance = Self::advance(s);
-        let mut collect = Vec::new();
-        for segment in retired {
-            if let Some(live) = self.live_segments.get_mut(&segment) {
-                *live -= 1;
-                if *live == 0 {
-                    self.live_segments.remove(&segment);
-                    collect.push(Effect::Collect {
-                        segment,
-                        gc: Arc::clone(&self.gc),
-                    });
-                }
-            }
-        }
-        if collect.is_empty() {
-            Ok(advance)
+        let advance = Self::advance(s, None);
+        if moved {
+            Ok(Effect::Many(vec![
+                advance,
+                Effect::Trimmed {
+                    view: Arc::clone(&s.view),
+                    start: before,
+                    gc,
+                },
+            ]))
         } else {
-            collect.insert(0, advance);
-            Ok(Effect::Many(collect))
+            Ok(advance)
         }
     }
 
@@ -254,6 +348,7 @@ impl Core {
                 ttl_ms,
                 fence,
             } => {
+                self.max_token = self.max_token.max(token);
                 let fenced = if fence {
                     Some(self.apply_fence(name, token, at.lsn)?)
                 } else {
@@ -276,100 +371,105 @@ impl Core {
                 self.leases.apply_renew(name, owner, token, ttl_ms, at.lsn);
                 Ok(Effect::Many(Vec::new()))
             }
+            Op::Batch { ops, .. } => {
+                let mut effects = Vec::new();
+                for op in op::batch_ops(ops) {
+                    effects.push(self.apply_op(&op, at)?);
+                }
+                Ok(Effect::Many(effects))
+            }
+            Op::Replicated {
+                term,
+                node,
+                index,
+                time_ms,
+                inner,
+            } => {
+                let Some(repl) = &mut self.repl else {
+                    return Err("a replicated entry in a log not opened in cluster mode".into());
+                };
+                repl.enter(LogPosition { term, node, index }, time_ms);
+                if inner.is_empty() {
+                    return Ok(Effect::Many(Vec::new()));
+                }
+                let inner = op::decode(inner)?;
+                self.apply_op(&inner, at)
+            }
+            Op::Membership { config } => {
+                if let Some(repl) = &mut self.repl {
+                    repl.membership = Bytes::copy_from_slice(config);
+                }
+                Ok(Effect::Many(Vec::new()))
+            }
+            Op::TakeOver => {
+                self.leases.restart_all();
+                Ok(Effect::Many(Vec::new()))
+            }
         }
     }
 
-    /// Turns the records of unsealed segment `segment` into runs: at seal
-    /// time, and after recovery for segments already sealed on disk.
+    /// Turns the index of segment `segment` into its footer: at seal time,
+    /// and after recovery for segments already sealed on disk (whose
+    /// footer is then not written again).
     fn seal_segment(&mut self, segment: u64) -> (Vec<u8>, Effect) {
-        let views = self.open_segments.remove(&segment).unwrap_or_default();
-        let mut parts: Vec<(u64, u64, Vec<IndexEntry>)> = Vec::with_capacity(views.len());
-        let mut runs = Vec::with_capacity(views.len());
-        let mut live = 0u32;
-        for view in views {
-            let Some(s) = self.streams.get_mut(&view.name[..]) else {
-                continue;
-            };
-            let (entries, end_offset) = {
-                let ix = view.index.read();
-                let entries: Vec<IndexEntry> = ix
-                    .open
-                    .iter()
-                    .filter(|e| e.segment == segment)
-                    .map(|e| e.entry)
-                    .collect();
-                let end = ix
-                    .open
-                    .iter()
-                    .find(|e| e.segment > segment)
-                    .map_or(s.next_offset, |e| e.entry.first_offset);
-                (entries, end)
-            };
-            let Some(first) = entries.first() else {
-                continue;
-            };
-            let run = Run {
-                segment,
-                first_offset: first.first_offset,
-                end_offset,
-                cum_bytes: first.cum_bytes,
-            };
-            if end_offset > s.start_offset {
-                s.runs.push_back(run);
-                live += 1;
-            }
-            runs.push((Arc::clone(&view), run));
-            parts.push((view.id, end_offset, entries));
-        }
-        parts.sort_unstable_by_key(|p| p.0);
-        let parts: Vec<StreamPart<'_>> = parts
-            .iter()
-            .map(|(id, end, entries)| StreamPart {
-                stream_id: *id,
-                end_offset: *end,
-                entries,
-            })
-            .collect();
-        let footer = footer::encode(&parts);
-        let sealed = Effect::Sealed { segment, runs };
-        let effect = if live > 0 {
-            self.live_segments.insert(segment, live);
-            sealed
+        let building = if self.building.segment == segment {
+            std::mem::take(&mut self.building)
         } else {
-            Effect::Many(vec![
-                sealed,
-                Effect::Collect {
-                    segment,
-                    gc: Arc::clone(&self.gc),
-                },
-            ])
+            Building::default()
         };
-        self.index_bytes = 0;
-        (footer, effect)
+        let mut parts: Vec<(u64, Part)> = building.parts.into_iter().collect();
+        parts.sort_unstable_by_key(|(id, _)| *id);
+        let mut encoded = Vec::with_capacity(parts.len());
+        let mut streams = Vec::with_capacity(parts.len());
+        for (id, part) in &parts {
+            let Some(s) = self.streams.get_mut(&part.view.name[..]) else {
+                continue;
+            };
+            encoded.push(StreamPart {
+                stream_id: *id,
+                end_offset: part.end_offset,
+                prev_segment: s.last_sealed,
+                entries: &part.entries,
+            });
+            s.last_sealed = segment;
+            streams.push((Arc::clone(&part.view), part.end_offset));
+        }
+        let footer = footer::encode(&encoded);
+        (
+            footer,
+            Effect::Sealed {
+                segment,
+                streams,
+                gc: self.gc.clone(),
+            },
+        )
     }
 
     /// Rebuilds the state from a checkpoint.
     fn restore(&mut self, c: checkpoint::Checkpoint) -> Result<(), String> {
         self.streams.clear();
-        self.open_segments.clear();
-        self.live_segments.clear();
+        self.building = Building::default();
         self.next_stream_id = c.next_stream_id;
+        self.names_bytes = 0;
         for rec in c.streams {
-            let view = Arc::new(StreamView::new(rec.id, Bytes::from(rec.name.clone())));
+            let name = Bytes::from(rec.name);
+            let view = Arc::new(StreamView::new(rec.id, name.clone()));
             {
                 use std::sync::atomic::Ordering::Release;
                 view.highest.store(rec.highest, Release);
                 view.next.store(rec.next_offset, Release);
                 view.start.store(rec.start_offset, Release);
                 view.total_bytes.store(rec.total_bytes, Release);
-                view.index.write().runs = rec.runs.iter().copied().collect();
+                let mut ix = view.index.write();
+                // At a checkpoint every record is in a sealed segment.
+                ix.sealed_end = rec.next_offset;
+                ix.last_sealed = rec.last_sealed;
             }
-            for r in &rec.runs {
-                *self.live_segments.entry(r.segment).or_default() += 1;
-            }
+            self.max_token = self.max_token.max(rec.highest);
+            self.names_bytes += name.len() as u64;
             self.views.insert(Arc::clone(&view));
             self.streams.insert(
-                rec.name.into_boxed_slice(),
+                name,
                 StreamCore {
                     view,
                     highest: rec.highest,
@@ -378,22 +478,33 @@ impl Core {
                     start_offset: rec.start_offset,
                     total_bytes: rec.total_bytes,
                     last_lsn: 0,
-                    last_segment: 0,
-                    runs: rec.runs.into_iter().collect(),
+                    last_sealed: rec.last_sealed,
                 },
             );
+        }
+        self.max_token = self.max_token.max(c.last_token);
+        // The clock first: the leases restored expire on it.
+        if let (Some(repl), Some(rec)) = (&mut self.repl, c.repl) {
+            repl.restore(rec);
         }
         self.leases.restore(c.last_token, c.leases);
         Ok(())
     }
 
     /// Rebuilds the state from what recovery replays: the newest checkpoint
-    /// and every entry after it.
+    /// and every entry after it (through links into later segments).
     pub(crate) fn recover(mut self, replay: Replay<'_>) -> Result<Core, WalError> {
-        let mut segments = Vec::new();
+        let mut current: Option<u64> = None;
+        self.replayed_from = replay.entries().next().map_or(0, |e| e.segment);
         for e in replay.entries() {
-            if segments.last() != Some(&e.segment) {
-                segments.push(e.segment);
+            if current != Some(e.segment) {
+                // A segment behind the replayed one is sealed on disk: only
+                // the in-memory side of sealing is left to do.
+                if let Some(prev) = current {
+                    let (_, effect) = self.seal_segment(prev);
+                    effect.durable();
+                }
+                current = Some(e.segment);
             }
             match e.kind {
                 EntryKind::Checkpoint => {
@@ -402,6 +513,7 @@ impl Core {
                     })?;
                     self.restore(c).map_err(|why| e.corrupt(why))?;
                 }
+                EntryKind::Link => {}
                 EntryKind::Record => {
                     let op = op::decode(&e.payload).map_err(|why| {
                         e.corrupt(format!("an entry that does not decode: {why}"))
@@ -420,24 +532,33 @@ impl Core {
                 }
             }
         }
-        // Replayed segments that are sealed on disk already have their
-        // footer: only the in-memory side of sealing is left to do.
-        for segment in segments {
-            if replay.is_sealed(segment) {
-                let (_, effect) = self.seal_segment(segment);
-                effect.durable();
-            }
+        if let Some(last) = current
+            && replay.is_sealed(last)
+        {
+            let (_, effect) = self.seal_segment(last);
+            effect.durable();
         }
+        // The token floor: after a cut, every stream's highest token and the
+        // token counter start at or above it. (A replica keeps no marks: the
+        // replicated log holds whatever a cut of its own log takes.)
+        self.floor = if self.repl.is_some() {
+            0
+        } else {
+            replay.report().marks.floor
+        };
+        self.views
+            .floor
+            .store(self.floor, std::sync::atomic::Ordering::Release);
+        self.leases.raise_last_token(self.floor);
+        self.max_token = self.max_token.max(self.floor);
         Ok(self)
     }
 
-    /// Segments no stream needs any more, found at recovery.
-    pub(crate) fn dead_segments(&self, all: &[u64]) -> Vec<u64> {
-        let active = all.last().copied();
-        all.iter()
-            .copied()
-            .filter(|s| Some(*s) != active)
-            .filter(|s| !self.live_segments.contains_key(s) && !self.open_segments.contains_key(s))
+    /// Every stream's start offset, by id (for garbage collection).
+    pub(crate) fn starts(&self) -> HashMap<u64, u64> {
+        self.streams
+            .values()
+            .map(|s| (s.view.id, s.start_offset))
             .collect()
     }
 }
@@ -445,20 +566,38 @@ impl Core {
 impl Sequencer for Core {
     type Effect = Effect;
 
-    fn checkpoint(&mut self, _segment: u64) -> Vec<u8> {
-        let mut e = Encoder::new(self.next_stream_id, self.leases.last_token());
-        for (name, s) in &self.streams {
-            e.stream(
-                s.view.id,
-                name,
-                s.highest,
-                s.next_offset,
-                s.start_offset,
-                s.total_bytes,
-                s.runs.iter(),
-            );
+    /// A checkpoint when the log written since the last one is at least
+    /// eight times its size (or a segment's worth), else a link: checkpoints
+    /// stay at most an eighth of the log, and replay at most eight
+    /// checkpoints' worth of it, whatever the number of streams.
+    fn checkpoint(&mut self, _segment: u64, since_checkpoint: u64) -> Option<Vec<u8>> {
+        let estimate = checkpoint::row_bytes(self.streams.len(), self.names_bytes as usize) as u64;
+        if since_checkpoint > 0 && since_checkpoint < estimate.saturating_mul(8) {
+            return None;
         }
-        self.leases.checkpoint_into(e)
+        let rows = self
+            .streams
+            .values()
+            .map(|s| Row {
+                id: s.view.id,
+                name: &s.view.name,
+                highest: s.highest,
+                next_offset: s.next_offset,
+                start_offset: s.start_offset,
+                total_bytes: s.total_bytes,
+                last_sealed: s.last_sealed,
+            })
+            .collect();
+        let last_token = self.leases.last_token();
+        let repl = self.repl.as_ref().map(ReplState::record);
+        let leases = self.leases.for_checkpoint();
+        Some(checkpoint::encode(
+            self.next_stream_id,
+            last_token,
+            rows,
+            leases.into_iter(),
+            repl.as_ref(),
+        ))
     }
 
     fn seal(&mut self, segment: u64) -> (Vec<u8>, Option<Effect>) {
@@ -467,6 +606,6 @@ impl Sequencer for Core {
     }
 
     fn seal_len_hint(&self) -> u64 {
-        self.index_bytes + footer::encoded_len(0, 0) as u64
+        self.building.index_bytes + footer::encoded_len(0, 0) as u64
     }
 }

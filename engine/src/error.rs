@@ -119,6 +119,16 @@ pub enum Error {
         reason: String,
     },
 
+    /// An op of a transaction was rejected, so none of the transaction's
+    /// ops was applied.
+    #[error("op {index} of the transaction was rejected ({cause}); nothing was applied")]
+    Aborted {
+        /// Which op (from 0).
+        index: usize,
+        /// Why it was rejected.
+        cause: Box<Error>,
+    },
+
     /// The data directory is in use by another process or handle.
     #[error("{dir} is in use by another process (it holds {dir}/LOCK)")]
     Locked {

@@ -54,6 +54,9 @@ pub enum EntryView<'a> {
         /// The highest lease token issued.
         last_token: u64,
     },
+    /// A segment that opens without a checkpoint (replay reaches it from
+    /// an older segment's).
+    Link,
     /// Records appended.
     Append {
         /// The stream.
@@ -123,13 +126,55 @@ pub enum EntryView<'a> {
         /// The new ttl.
         ttl_ms: u64,
     },
+    /// A transaction: stream ops (appends, fences, trims, deletes) decided
+    /// together, in order, written as one entry.
+    Transaction {
+        /// Its ops, in order.
+        ops: Vec<EntryView<'a>>,
+    },
+    /// A replica applied an entry of the replicated log (cluster mode).
+    Replicated {
+        /// The leader's term.
+        term: u64,
+        /// The leader's node id.
+        node: u64,
+        /// The entry's index in the replicated log.
+        index: u64,
+        /// The leader's clock when it proposed the entry, in ms.
+        time_ms: u64,
+        /// What it changed (none: only the position moved).
+        op: Option<Box<EntryView<'a>>>,
+    },
+    /// The cluster's membership (opaque to the engine).
+    Membership {
+        /// As the replication layer encodes it.
+        config: &'a [u8],
+    },
+    /// A new leader took over: every live lease restarted its full ttl.
+    TakeOver,
 }
 
 impl EntryView<'_> {
-    /// The stream or lease the entry concerns, if one.
+    /// Whether the entry concerns stream or lease `name` (a transaction:
+    /// any of its ops).
+    pub fn concerns(&self, name: &[u8]) -> bool {
+        match self {
+            EntryView::Transaction { ops } => ops.iter().any(|o| o.concerns(name)),
+            EntryView::Replicated { op, .. } => op.as_ref().is_some_and(|o| o.concerns(name)),
+            other => other.name() == Some(name),
+        }
+    }
+
+    /// The stream or lease the entry concerns, if one (`None` for a
+    /// checkpoint and a transaction).
     pub fn name(&self) -> Option<&[u8]> {
         match self {
-            EntryView::Checkpoint { .. } => None,
+            EntryView::Checkpoint { .. }
+            | EntryView::Transaction { .. }
+            | EntryView::Link
+            | EntryView::Membership { .. }
+            | EntryView::TakeOver => None,
+            EntryView::Replicated { op, .. } => op.as_ref().and_then(|o| o.name()),
             EntryView::Append { stream, .. }
             | EntryView::Fence { stream, .. }
             | EntryView::Trim { stream, .. }
@@ -162,56 +207,92 @@ pub fn describe(kind: EntryKind, payload: &[u8]) -> Result<EntryView<'_>, String
                 last_token: c.last_token,
             })
         }
-        EntryKind::Record => Ok(match op::decode(payload)? {
-            Op::Append {
-                stream,
-                token,
-                first_offset,
-                count,
-                records,
-            } => EntryView::Append {
-                stream,
-                token,
-                first_offset,
-                records: count,
-                payloads: op::records(records).map(|(s, e)| &records[s..e]).collect(),
-            },
-            Op::Fence { stream, token } => EntryView::Fence { stream, token },
-            Op::Trim {
-                stream,
-                token,
-                before,
-            } => EntryView::Trim {
-                stream,
-                token,
-                before,
-            },
-            Op::Delete { stream, token } => EntryView::Delete { stream, token },
-            Op::Acquire {
-                name,
-                owner,
-                token,
-                ttl_ms,
-                fence,
-            } => EntryView::Acquire {
-                name,
-                owner,
-                token,
-                ttl_ms,
-                fence,
-            },
-            Op::Release { name, owner, token } => EntryView::Release { name, owner, token },
-            Op::Renew {
-                name,
-                owner,
-                token,
-                ttl_ms,
-            } => EntryView::Renew {
-                name,
-                owner,
-                token,
-                ttl_ms,
-            },
-        }),
+        EntryKind::Link if payload.is_empty() => Ok(EntryView::Link),
+        EntryKind::Link => Err(format!(
+            "a link of {} bytes (links are empty)",
+            payload.len()
+        )),
+        EntryKind::Record => Ok(view_of(op::decode(payload)?)),
+    }
+}
+
+fn view_of(op: Op<'_>) -> EntryView<'_> {
+    match op {
+        Op::Replicated {
+            term,
+            node,
+            index,
+            time_ms,
+            inner,
+        } => EntryView::Replicated {
+            term,
+            node,
+            index,
+            time_ms,
+            // Checked by the decoder when it decoded the wrapper.
+            op: op::decode(inner).ok().map(|o| Box::new(view_of_op(o))),
+        },
+        Op::Membership { config } => EntryView::Membership { config },
+        Op::TakeOver => EntryView::TakeOver,
+        other => view_of_op(other),
+    }
+}
+
+fn view_of_op(op: Op<'_>) -> EntryView<'_> {
+    match op {
+        Op::Append {
+            stream,
+            token,
+            first_offset,
+            count,
+            records,
+        } => EntryView::Append {
+            stream,
+            token,
+            first_offset,
+            records: count,
+            payloads: op::records(records).map(|(s, e)| &records[s..e]).collect(),
+        },
+        Op::Fence { stream, token } => EntryView::Fence { stream, token },
+        Op::Trim {
+            stream,
+            token,
+            before,
+        } => EntryView::Trim {
+            stream,
+            token,
+            before,
+        },
+        Op::Delete { stream, token } => EntryView::Delete { stream, token },
+        Op::Acquire {
+            name,
+            owner,
+            token,
+            ttl_ms,
+            fence,
+        } => EntryView::Acquire {
+            name,
+            owner,
+            token,
+            ttl_ms,
+            fence,
+        },
+        Op::Release { name, owner, token } => EntryView::Release { name, owner, token },
+        Op::Renew {
+            name,
+            owner,
+            token,
+            ttl_ms,
+        } => EntryView::Renew {
+            name,
+            owner,
+            token,
+            ttl_ms,
+        },
+        Op::Batch { ops, .. } => EntryView::Transaction {
+            ops: op::batch_ops(ops).map(view_of).collect(),
+        },
+        // Handled by `view_of`; a wrapper is never inside another.
+        Op::Replicated { .. } | Op::Membership { .. } | Op::TakeOver => view_of(op),
     }
 }

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use hashbrown::HashMap;
 
-use crate::checkpoint::{Encoder, LeaseRecord};
+use crate::checkpoint::LeaseRecord;
 
 /// A monotonic clock, in milliseconds from an arbitrary origin.
 ///
@@ -287,19 +287,33 @@ impl Leases {
         }
     }
 
-    /// Appends the live leases to a checkpoint being encoded.
-    pub(crate) fn checkpoint_into(&mut self, e: Encoder) -> Vec<u8> {
+    /// The live leases, for a checkpoint being encoded.
+    pub(crate) fn for_checkpoint(&mut self) -> Vec<(&[u8], &[u8], u64, u64)> {
         self.sweep();
         // The checkpoint is durable, so it may lower the logged ttl to a
         // shorter renewal: the holder was told that one last.
         for l in self.live.values_mut() {
             l.durable_ttl_ms = l.ttl_ms;
         }
-        e.finish(
-            self.live
-                .iter()
-                .map(|(name, l)| (&name[..], &l.owner[..], l.token, l.ttl_ms)),
-        )
+        self.live
+            .iter()
+            .map(|(name, l)| (&name[..], &l.owner[..], l.token, l.ttl_ms))
+            .collect()
+    }
+
+    /// Every live lease is held for its full ttl from now (a new leader took
+    /// over: the old leader's clock cannot be trusted).
+    pub(crate) fn restart_all(&mut self) {
+        let now = self.clock.now_ms();
+        for l in self.live.values_mut() {
+            l.expires_at_ms = now.saturating_add(l.ttl_ms);
+        }
+    }
+
+    /// Raises the counter to at least `floor` (after a cut: tokens issued
+    /// before it may have been lost with it).
+    pub(crate) fn raise_last_token(&mut self, floor: u64) {
+        self.last_token = self.last_token.max(floor);
     }
 }
 

@@ -50,7 +50,7 @@ pub struct LeaseInfo {
 }
 
 /// Checks an owner: 1..=128 bytes of printable ASCII, no space.
-fn check_owner(owner: &[u8]) -> Result<()> {
+pub(crate) fn check_owner(owner: &[u8]) -> Result<()> {
     if owner.is_empty() || owner.len() > MAX_OWNER {
         return Err(Error::invalid(
             "owner",
@@ -66,16 +66,16 @@ fn check_owner(owner: &[u8]) -> Result<()> {
     Ok(())
 }
 
-enum Acquired {
+pub(crate) enum Acquired {
     Granted {
         token: u64,
         ttl_ms: u64,
         ticket: Ticket,
         fresh: bool,
     },
-    Held {
-        remaining_ms: u64,
-    },
+    /// Answered once the grant that holds it is durable: a refusal never
+    /// rests on a grant a crash could take back.
+    Held { remaining_ms: u64, ticket: Ticket },
     /// A re-acquisition with `fence` whose token is below the stream's.
     Stale {
         presented: u64,
@@ -84,7 +84,7 @@ enum Acquired {
     },
 }
 
-fn decide_acquire(
+pub(crate) fn decide_acquire(
     w: &mut Writer<'_, Core>,
     name: &[u8],
     owner: &[u8],
@@ -95,17 +95,15 @@ fn decide_acquire(
     let now = w.state().leases.now_ms();
     if let Some(l) = w.state().leases.live(name) {
         if &*l.owner != owner {
+            let (remaining_ms, lsn) = (l.expires_at_ms.saturating_sub(now), l.lsn);
             return Ok(Acquired::Held {
-                remaining_ms: l.expires_at_ms.saturating_sub(now),
+                remaining_ms,
+                ticket: w.ticket_for(lsn),
             });
         }
         // The live holder again: same token, the new ttl.
         let (token, lsn, durable_ttl) = (l.token, l.lsn, l.durable_ttl_ms);
-        let (highest, highest_lsn) = w
-            .state()
-            .streams
-            .get(name)
-            .map_or((0, 0), |s| (s.highest, s.highest_lsn));
+        let (highest, highest_lsn) = w.state().highest(name);
         if fence && highest > token {
             // Tokens from elsewhere passed this lease's on the stream: it
             // cannot fence, and its writes would be rejected. Say so.
@@ -117,11 +115,13 @@ fn decide_acquire(
         }
         let mut ticket = extend(w, name, owner, token, ttl_ms, durable_ttl, lsn)?;
         if fence && highest < token {
+            crate::log::room_for(w, name)?;
             let entry = op::encode(&Op::Fence {
                 stream: name,
                 token,
             });
-            let at = w.append(entry.len(), |buf| buf.copy_from_slice(&entry))?;
+            let at =
+                crate::replicated::write_op(w, entry.len(), |buf| buf.copy_from_slice(&entry))?;
             let effect = w
                 .state()
                 .apply_fence(name, token, at.lsn)
@@ -145,7 +145,8 @@ fn decide_acquire(
     }
     let mut token = leases.last_token() + 1;
     if fence {
-        let highest = w.state().streams.get(name).map_or(0, |s| s.highest);
+        crate::log::room_for(w, name)?;
+        let (highest, _) = w.state().highest(name);
         token = token.max(highest + 1);
     }
     if token > MAX_TOKEN {
@@ -161,7 +162,7 @@ fn decide_acquire(
         ttl_ms,
         fence,
     });
-    let at = w.append(entry.len(), |buf| buf.copy_from_slice(&entry))?;
+    let at = crate::replicated::write_op(w, entry.len(), |buf| buf.copy_from_slice(&entry))?;
     let Ok(acquire) = op::decode(&entry) else {
         return Err(Error::invalid(
             "internal state",
@@ -193,14 +194,16 @@ fn extend(
     durable_ttl_ms: u64,
     lsn: u64,
 ) -> Result<Ticket> {
-    if ttl_ms > durable_ttl_ms {
+    // A replica writes every renewal: its effect must replay the same on
+    // every replica, and after a restart.
+    if ttl_ms > durable_ttl_ms || w.state().wrap.is_some() {
         let entry = op::encode(&Op::Renew {
             name,
             owner,
             token,
             ttl_ms,
         });
-        let at = w.append(entry.len(), |buf| buf.copy_from_slice(&entry))?;
+        let at = crate::replicated::write_op(w, entry.len(), |buf| buf.copy_from_slice(&entry))?;
         w.state()
             .leases
             .apply_renew(name, owner, token, ttl_ms, at.lsn);
@@ -213,7 +216,7 @@ fn extend(
 
 /// Renews the live lease held by exactly this owner and token; `None` if
 /// there is none (expired, released, or another's).
-fn decide_renew(
+pub(crate) fn decide_renew(
     w: &mut Writer<'_, Core>,
     name: &[u8],
     owner: &[u8],
@@ -236,7 +239,12 @@ fn decide_renew(
 
 /// Writes the release if this owner holds the lease with this token;
 /// answers whether it did.
-fn decide_release(w: &mut Writer<'_, Core>, name: &[u8], owner: &[u8], token: u64) -> Result<bool> {
+pub(crate) fn decide_release(
+    w: &mut Writer<'_, Core>,
+    name: &[u8],
+    owner: &[u8],
+    token: u64,
+) -> Result<bool> {
     let holds = w
         .state()
         .leases
@@ -246,7 +254,7 @@ fn decide_release(w: &mut Writer<'_, Core>, name: &[u8], owner: &[u8], token: u6
         return Ok(false);
     }
     let entry = op::encode(&Op::Release { name, owner, token });
-    w.append(entry.len(), |buf| buf.copy_from_slice(&entry))?;
+    crate::replicated::write_op(w, entry.len(), |buf| buf.copy_from_slice(&entry))?;
     Ok(w.state().leases.apply_release(name, owner, token))
 }
 
@@ -262,8 +270,17 @@ struct Abandon<'a> {
 impl Drop for Abandon<'_> {
     fn drop(&mut self) {
         if self.armed {
-            // A waiter that gives up takes nothing.
-            let _ = self.log.release_raw(self.name, self.owner, self.token);
+            // A waiter that gives up takes nothing. A destructor cannot
+            // await: the release joins the batch without waiting for room
+            // (it is a few bytes), so it never blocks a runtime thread.
+            let released = self.log.inner().wal.submit_now(|w| {
+                let r = decide_release(w, self.name, self.owner, self.token);
+                crate::log::reserve(w);
+                r
+            });
+            if let Ok(Ok(released)) = released {
+                self.log.freed(released);
+            }
         }
     }
 }
@@ -333,8 +350,12 @@ impl Log {
                     ticket.wait()?;
                     return self.granted(token, ttl_ms, fresh);
                 }
-                Acquired::Held { remaining_ms } => {
+                Acquired::Held {
+                    remaining_ms,
+                    ticket,
+                } => {
                     let Some(wake) = self.wait_until(opts.wait, deadline, remaining_ms) else {
+                        ticket.wait()?;
                         self.inner().counters.leases_held.add(1);
                         return Err(Error::Held { remaining_ms });
                     };
@@ -371,10 +392,8 @@ impl Log {
         loop {
             let listener = self.inner().lease_freed.listen();
             let decided = self
-                .inner()
-                .wal
-                .submit_async(|w| decide_acquire(w, name, owner, ttl_ms, opts.fence, max_live))
-                .await??;
+                .decide_async(|w| decide_acquire(w, name, owner, ttl_ms, opts.fence, max_live))
+                .await?;
             match decided {
                 Acquired::Granted {
                     token,
@@ -394,8 +413,12 @@ impl Log {
                     result?;
                     return self.granted(token, ttl_ms, fresh);
                 }
-                Acquired::Held { remaining_ms } => {
+                Acquired::Held {
+                    remaining_ms,
+                    ticket,
+                } => {
                     let Some(wake) = self.wait_until(opts.wait, deadline, remaining_ms) else {
+                        ticket.await?;
                         self.inner().counters.leases_held.add(1);
                         return Err(Error::Held { remaining_ms });
                     };
@@ -422,9 +445,7 @@ impl Log {
         fence: bool,
     ) -> Result<Acquired> {
         let max_live = self.options().max_live_leases;
-        self.inner()
-            .wal
-            .submit(|w| decide_acquire(w, name, owner, ttl_ms, fence, max_live))?
+        self.decide(|w| decide_acquire(w, name, owner, ttl_ms, fence, max_live))
     }
 
     /// When to look again at a held lease: at its expiry, or at the end of
@@ -472,10 +493,7 @@ impl Log {
     ) -> Result<Duration> {
         let (name, owner) = (name.as_ref(), owner.as_ref());
         let ttl_ms = self.check_lease_args(name, owner, ttl)?;
-        let renewed = self
-            .inner()
-            .wal
-            .submit(|w| decide_renew(w, name, owner, token.get(), ttl_ms))??;
+        let renewed = self.decide(|w| decide_renew(w, name, owner, token.get(), ttl_ms))?;
         self.lost_unless(renewed)?.wait()?;
         self.inner().counters.leases_renewed.add(1);
         Ok(ttl)
@@ -492,10 +510,8 @@ impl Log {
         let (name, owner) = (name.as_ref(), owner.as_ref());
         let ttl_ms = self.check_lease_args(name, owner, ttl)?;
         let renewed = self
-            .inner()
-            .wal
-            .submit_async(|w| decide_renew(w, name, owner, token.get(), ttl_ms))
-            .await??;
+            .decide_async(|w| decide_renew(w, name, owner, token.get(), ttl_ms))
+            .await?;
         self.lost_unless(renewed)?.await?;
         self.inner().counters.leases_renewed.add(1);
         Ok(ttl)
@@ -520,8 +536,8 @@ impl Log {
         let (name, owner) = (name.as_ref(), owner.as_ref());
         check_stream_name(name)?;
         check_owner(owner)?;
-        let released = self.release_raw(name, owner, token.get())?;
-        Ok(self.count_release(released))
+        let released = self.decide(|w| decide_release(w, name, owner, token.get()))?;
+        Ok(self.count_release(self.freed(released)))
     }
 
     /// The async form of [`Log::release`]: waits asynchronously for room in
@@ -536,10 +552,8 @@ impl Log {
         check_stream_name(name)?;
         check_owner(owner)?;
         let released = self
-            .inner()
-            .wal
-            .submit_async(|w| decide_release(w, name, owner, token.get()))
-            .await??;
+            .decide_async(|w| decide_release(w, name, owner, token.get()))
+            .await?;
         Ok(self.count_release(self.freed(released)))
     }
 
@@ -548,14 +562,6 @@ impl Log {
             self.inner().counters.leases_released.add(1);
         }
         released
-    }
-
-    fn release_raw(&self, name: &[u8], owner: &[u8], token: u64) -> Result<bool> {
-        let released = self
-            .inner()
-            .wal
-            .submit(|w| decide_release(w, name, owner, token))??;
-        Ok(self.freed(released))
     }
 
     /// Wakes waiting acquirers if a lease was released.
@@ -567,27 +573,48 @@ impl Log {
     }
 
     /// The live lease on `name`: owner, token, time left; `None` if free.
+    /// Only durable grants are shown: a grant still on its way to the disk
+    /// is answered once it is there (a token a crash could still take back
+    /// is never shown).
     pub fn lease_info(&self, name: impl AsRef<[u8]>) -> Result<Option<LeaseInfo>> {
-        let name = name.as_ref();
+        let (info, ticket) = self.lease_info_decided(name.as_ref())?;
+        ticket.wait()?;
+        info.transpose()
+    }
+
+    /// The async form of [`Log::lease_info`].
+    pub async fn lease_info_async(&self, name: impl AsRef<[u8]>) -> Result<Option<LeaseInfo>> {
+        let (info, ticket) = self.lease_info_decided(name.as_ref())?;
+        ticket.await?;
+        info.transpose()
+    }
+
+    /// The live lease as the serialized section knows it, and what to wait
+    /// for before showing it.
+    fn lease_info_decided(&self, name: &[u8]) -> Result<(Option<Result<LeaseInfo>>, Ticket)> {
         check_stream_name(name)?;
-        let info = self.inner().wal.with_state_mut(|core| {
+        let (lease, ticket) = self.inner().wal.with_state_mut(|core, ticket_for| {
             let now = core.leases.now_ms();
-            core.leases.live(name).map(|l| {
-                (
-                    Bytes::copy_from_slice(&l.owner),
-                    l.token,
-                    l.expires_at_ms.saturating_sub(now),
-                )
-            })
+            match core.leases.live(name) {
+                Some(l) => (
+                    Some((
+                        Bytes::copy_from_slice(&l.owner),
+                        l.token,
+                        l.expires_at_ms.saturating_sub(now),
+                    )),
+                    ticket_for(l.lsn),
+                ),
+                None => (None, ticket_for(0)),
+            }
         });
-        info.map(|(owner, token, remaining_ms)| {
+        let info = lease.map(|(owner, token, remaining_ms)| {
             Ok(LeaseInfo {
                 owner,
                 token: Token::new(token)?,
                 remaining: Duration::from_millis(remaining_ms),
             })
-        })
-        .transpose()
+        });
+        Ok((info, ticket))
     }
 }
 

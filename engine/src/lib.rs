@@ -62,21 +62,28 @@ mod footer;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
+mod gc;
 pub mod inspect;
 mod lease;
 mod lease_api;
+mod locate;
 mod log;
 mod metrics;
 mod op;
 mod options;
+mod replicated;
+mod replicated_apply;
 mod token;
+mod tx;
 mod view;
 
 pub use error::{Error, Result};
 pub use fencelog_wal::{self as wal, RecoveryMode, RecoveryReport, WalOptions};
 pub use lease::{Clock, ManualClock, MonotonicClock};
 pub use lease_api::{AcquireOptions, Grant, LeaseInfo, MAX_OWNER};
-pub use log::{Deferred, Log, Record, StreamStat};
+pub use log::{Deferred, Log, ReadOptions, Record, StreamStat};
 pub use metrics::Metrics;
 pub use options::Options;
+pub use replicated::{Applied, Command, LogPosition};
 pub use token::{MAX_STREAM_NAME, MAX_TOKEN, Offset, Token};
+pub use tx::TxOp;

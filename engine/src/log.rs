@@ -1,5 +1,10 @@
-//! [`Log`]: the engine's public face. Every operation has a blocking form
-//! and an `_async` form; the async forms never block a runtime thread.
+//! [`Log`]: the engine's public face.
+//!
+//! Every write is decided by one function (`decide_*`), inside the log's
+//! serialized section, and answered by one function (`finish_*`) once what
+//! it cites is durable. Each operation's blocking, `_async` and `_deferred`
+//! forms are thin wrappers that differ only in how they wait: a rule is
+//! changed in one place.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -8,20 +13,22 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use event_listener::{Event, Listener};
-use fencelog_wal::{FsStorage, RecoveryReport, Removal, Storage, Ticket, Wal, Writer};
+use fencelog_wal::{FsStorage, RecoveryReport, Storage, Ticket, Wal, Writer};
 
-use crate::core::Core;
+use crate::core::{Core, ceiling_for};
 use crate::error::{Error, Result};
-use crate::footer::SegmentIndex;
+use crate::gc::{self, Gc};
 use crate::lease::{Clock, Leases, MonotonicClock};
+use crate::locate::Locator;
 use crate::metrics::{Counters, Metrics};
 use crate::op::{self, Op};
 use crate::options::Options;
+use crate::replicated::{ReplState, ReplicatedClock, write_op};
 use crate::token::{Offset, Token, check_stream_name};
-use crate::view::{GcQueue, StreamView, Views};
+use crate::view::{StreamView, Views};
 
 /// One record read back: its offset, the token its append carried, and its
-/// payload (a slice of a memory map for sealed segments: no copy).
+/// payload (a slice of the buffer its entry was read into: no copy).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
     /// The record's offset in its stream.
@@ -41,7 +48,7 @@ pub struct Deferred<T> {
 }
 
 impl<T> Deferred<T> {
-    fn new(f: impl std::future::Future<Output = Result<T>> + Send + 'static) -> Self {
+    pub(crate) fn new(f: impl std::future::Future<Output = Result<T>> + Send + 'static) -> Self {
         Deferred { inner: Box::pin(f) }
     }
 }
@@ -60,7 +67,8 @@ impl<T> std::future::Future for Deferred<T> {
 /// A stream's durable state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct StreamStat {
-    /// The highest token accepted on the stream (0: none yet).
+    /// The highest token accepted on the stream (0: none yet). After
+    /// recovery cut entries, at least the token floor.
     pub highest_token: u64,
     /// The offset the next record gets.
     pub next_offset: Offset,
@@ -72,11 +80,61 @@ pub struct StreamStat {
     pub bytes: u64,
 }
 
+/// How much one read answers, and how long it waits for a first record
+/// (see [`Log::read_with`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadOptions {
+    /// Most records answered (also capped by
+    /// [`Options::max_read_records`]). Default 100.
+    pub max_records: u32,
+    /// Most payload bytes answered; one record is answered whatever its
+    /// size. Default: no limit.
+    pub max_bytes: u64,
+    /// How long to wait when there is no record at `from` yet:
+    /// `Duration::ZERO` (the default) does not wait, `Duration::MAX` waits
+    /// without a limit.
+    pub wait: Duration,
+}
+
+impl Default for ReadOptions {
+    fn default() -> Self {
+        ReadOptions::records(100)
+    }
+}
+
+impl ReadOptions {
+    /// At most `max_records` records, no byte limit, no waiting.
+    pub fn records(max_records: u32) -> ReadOptions {
+        ReadOptions {
+            max_records,
+            max_bytes: u64::MAX,
+            wait: Duration::ZERO,
+        }
+    }
+}
+
+/// The payload bytes a read may still answer.
+struct Budget {
+    bytes_left: u64,
+    /// A record did not fit: the read ends here.
+    full: bool,
+}
+
+impl Budget {
+    fn unlimited() -> Budget {
+        Budget {
+            bytes_left: u64::MAX,
+            full: false,
+        }
+    }
+}
+
 /// A fenced append-only log: many named streams in one durable,
 /// group-committed write-ahead log.
 ///
 /// Cloning a `Log` is cheap and shares it; the log closes when the last
-/// clone is dropped (after syncing what was submitted).
+/// clone is dropped (after syncing what was submitted), or with
+/// [`Log::close`].
 ///
 /// # Examples
 ///
@@ -105,9 +163,11 @@ pub struct Log {
 }
 
 pub(crate) struct Inner {
-    pub(crate) wal: Wal<Core>,
+    // The collector is stopped first (it holds the log too).
+    gc: Gc,
+    pub(crate) wal: Arc<Wal<Core>>,
     pub(crate) views: Arc<Views>,
-    gc: Arc<GcQueue>,
+    pub(crate) locator: Arc<Locator>,
     pub(crate) opts: Options,
     pub(crate) counters: Counters,
     report: RecoveryReport,
@@ -123,41 +183,32 @@ pub(crate) struct Decision {
 }
 
 impl Decision {
-    fn accepted(value: u64, ticket: Ticket) -> Self {
+    pub(crate) fn accepted(value: u64, ticket: Ticket) -> Self {
         Decision {
             then: Decided::Value(value),
             ticket,
         }
     }
 
-    fn rejected(error: Error, ticket: Ticket) -> Self {
+    pub(crate) fn rejected(error: Error, ticket: Ticket) -> Self {
         Decision {
             then: Decided::Error(error),
             ticket,
         }
     }
 
-    fn wait(self) -> Result<Decided> {
+    pub(crate) fn wait(self) -> Result<Decided> {
         self.ticket.wait()?;
         Ok(self.then)
     }
 
-    async fn wait_async(self) -> Result<Decided> {
+    pub(crate) async fn wait_async(self) -> Result<Decided> {
         self.ticket.await?;
         Ok(self.then)
     }
-
-    /// Waits, then answers a decision that cannot be a retry.
-    fn answer(self) -> Result<u64> {
-        self.wait().and_then(Decided::value)
-    }
-
-    async fn answer_async(self) -> Result<u64> {
-        self.wait_async().await.and_then(Decided::value)
-    }
 }
 
-enum Decided {
+pub(crate) enum Decided {
     Value(u64),
     Error(Error),
     /// A conditional append whose expected offset is behind the stream:
@@ -172,7 +223,7 @@ enum Decided {
 }
 
 impl Decided {
-    fn value(self) -> Result<u64> {
+    pub(crate) fn value(self) -> Result<u64> {
         match self {
             Decided::Value(v) => Ok(v),
             Decided::Error(e) => Err(e),
@@ -181,7 +232,7 @@ impl Decided {
     }
 }
 
-fn check_payloads<P: AsRef<[u8]>>(opts: &Options, payloads: &[P]) -> Result<()> {
+pub(crate) fn check_payloads<P: AsRef<[u8]>>(opts: &Options, payloads: &[P]) -> Result<()> {
     if payloads.is_empty() {
         return Err(Error::invalid(
             "payloads",
@@ -209,20 +260,30 @@ fn check_payloads<P: AsRef<[u8]>>(opts: &Options, payloads: &[P]) -> Result<()> 
 }
 
 /// What the serialized section knows of a stream: (highest, its LSN, next,
-/// start, the stream's newest LSN). A stream never seen is all zeros.
-fn stream_state(w: &mut Writer<'_, Core>, stream: &[u8]) -> (u64, u64, u64, u64, u64) {
-    w.state().streams.get(stream).map_or((0, 0, 0, 0, 0), |s| {
-        (
+/// start, the stream's newest LSN). A stream never seen has only the floor.
+pub(crate) fn stream_state(w: &mut Writer<'_, Core>, stream: &[u8]) -> (u64, u64, u64, u64, u64) {
+    let core = w.state();
+    let floor = core.floor;
+    match core.streams.get(stream) {
+        Some(s) if s.highest >= floor => (
             s.highest,
             s.highest_lsn,
             s.next_offset,
             s.start_offset,
             s.last_lsn,
-        )
-    })
+        ),
+        // The floor is durable (in the marks file): nothing to wait for.
+        Some(s) => (floor, 0, s.next_offset, s.start_offset, s.last_lsn),
+        None => (floor, 0, 0, 0, 0),
+    }
 }
 
-fn stale(w: &Writer<'_, Core>, presented: u64, highest: u64, highest_lsn: u64) -> Decision {
+pub(crate) fn stale(
+    w: &Writer<'_, Core>,
+    presented: u64,
+    highest: u64,
+    highest_lsn: u64,
+) -> Decision {
     // The rejection cites `highest`: it is answered once that is durable.
     Decision::rejected(
         Error::Stale { presented, highest },
@@ -230,10 +291,27 @@ fn stale(w: &Writer<'_, Core>, presented: u64, highest: u64, highest_lsn: u64) -
     )
 }
 
+/// A new stream may be created: the table is not full.
+pub(crate) fn room_for(w: &mut Writer<'_, Core>, stream: &[u8]) -> Result<()> {
+    w.state().room_for(stream).map_err(|max| Error::TooLarge {
+        what: "streams",
+        len: max.saturating_add(1),
+        max,
+    })
+}
+
 /// Internal: an `apply_*` refusing what the decision just accepted would be
 /// a bug; it is reported, never a panic.
-fn internal(why: String) -> Error {
+pub(crate) fn internal(why: String) -> Error {
     Error::invalid("internal state", why)
+}
+
+/// Every token an entry carries is covered by the token marks' ceiling
+/// before the entry is acknowledged, so that a later cut can never lower
+/// what was promised (see `fencelog_wal::marks`).
+pub(crate) fn reserve(w: &mut Writer<'_, Core>) {
+    let t = w.state().max_token;
+    w.reserve(t, ceiling_for(t));
 }
 
 pub(crate) fn decide_append<P: AsRef<[u8]>>(
@@ -268,8 +346,12 @@ pub(crate) fn decide_append<P: AsRef<[u8]>>(
     if token < highest {
         return Ok(stale(w, token, highest, highest_lsn));
     }
+    if next == 0 && last_lsn == 0 {
+        // Perhaps a new stream: is there room for one more?
+        room_for(w, stream)?;
+    }
     let len = op::append_len(stream, payloads);
-    let at = w.append(len, |buf| {
+    let at = write_op(w, len, |buf| {
         op::encode_append(buf, stream, token, next, payloads)
     })?;
     let bytes = payloads.iter().map(|p| p.as_ref().len() as u64).sum();
@@ -281,7 +363,11 @@ pub(crate) fn decide_append<P: AsRef<[u8]>>(
     Ok(Decision::accepted(next, w.ticket()))
 }
 
-fn decide_fence(w: &mut Writer<'_, Core>, stream: &[u8], token: u64) -> Result<Decision> {
+pub(crate) fn decide_fence(
+    w: &mut Writer<'_, Core>,
+    stream: &[u8],
+    token: u64,
+) -> Result<Decision> {
     let (highest, highest_lsn, ..) = stream_state(w, stream);
     if token < highest {
         return Ok(stale(w, token, highest, highest_lsn));
@@ -290,8 +376,9 @@ fn decide_fence(w: &mut Writer<'_, Core>, stream: &[u8], token: u64) -> Result<D
         // Nothing to write: answer once the highest token is durable.
         return Ok(Decision::accepted(highest, w.ticket_for(highest_lsn)));
     }
+    room_for(w, stream)?;
     let entry = op::encode(&Op::Fence { stream, token });
-    let at = w.append(entry.len(), |buf| buf.copy_from_slice(&entry))?;
+    let at = write_op(w, entry.len(), |buf| buf.copy_from_slice(&entry))?;
     let effect = w
         .state()
         .apply_fence(stream, token, at.lsn)
@@ -300,7 +387,7 @@ fn decide_fence(w: &mut Writer<'_, Core>, stream: &[u8], token: u64) -> Result<D
     Ok(Decision::accepted(token, w.ticket()))
 }
 
-fn decide_trim(
+pub(crate) fn decide_trim(
     w: &mut Writer<'_, Core>,
     stream: &[u8],
     token: u64,
@@ -327,9 +414,10 @@ fn decide_trim(
         // Nothing changes at all.
         return Ok(Decision::accepted(
             if delete { 0 } else { start },
-            w.ticket_for(last_lsn),
+            w.ticket_for(last_lsn.max(highest_lsn)),
         ));
     }
+    room_for(w, stream)?;
     let entry = if delete {
         op::encode(&Op::Delete { stream, token })
     } else {
@@ -339,13 +427,29 @@ fn decide_trim(
             before,
         })
     };
-    let at = w.append(entry.len(), |buf| buf.copy_from_slice(&entry))?;
+    let at = write_op(w, entry.len(), |buf| buf.copy_from_slice(&entry))?;
     let effect = w
         .state()
         .apply_trim(stream, token, before, at.lsn)
         .map_err(internal)?;
     w.on_durable(effect);
     Ok(Decision::accepted(answer, w.ticket()))
+}
+
+/// What an accepted append counts.
+#[derive(Clone, Copy)]
+struct AppendSize {
+    records: u64,
+    bytes: u64,
+}
+
+impl AppendSize {
+    fn of<P: AsRef<[u8]>>(payloads: &[P]) -> AppendSize {
+        AppendSize {
+            records: payloads.len() as u64,
+            bytes: payloads.iter().map(|p| p.as_ref().len() as u64).sum(),
+        }
+    }
 }
 
 impl Log {
@@ -372,28 +476,92 @@ impl Log {
     ) -> Result<Log> {
         opts.validate()?;
         let views = Arc::new(Views::default());
-        let gc = Arc::new(GcQueue::default());
-        let core = Core::new(Arc::clone(&views), Arc::clone(&gc), Leases::new(clock));
+        let (gc_handle, gc_inbox) = gc::channel_for_gc();
+        // A replica's leases follow the leader's clock, carried by entries.
+        let (clock, repl) = if opts.replicated {
+            let c = Arc::new(ReplicatedClock::default());
+            (Arc::clone(&c) as Arc<dyn Clock>, Some(ReplState::new(c)))
+        } else {
+            (clock, None)
+        };
+        let mut core = Core::new(
+            Arc::clone(&views),
+            gc_handle.clone(),
+            Leases::new(clock),
+            opts.max_streams,
+        );
+        core.repl = repl;
         let (wal, report) = Wal::open(storage, dir, opts.wal.clone(), |replay| {
             core.recover(replay)
         })?;
-        let dead = wal.with_state(|core| core.dead_segments(&wal.segments()));
-        for segment in dead {
-            gc.push(segment);
+        let wal = Arc::new(wal);
+        // Every token the replayed log holds is covered by the ceiling
+        // before anything is answered (a STALE may cite one of them).
+        let max_token = wal.with_state(|c| c.max_token);
+        if !opts.replicated && max_token > wal.marks().ceiling {
+            wal.raise_marks(fencelog_wal::Marks {
+                ceiling: ceiling_for(max_token),
+                floor: 0,
+            })?;
         }
-        let log = Log {
+        let locator = Arc::new(Locator::new(opts.index_cache_bytes));
+        // Segments older than what recovery replayed are counted by the
+        // collector from their footers, in the background.
+        let replayed_from = wal.with_state(|c| c.replayed_from);
+        let uncounted: Vec<u64> = wal
+            .segments()
+            .into_iter()
+            .filter(|&s| s < replayed_from)
+            .collect();
+        let starts = wal.with_state(|c| c.starts());
+        let gc = Gc::start(
+            gc_handle,
+            gc_inbox,
+            Arc::clone(&wal),
+            Arc::clone(&locator),
+            starts,
+            uncounted,
+        )
+        .map_err(|e| fencelog_wal::WalError::Io {
+            op: "spawn the garbage collector for",
+            path: dir.to_path_buf(),
+            source: e,
+        })?;
+        Ok(Log {
             inner: Arc::new(Inner {
+                gc,
                 wal,
                 views,
-                gc,
+                locator,
                 opts,
                 counters: Counters::default(),
                 report,
                 lease_freed: Event::new(),
             }),
-        };
-        log.collect_garbage();
-        Ok(log)
+        })
+    }
+
+    /// Closes the log: stops its garbage collector, syncs what was
+    /// submitted and stops its threads, answering any I/O failure. Fails
+    /// (closing nothing) while other clones of this `Log` are alive.
+    pub fn close(self) -> Result<()> {
+        let inner = Arc::try_unwrap(self.inner).map_err(|inner| {
+            Error::invalid(
+                "close",
+                format!(
+                    "{} other handles of the log are still in use",
+                    Arc::strong_count(&inner) - 1
+                ),
+            )
+        })?;
+        let Inner { mut gc, wal, .. } = inner;
+        gc.stop();
+        drop(gc);
+        match Arc::try_unwrap(wal) {
+            Ok(wal) => Ok(wal.close()?),
+            // The collector is stopped: nobody else holds the log.
+            Err(_) => Err(internal("the log is still shared after close".into())),
+        }
     }
 
     /// What recovery found and did when this log was opened.
@@ -414,6 +582,48 @@ impl Log {
 
     pub(crate) fn inner(&self) -> &Inner {
         &self.inner
+    }
+
+    /// Runs a decision inside the serialized section, waiting (blocking)
+    /// for room in the batch; reserves the tokens it accepted.
+    pub(crate) fn decide<R>(
+        &self,
+        f: impl FnOnce(&mut Writer<'_, Core>) -> Result<R>,
+    ) -> Result<R> {
+        self.standalone()?;
+        self.inner.wal.submit(|w| {
+            let r = f(w);
+            reserve(w);
+            r
+        })?
+    }
+
+    /// As [`Log::decide`], waiting for room asynchronously.
+    pub(crate) async fn decide_async<R>(
+        &self,
+        f: impl FnOnce(&mut Writer<'_, Core>) -> Result<R>,
+    ) -> Result<R> {
+        self.standalone()?;
+        self.inner
+            .wal
+            .submit_async(|w| {
+                let r = f(w);
+                reserve(w);
+                r
+            })
+            .await?
+    }
+
+    /// Writes on a single node only: a replica's writes come through the
+    /// replicated log (`apply_replicated`), in its order.
+    fn standalone(&self) -> Result<()> {
+        if self.inner.opts.replicated {
+            return Err(Error::invalid(
+                "mode",
+                "this log is a replica's state machine: writes go through the replicated log",
+            ));
+        }
+        Ok(())
     }
 
     /// The fast path: a token below the stream's durable highest token is
@@ -438,6 +648,8 @@ impl Log {
         }
     }
 
+    // ----- append ---------------------------------------------------------
+
     /// Appends `payloads` as consecutive records of `stream` with `token`,
     /// in one atomic, durable entry; answers the offset of the first.
     ///
@@ -450,15 +662,9 @@ impl Log {
         payloads: &[P],
     ) -> Result<Offset> {
         let stream = stream.as_ref();
-        self.check_append(stream, payloads)?;
-        self.fast_stale(stream, token)?;
-        let d = self
-            .inner
-            .wal
-            .submit(|w| decide_append(w, stream, token.get(), payloads, None))??;
-        let result = d.answer();
-        self.count_append(&result, payloads);
-        result
+        let size = self.precheck_append(stream, Some(token), payloads)?;
+        let d = self.decide(|w| decide_append(w, stream, token.get(), payloads, None))?;
+        self.finish_append(d.wait().and_then(Decided::value), size)
     }
 
     /// The async form of [`Log::append`].
@@ -469,34 +675,80 @@ impl Log {
         payloads: &[P],
     ) -> Result<Offset> {
         let stream = stream.as_ref();
-        self.check_append(stream, payloads)?;
-        self.fast_stale(stream, token)?;
+        let size = self.precheck_append(stream, Some(token), payloads)?;
         let d = self
-            .inner
-            .wal
-            .submit_async(|w| decide_append(w, stream, token.get(), payloads, None))
-            .await??;
-        let result = d.answer_async().await;
-        self.count_append(&result, payloads);
-        result
+            .decide_async(|w| decide_append(w, stream, token.get(), payloads, None))
+            .await?;
+        self.finish_append(d.wait_async().await.and_then(Decided::value), size)
     }
 
-    fn check_append<P: AsRef<[u8]>>(&self, stream: &[u8], payloads: &[P]) -> Result<()> {
+    /// Decides an append now, in queue order with every other write, and
+    /// answers a future that resolves to its answer once the entry (or what
+    /// a rejection cites) is durable.
+    ///
+    /// This is how a connection pipelines: decide each command in the order
+    /// it arrived, then await the answers, so that consecutive appends share
+    /// one group commit instead of waiting one sync each.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use bytes::Bytes;
+    /// use fencelog::{Log, Options, Token};
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let log = Log::open(dir.path(), Options::default()).unwrap();
+    /// let t = Token::new(1).unwrap();
+    /// let first = log.append_deferred(b"s", t, vec![Bytes::from("a")]).await.unwrap();
+    /// let second = log.append_deferred(b"s", t, vec![Bytes::from("b")]).await.unwrap();
+    /// // Both are decided (offsets 0 and 1); their syncs overlap.
+    /// assert_eq!((first.await.unwrap(), second.await.unwrap()), (0, 1));
+    /// # });
+    /// ```
+    pub async fn append_deferred(
+        &self,
+        stream: &[u8],
+        token: Token,
+        payloads: Vec<Bytes>,
+    ) -> Result<Deferred<Offset>> {
+        let size = self.precheck_append(stream, Some(token), &payloads)?;
+        let d = self
+            .decide_async(|w| decide_append(w, stream, token.get(), &payloads, None))
+            .await?;
+        let log = self.clone();
+        Ok(Deferred::new(async move {
+            log.finish_append(d.wait_async().await.and_then(Decided::value), size)
+        }))
+    }
+
+    /// The checks before the write lock: arguments, limits, and (for a
+    /// plain append) the fast path.
+    fn precheck_append<P: AsRef<[u8]>>(
+        &self,
+        stream: &[u8],
+        fast: Option<Token>,
+        payloads: &[P],
+    ) -> Result<AppendSize> {
         check_stream_name(stream)?;
-        check_payloads(&self.inner.opts, payloads)
+        check_payloads(&self.inner.opts, payloads)?;
+        if let Some(token) = fast {
+            self.fast_stale(stream, token)?;
+        }
+        Ok(AppendSize::of(payloads))
     }
 
-    fn count_append<P: AsRef<[u8]>>(&self, result: &Result<u64>, payloads: &[P]) {
+    fn finish_append(&self, result: Result<u64>, size: AppendSize) -> Result<u64> {
         if result.is_ok() {
             let c = &self.inner.counters;
             c.appends.add(1);
-            c.records.add(payloads.len() as u64);
-            c.bytes
-                .add(payloads.iter().map(|p| p.as_ref().len() as u64).sum());
+            c.records.add(size.records);
+            c.bytes.add(size.bytes);
         }
-        self.count(result);
-        self.maybe_collect_garbage();
+        self.count(&result);
+        result
     }
+
+    // ----- append_at ------------------------------------------------------
 
     /// Appends only if `expected_offset` is the stream's next offset, else
     /// [`Error::OffsetMismatch`].
@@ -513,21 +765,10 @@ impl Log {
         payloads: &[P],
     ) -> Result<Offset> {
         let stream = stream.as_ref();
-        self.check_append(stream, payloads)?;
+        let size = self.precheck_append(stream, None, payloads)?;
         let d = self
-            .inner
-            .wal
-            .submit(|w| decide_append(w, stream, token.get(), payloads, Some(expected_offset)))??;
-        let result = match d.wait()? {
-            Decided::Retry {
-                expected,
-                next,
-                highest,
-            } => self.settle_retry(stream, token, expected, next, highest, payloads),
-            other => other.value(),
-        };
-        self.count_append(&result, payloads);
-        result
+            .decide(|w| decide_append(w, stream, token.get(), payloads, Some(expected_offset)))?;
+        self.finish_append_at(d.wait(), stream, token, payloads, size)
     }
 
     /// The async form of [`Log::append_at`].
@@ -539,29 +780,60 @@ impl Log {
         payloads: &[P],
     ) -> Result<Offset> {
         let stream = stream.as_ref();
-        self.check_append(stream, payloads)?;
+        let size = self.precheck_append(stream, None, payloads)?;
         let d = self
-            .inner
-            .wal
-            .submit_async(|w| {
+            .decide_async(|w| {
                 decide_append(w, stream, token.get(), payloads, Some(expected_offset))
             })
-            .await??;
-        let result = match d.wait_async().await? {
-            Decided::Retry {
+            .await?;
+        self.finish_append_at(d.wait_async().await, stream, token, payloads, size)
+    }
+
+    /// The deferred form of [`Log::append_at`] (see
+    /// [`Log::append_deferred`]).
+    pub async fn append_at_deferred(
+        &self,
+        stream: &[u8],
+        token: Token,
+        expected_offset: Offset,
+        payloads: Vec<Bytes>,
+    ) -> Result<Deferred<Offset>> {
+        let size = self.precheck_append(stream, None, &payloads)?;
+        let d = self
+            .decide_async(|w| {
+                decide_append(w, stream, token.get(), &payloads, Some(expected_offset))
+            })
+            .await?;
+        let log = self.clone();
+        let stream = stream.to_vec();
+        Ok(Deferred::new(async move {
+            log.finish_append_at(d.wait_async().await, &stream, token, &payloads, size)
+        }))
+    }
+
+    fn finish_append_at<P: AsRef<[u8]>>(
+        &self,
+        decided: Result<Decided>,
+        stream: &[u8],
+        token: Token,
+        payloads: &[P],
+        size: AppendSize,
+    ) -> Result<u64> {
+        let result = match decided {
+            Ok(Decided::Retry {
                 expected,
                 next,
                 highest,
-            } => self.settle_retry(stream, token, expected, next, highest, payloads),
-            other => other.value(),
+            }) => self.settle_retry(stream, token, expected, next, highest, payloads),
+            Ok(other) => other.value(),
+            Err(e) => Err(e),
         };
-        self.count_append(&result, payloads);
-        result
+        self.finish_append(result, size)
     }
 
     /// Is this conditional append a retry of one that succeeded? The records
     /// at `expected..` are durable now; compare them.
-    fn settle_retry<P: AsRef<[u8]>>(
+    pub(crate) fn settle_retry<P: AsRef<[u8]>>(
         &self,
         stream: &[u8],
         token: Token,
@@ -598,32 +870,44 @@ impl Log {
         Err(Error::OffsetMismatch { expected, next })
     }
 
+    // ----- fence ----------------------------------------------------------
+
     /// Raises the stream's highest token to `token` without writing a
     /// record, so that a new owner shuts out older ones before it does any
     /// work; answers the highest token.
     pub fn fence(&self, stream: impl AsRef<[u8]>, token: Token) -> Result<Token> {
         let stream = stream.as_ref();
-        check_stream_name(stream)?;
-        self.fast_stale(stream, token)?;
-        let d = self
-            .inner
-            .wal
-            .submit(|w| decide_fence(w, stream, token.get()))??;
-        self.finish_fence(d.answer())
+        self.precheck(stream, token)?;
+        let d = self.decide(|w| decide_fence(w, stream, token.get()))?;
+        self.finish_fence(d.wait().and_then(Decided::value))
     }
 
     /// The async form of [`Log::fence`].
     pub async fn fence_async(&self, stream: impl AsRef<[u8]>, token: Token) -> Result<Token> {
         let stream = stream.as_ref();
-        check_stream_name(stream)?;
-        self.fast_stale(stream, token)?;
+        self.precheck(stream, token)?;
         let d = self
-            .inner
-            .wal
-            .submit_async(|w| decide_fence(w, stream, token.get()))
-            .await??;
-        let result = d.answer_async().await;
-        self.finish_fence(result)
+            .decide_async(|w| decide_fence(w, stream, token.get()))
+            .await?;
+        self.finish_fence(d.wait_async().await.and_then(Decided::value))
+    }
+
+    /// The deferred form of [`Log::fence`] (see [`Log::append_deferred`]).
+    pub async fn fence_deferred(&self, stream: &[u8], token: Token) -> Result<Deferred<Token>> {
+        self.precheck(stream, token)?;
+        let d = self
+            .decide_async(|w| decide_fence(w, stream, token.get()))
+            .await?;
+        let log = self.clone();
+        Ok(Deferred::new(async move {
+            log.finish_fence(d.wait_async().await.and_then(Decided::value))
+        }))
+    }
+
+    /// Name check and fast path, for writes without payloads.
+    fn precheck(&self, stream: &[u8], token: Token) -> Result<()> {
+        check_stream_name(stream)?;
+        self.fast_stale(stream, token)
     }
 
     fn finish_fence(&self, result: Result<u64>) -> Result<Token> {
@@ -632,6 +916,8 @@ impl Log {
         self.inner.counters.fences.add(1);
         Token::new(highest)
     }
+
+    // ----- trim and delete ------------------------------------------------
 
     /// Makes records below `before` unreadable and their space reclaimable;
     /// answers the new start offset. `before` at or below the start offset
@@ -652,6 +938,17 @@ impl Log {
             .await
     }
 
+    /// The deferred form of [`Log::trim`] (see [`Log::append_deferred`]).
+    pub async fn trim_deferred(
+        &self,
+        stream: &[u8],
+        token: Token,
+        before: Offset,
+    ) -> Result<Deferred<Offset>> {
+        self.trim_or_delete_deferred(stream, token, before, false)
+            .await
+    }
+
     /// Removes every record of the stream; its highest token and next
     /// offset survive forever, so a stale owner cannot recreate it. Answers
     /// how many records were removed.
@@ -665,6 +962,11 @@ impl Log {
             .await
     }
 
+    /// The deferred form of [`Log::delete`] (see [`Log::append_deferred`]).
+    pub async fn delete_deferred(&self, stream: &[u8], token: Token) -> Result<Deferred<u64>> {
+        self.trim_or_delete_deferred(stream, token, 0, true).await
+    }
+
     fn trim_or_delete(
         &self,
         stream: &[u8],
@@ -672,13 +974,9 @@ impl Log {
         before: u64,
         delete: bool,
     ) -> Result<u64> {
-        check_stream_name(stream)?;
-        self.fast_stale(stream, token)?;
-        let d = self
-            .inner
-            .wal
-            .submit(|w| decide_trim(w, stream, token.get(), before, delete))??;
-        self.finish_trim(d.answer(), delete)
+        self.precheck(stream, token)?;
+        let d = self.decide(|w| decide_trim(w, stream, token.get(), before, delete))?;
+        self.finish_trim(d.wait().and_then(Decided::value), delete)
     }
 
     async fn trim_or_delete_async(
@@ -688,15 +986,28 @@ impl Log {
         before: u64,
         delete: bool,
     ) -> Result<u64> {
-        check_stream_name(stream)?;
-        self.fast_stale(stream, token)?;
+        self.precheck(stream, token)?;
         let d = self
-            .inner
-            .wal
-            .submit_async(|w| decide_trim(w, stream, token.get(), before, delete))
-            .await??;
-        let result = d.answer_async().await;
-        self.finish_trim(result, delete)
+            .decide_async(|w| decide_trim(w, stream, token.get(), before, delete))
+            .await?;
+        self.finish_trim(d.wait_async().await.and_then(Decided::value), delete)
+    }
+
+    async fn trim_or_delete_deferred(
+        &self,
+        stream: &[u8],
+        token: Token,
+        before: u64,
+        delete: bool,
+    ) -> Result<Deferred<u64>> {
+        self.precheck(stream, token)?;
+        let d = self
+            .decide_async(|w| decide_trim(w, stream, token.get(), before, delete))
+            .await?;
+        let log = self.clone();
+        Ok(Deferred::new(async move {
+            log.finish_trim(d.wait_async().await.and_then(Decided::value), delete)
+        }))
     }
 
     fn finish_trim(&self, result: Result<u64>, delete: bool) -> Result<u64> {
@@ -707,9 +1018,10 @@ impl Log {
         } else {
             self.inner.counters.trims.add(1);
         }
-        self.collect_garbage();
         Ok(value)
     }
+
+    // ----- reads ----------------------------------------------------------
 
     /// Reads up to `max_records` durable records of `stream` from `from` on.
     /// `from` below the start offset is [`Error::Trimmed`]; at or past the
@@ -720,16 +1032,7 @@ impl Log {
         from: Offset,
         max_records: u32,
     ) -> Result<Vec<Record>> {
-        let stream = stream.as_ref();
-        check_stream_name(stream)?;
-        let records = match self.inner.views.get(stream) {
-            Some(view) => self.read_view(&view, from, max_records)?,
-            None => Vec::new(),
-        };
-        let c = &self.inner.counters;
-        c.reads.add(1);
-        c.records_read.add(records.len() as u64);
-        Ok(records)
+        self.read_with(stream, from, &ReadOptions::records(max_records))
     }
 
     /// As [`Log::read`], but when there is nothing at `from` yet, waits up
@@ -741,11 +1044,59 @@ impl Log {
         max_records: u32,
         timeout: Duration,
     ) -> Result<Vec<Record>> {
+        let opts = ReadOptions {
+            wait: timeout,
+            ..ReadOptions::records(max_records)
+        };
+        self.read_with(stream, from, &opts)
+    }
+
+    /// The async form of [`Log::read_wait`] (`Duration::ZERO`: no waiting).
+    /// Waiting with a limit needs a tokio runtime with its timer enabled.
+    pub async fn read_async(
+        &self,
+        stream: impl AsRef<[u8]>,
+        from: Offset,
+        max_records: u32,
+        timeout: Duration,
+    ) -> Result<Vec<Record>> {
+        let opts = ReadOptions {
+            wait: timeout,
+            ..ReadOptions::records(max_records)
+        };
+        self.read_with_async(stream, from, &opts).await
+    }
+
+    /// Reads durable records of `stream` from `from` on, as many as `opts`
+    /// allow: at most `max_records` records and `max_bytes` payload bytes,
+    /// but always one record if there is one. When there is none yet, waits
+    /// up to `opts.wait` for one. `from` below the start offset is
+    /// [`Error::Trimmed`]. A disk that fails under the read answers
+    /// [`Error::Io`] for this read; the log goes on.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use fencelog::{Log, Options, ReadOptions, Token};
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let log = Log::open(dir.path(), Options::default()).unwrap();
+    /// log.append("s", Token::new(1).unwrap(), &["aaaa", "bbbb", "cccc"]).unwrap();
+    /// let opts = ReadOptions { max_bytes: 6, ..ReadOptions::default() };
+    /// // 4 bytes fit, 8 would not: one record, and the next read goes on.
+    /// assert_eq!(log.read_with("s", 0, &opts).unwrap().len(), 1);
+    /// assert_eq!(log.read_with("s", 1, &opts).unwrap()[0].offset, 1);
+    /// ```
+    pub fn read_with(
+        &self,
+        stream: impl AsRef<[u8]>,
+        from: Offset,
+        opts: &ReadOptions,
+    ) -> Result<Vec<Record>> {
         let stream = stream.as_ref();
-        let deadline = Instant::now().checked_add(timeout);
+        let deadline = Instant::now().checked_add(opts.wait);
         loop {
-            let records = self.read(stream, from, max_records)?;
-            if !records.is_empty() {
+            let records = self.read_now(stream, from, opts)?;
+            if !records.is_empty() || opts.wait.is_zero() {
                 return Ok(records);
             }
             let listener = self.listen_for_records(stream);
@@ -763,20 +1114,19 @@ impl Log {
         }
     }
 
-    /// The async form of [`Log::read_wait`] (`Duration::ZERO`: no waiting).
-    /// Waiting with a limit needs a tokio runtime with its timer enabled.
-    pub async fn read_async(
+    /// The async form of [`Log::read_with`]. Waiting with a limit needs a
+    /// tokio runtime with its timer enabled.
+    pub async fn read_with_async(
         &self,
         stream: impl AsRef<[u8]>,
         from: Offset,
-        max_records: u32,
-        timeout: Duration,
+        opts: &ReadOptions,
     ) -> Result<Vec<Record>> {
         let stream = stream.as_ref();
-        let deadline = tokio::time::Instant::now().checked_add(timeout);
+        let deadline = tokio::time::Instant::now().checked_add(opts.wait);
         loop {
-            let records = self.read(stream, from, max_records)?;
-            if !records.is_empty() || timeout.is_zero() {
+            let records = self.read_now(stream, from, opts)?;
+            if !records.is_empty() || opts.wait.is_zero() {
                 return Ok(records);
             }
             let listener = self.listen_for_records(stream);
@@ -794,6 +1144,19 @@ impl Log {
         }
     }
 
+    /// One read without waiting.
+    fn read_now(&self, stream: &[u8], from: Offset, opts: &ReadOptions) -> Result<Vec<Record>> {
+        check_stream_name(stream)?;
+        let records = match self.inner.views.get(stream) {
+            Some(view) => self.read_view(&view, from, opts)?,
+            None => Vec::new(),
+        };
+        let c = &self.inner.counters;
+        c.reads.add(1);
+        c.records_read.add(records.len() as u64);
+        Ok(records)
+    }
+
     fn listen_for_records(&self, stream: &[u8]) -> event_listener::EventListener {
         match self.inner.views.get(stream) {
             Some(view) => view.grown.listen(),
@@ -809,7 +1172,7 @@ impl Log {
             .is_some_and(|v| v.next.load(Ordering::Acquire) > from)
     }
 
-    fn read_view(&self, view: &StreamView, from: u64, max_records: u32) -> Result<Vec<Record>> {
+    fn read_view(&self, view: &StreamView, from: u64, opts: &ReadOptions) -> Result<Vec<Record>> {
         let start = view.start.load(Ordering::Acquire);
         if from < start {
             return Err(Error::Trimmed {
@@ -818,13 +1181,17 @@ impl Log {
             });
         }
         let next = view.next.load(Ordering::Acquire);
-        let max = max_records.min(self.inner.opts.max_read_records);
+        let max = opts.max_records.min(self.inner.opts.max_read_records);
         if from >= next || max == 0 {
             return Ok(Vec::new());
         }
         let end = next.min(from.saturating_add(u64::from(max)));
-        let mut out = Vec::with_capacity((end - from) as usize);
-        match self.collect_records(view, from, end, &mut out) {
+        let mut out = Vec::with_capacity(((end - from) as usize).min(1024));
+        let mut budget = Budget {
+            bytes_left: opts.max_bytes,
+            full: false,
+        };
+        match self.collect_records(view, from, end, &mut out, &mut budget) {
             Ok(()) => Ok(out),
             Err(e) => {
                 // Trimmed (and collected) under our feet: say so.
@@ -841,6 +1208,24 @@ impl Log {
         }
     }
 
+    /// Entries of the stream's open segments that hold `[from, end)`:
+    /// (segment, position, first offset), copied out under a short lock.
+    fn open_entries(&self, view: &StreamView, from: u64, end: u64) -> (u64, Vec<(u64, u64, u64)>) {
+        let ix = view.index.read();
+        let open = &ix.open;
+        // The last open entry starting at or below `from`, and on.
+        let first = open
+            .partition_point(|e| e.entry.first_offset <= from)
+            .saturating_sub(1);
+        let entries = open
+            .iter()
+            .skip(first)
+            .take_while(|e| e.entry.first_offset < end)
+            .map(|e| (e.segment, e.entry.position, e.entry.first_offset))
+            .collect();
+        (ix.sealed_end, entries)
+    }
+
     /// Locates the entries holding `[from, end)` and decodes their records.
     fn collect_records(
         &self,
@@ -848,73 +1233,53 @@ impl Log {
         from: u64,
         end: u64,
         out: &mut Vec<Record>,
+        budget: &mut Budget,
     ) -> Result<()> {
-        // (segment, position) of each entry to read, in offset order.
-        let mut entries: Vec<(u64, u64, u64)> = Vec::new();
-        let mut sealed_runs = Vec::new();
-        {
-            let ix = view.index.read();
-            for run in ix.runs.iter() {
-                if run.end_offset > from && run.first_offset < end {
-                    sealed_runs.push(*run);
-                }
-            }
-            let open = &ix.open;
-            // The last open entry starting at or below `from`, and on.
-            let first = open
-                .partition_point(|e| e.entry.first_offset <= from)
-                .saturating_sub(1);
-            for e in open.iter().skip(first) {
-                if e.entry.first_offset >= end {
-                    break;
-                }
-                entries.push((e.segment, e.entry.position, e.entry.first_offset));
-            }
-        }
+        let (sealed_end, open) = self.open_entries(view, from, end);
         let mut cursor = from;
-        for run in sealed_runs {
-            let footer = self
-                .inner
-                .wal
-                .footer(run.segment)?
-                .ok_or_else(|| self.missing(run.segment, cursor))?;
-            let index =
-                SegmentIndex::parse(&footer).map_err(|why| self.damaged(run.segment, why))?;
-            let dir = index
-                .stream(view.id)
-                .ok_or_else(|| self.missing(run.segment, cursor))?;
-            for (ix, entry_end) in index.entries_from(dir, cursor) {
+        // Sealed segments, one after another, through their footers.
+        while cursor < end && cursor < sealed_end {
+            let found = self.inner.locator.locate(&self.inner.wal, view, cursor)?;
+            for (ix, entry_end) in found.index.entries_from(found.dir, cursor) {
                 if ix.first_offset >= end {
                     break;
                 }
                 self.decode_entry(
                     view,
-                    run.segment,
+                    found.segment,
                     ix.position,
                     ix.first_offset,
                     cursor,
                     end,
                     out,
+                    budget,
                 )?;
                 cursor = entry_end.max(cursor);
-                if cursor >= end {
+                if cursor >= end || budget.full {
                     return Ok(());
                 }
             }
+            // The stream's part of this segment ended without the end.
+            if cursor < found.dir.end_offset {
+                return Err(self.missing(found.segment, cursor));
+            }
         }
-        for (segment, position, first) in entries {
+        for (segment, position, first) in open {
             if cursor >= end {
                 break;
             }
             let before = out.len();
-            self.decode_entry(view, segment, position, first, cursor, end, out)?;
+            self.decode_entry(view, segment, position, first, cursor, end, out, budget)?;
+            if budget.full {
+                return Ok(());
+            }
             if let Some(last) = out.last()
                 && out.len() > before
             {
                 cursor = last.offset + 1;
             }
         }
-        if (out.len() as u64) < end - from {
+        if cursor < end && !budget.full {
             return Err(self.missing(0, cursor));
         }
         Ok(())
@@ -933,16 +1298,36 @@ impl Log {
         from: u64,
         end: u64,
         out: &mut Vec<Record>,
+        budget: &mut Budget,
     ) -> Result<()> {
         let entry = self.inner.wal.read_entry(segment, position)?;
         let payload = entry.payload;
+        let op = op::decode(&payload).map_err(|why| self.damaged(segment, why))?;
+        // A replica's entries wrap the op they applied.
+        let op = match op {
+            Op::Replicated { inner, .. } => {
+                op::decode(inner).map_err(|why| self.damaged(segment, why))?
+            }
+            other => other,
+        };
+        // A transaction's entry holds its appends among other ops: the one
+        // the index means is this stream's, at this offset.
+        let op = match op {
+            Op::Batch { ops, .. } => op::batch_ops(ops)
+                .find(|o| {
+                    matches!(o, Op::Append { stream, first_offset, .. }
+                        if *stream == &view.name[..] && *first_offset == first)
+                })
+                .unwrap_or(op),
+            other => other,
+        };
         let Op::Append {
             stream,
             token,
             first_offset,
             records,
             ..
-        } = op::decode(&payload).map_err(|why| self.damaged(segment, why))?
+        } = op
         else {
             return Err(self.damaged(
                 segment,
@@ -968,6 +1353,12 @@ impl Log {
                 break;
             }
             if offset >= from {
+                let len = (e - s) as u64;
+                if !out.is_empty() && len > budget.bytes_left {
+                    budget.full = true;
+                    break;
+                }
+                budget.bytes_left = budget.bytes_left.saturating_sub(len);
                 out.push(Record {
                     offset,
                     token,
@@ -998,19 +1389,24 @@ impl Log {
         }
     }
 
-    /// The stream's durable state. A stream never written to is all zeros.
+    /// The stream's durable state. A stream never written to is all zeros
+    /// (but its highest token is the token floor, after a cut).
     pub fn stat(&self, stream: impl AsRef<[u8]>) -> Result<StreamStat> {
         let stream = stream.as_ref();
         check_stream_name(stream)?;
+        let floor = self.inner.views.floor.load(Ordering::Acquire);
         let Some(view) = self.inner.views.get(stream) else {
-            return Ok(StreamStat::default());
+            return Ok(StreamStat {
+                highest_token: floor,
+                ..StreamStat::default()
+            });
         };
         let start = view.start.load(Ordering::Acquire);
         let next = view.next.load(Ordering::Acquire);
         let total = view.total_bytes.load(Ordering::Acquire);
         let before_start = self.bytes_before(&view, start, next, total)?;
         Ok(StreamStat {
-            highest_token: view.highest.load(Ordering::Acquire),
+            highest_token: view.highest.load(Ordering::Acquire).max(floor),
             next_offset: next,
             start_offset: start,
             records: next.saturating_sub(start),
@@ -1028,39 +1424,40 @@ impl Log {
         }
         // The cumulative count at the entry holding `offset`, plus the
         // records of that entry below it.
-        let located = {
-            let ix = view.index.read();
-            let in_run = ix
-                .runs
+        let (sealed_end, open) = self.open_entries(view, offset, offset + 1);
+        let (segment, entry) = if offset < sealed_end {
+            let found = self.inner.locator.locate(&self.inner.wal, view, offset)?;
+            let (entry, _) = found
+                .index
+                .entries_from(found.dir, offset)
+                .next()
+                .ok_or_else(|| self.missing(found.segment, offset))?;
+            (found.segment, entry)
+        } else {
+            let Some(&(segment, position, first)) = open.first() else {
+                return Ok(0);
+            };
+            // The cumulative count of an open entry is in the view.
+            let cum = view
+                .index
+                .read()
+                .open
                 .iter()
-                .find(|r| r.first_offset <= offset && offset < r.end_offset)
-                .copied();
-            let open_i = ix.open.partition_point(|e| e.entry.first_offset <= offset);
-            let open = open_i.checked_sub(1).map(|i| ix.open[i]);
-            (in_run, open)
+                .find(|e| e.segment == segment && e.entry.position == position)
+                .map(|e| e.entry.cum_bytes);
+            let Some(cum_bytes) = cum else {
+                return Ok(0);
+            };
+            (
+                segment,
+                crate::view::IndexEntry {
+                    first_offset: first,
+                    cum_bytes,
+                    position,
+                },
+            )
         };
-        let (segment, entry) = match located {
-            (Some(run), _) => {
-                let footer = self
-                    .inner
-                    .wal
-                    .footer(run.segment)?
-                    .ok_or_else(|| self.missing(run.segment, offset))?;
-                let index =
-                    SegmentIndex::parse(&footer).map_err(|why| self.damaged(run.segment, why))?;
-                let dir = index
-                    .stream(view.id)
-                    .ok_or_else(|| self.missing(run.segment, offset))?;
-                let (entry, _) = index
-                    .entries_from(dir, offset)
-                    .next()
-                    .ok_or_else(|| self.missing(run.segment, offset))?;
-                (run.segment, entry)
-            }
-            (None, Some(open)) => (open.segment, open.entry),
-            (None, None) => return Ok(0),
-        };
-        if entry.first_offset == offset {
+        if entry.first_offset >= offset {
             return Ok(entry.cum_bytes);
         }
         let mut records = Vec::new();
@@ -1072,6 +1469,7 @@ impl Log {
             entry.first_offset,
             offset,
             &mut records,
+            &mut Budget::unlimited(),
         )?;
         Ok(entry.cum_bytes + records.iter().map(|r| r.payload.len() as u64).sum::<u64>())
     }
@@ -1093,16 +1491,20 @@ impl Log {
     /// A copy of the engine's counters and the log's.
     pub fn metrics(&self) -> Metrics {
         let c = &self.inner.counters;
-        // Counted, not listed: `streams()` sorts every name, and INFO and
-        // each metrics scrape would pay that per request.
-        let (leases_live, leases_expired, streams) = self.inner.wal.with_state(|core| {
-            (
-                core.leases.len() as u64,
-                core.leases.expired,
-                core.streams.len() as u64,
-            )
-        });
+        // Counted, not listed: listing the streams (to sort, or to filter)
+        // made INFO and each metrics scrape cost O(streams).
+        let (leases_live, leases_expired, last_token, streams) =
+            self.inner.wal.with_state(|core| {
+                (
+                    core.leases.len() as u64,
+                    core.leases.expired,
+                    core.leases.last_token(),
+                    core.streams.len() as u64,
+                )
+            });
+        let marks = self.inner.wal.marks();
         Metrics {
+            transactions: c.transactions.get(),
             appends: c.appends.get(),
             records: c.records.get(),
             bytes: c.bytes.get(),
@@ -1123,172 +1525,30 @@ impl Log {
             leases_held: c.leases_held.get(),
             lease_waiting: c.lease_waiting.load(Ordering::Relaxed),
             leases_live,
+            last_lease_token: last_token,
+            token_floor: marks.floor,
+            token_ceiling: marks.ceiling,
+            segments: self.inner.wal.segment_count() as u64,
+            segments_uncounted: self.inner.gc.stats.uncounted.load(Ordering::Relaxed),
             wal: self.inner.wal.stats(),
         }
     }
 
-    fn maybe_collect_garbage(&self) {
-        if self.inner.gc.any.load(Ordering::Acquire) {
-            self.collect_garbage();
-        }
-    }
-
-    /// Removes segments whose records are all trimmed or deleted, once
-    /// recovery no longer needs them. Runs after trims and deletes, and
-    /// now and then after appends.
-    pub(crate) fn collect_garbage(&self) {
-        let gc = &self.inner.gc;
-        let pending = {
-            let mut p = gc.pending.lock();
-            gc.any.store(false, Ordering::Release);
-            std::mem::take(&mut *p)
-        };
-        let mut keep = Vec::new();
-        for segment in pending {
-            match self.inner.wal.remove_segment(segment) {
-                Ok(Removal::Removed | Removal::Absent) => {}
-                Ok(Removal::NotYet) | Err(_) => keep.push(segment),
-            }
-        }
-        if !keep.is_empty() {
-            gc.pending.lock().extend(keep);
-            gc.any.store(true, Ordering::Release);
-        }
-    }
-
-    /// Decides an append now, in queue order with every other write, and
-    /// answers a future that resolves to its answer once the entry (or what
-    /// a rejection cites) is durable.
-    ///
-    /// This is how a connection pipelines: decide each command in the order
-    /// it arrived, then await the answers, so that consecutive appends share
-    /// one group commit instead of waiting one sync each.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// use bytes::Bytes;
-    /// use fencelog::{Log, Options, Token};
-    /// let dir = tempfile::tempdir().unwrap();
-    /// let log = Log::open(dir.path(), Options::default()).unwrap();
-    /// let t = Token::new(1).unwrap();
-    /// let first = log.append_deferred(b"s", t, vec![Bytes::from("a")]).await.unwrap();
-    /// let second = log.append_deferred(b"s", t, vec![Bytes::from("b")]).await.unwrap();
-    /// // Both are decided (offsets 0 and 1); their syncs overlap.
-    /// assert_eq!((first.await.unwrap(), second.await.unwrap()), (0, 1));
-    /// # });
-    /// ```
-    pub async fn append_deferred(
-        &self,
-        stream: &[u8],
-        token: Token,
-        payloads: Vec<Bytes>,
-    ) -> Result<Deferred<Offset>> {
-        self.check_append(stream, &payloads)?;
-        self.fast_stale(stream, token)?;
-        let d = self
-            .inner
-            .wal
-            .submit_async(|w| decide_append(w, stream, token.get(), &payloads, None))
-            .await??;
-        let log = self.clone();
-        Ok(Deferred::new(async move {
-            let result = d.answer_async().await;
-            log.count_append(&result, &payloads);
-            result
-        }))
-    }
-
-    /// The deferred form of [`Log::append_at`] (see
-    /// [`Log::append_deferred`]).
-    pub async fn append_at_deferred(
-        &self,
-        stream: &[u8],
-        token: Token,
-        expected_offset: Offset,
-        payloads: Vec<Bytes>,
-    ) -> Result<Deferred<Offset>> {
-        self.check_append(stream, &payloads)?;
-        let d = self
-            .inner
-            .wal
-            .submit_async(|w| {
-                decide_append(w, stream, token.get(), &payloads, Some(expected_offset))
-            })
-            .await??;
-        let log = self.clone();
-        let stream = stream.to_vec();
-        Ok(Deferred::new(async move {
-            let result = match d.wait_async().await {
-                Ok(Decided::Retry {
-                    expected,
-                    next,
-                    highest,
-                }) => log.settle_retry(&stream, token, expected, next, highest, &payloads),
-                Ok(other) => other.value(),
-                Err(e) => Err(e),
-            };
-            log.count_append(&result, &payloads);
-            result
-        }))
-    }
-
-    /// The deferred form of [`Log::fence`] (see [`Log::append_deferred`]).
-    pub async fn fence_deferred(&self, stream: &[u8], token: Token) -> Result<Deferred<Token>> {
-        check_stream_name(stream)?;
-        self.fast_stale(stream, token)?;
-        let d = self
-            .inner
-            .wal
-            .submit_async(|w| decide_fence(w, stream, token.get()))
-            .await??;
-        let log = self.clone();
-        Ok(Deferred::new(async move {
-            let result = d.answer_async().await;
-            log.finish_fence(result)
-        }))
-    }
-
-    /// The deferred form of [`Log::trim`] (see [`Log::append_deferred`]).
-    pub async fn trim_deferred(
-        &self,
-        stream: &[u8],
-        token: Token,
-        before: Offset,
-    ) -> Result<Deferred<Offset>> {
-        self.trim_or_delete_deferred(stream, token, before, false)
-            .await
-    }
-
-    /// The deferred form of [`Log::delete`] (see [`Log::append_deferred`]).
-    pub async fn delete_deferred(&self, stream: &[u8], token: Token) -> Result<Deferred<u64>> {
-        self.trim_or_delete_deferred(stream, token, 0, true).await
-    }
-
-    async fn trim_or_delete_deferred(
-        &self,
-        stream: &[u8],
-        token: Token,
-        before: u64,
-        delete: bool,
-    ) -> Result<Deferred<u64>> {
-        check_stream_name(stream)?;
-        self.fast_stale(stream, token)?;
-        let d = self
-            .inner
-            .wal
-            .submit_async(|w| decide_trim(w, stream, token.get(), before, delete))
-            .await??;
-        let log = self.clone();
-        Ok(Deferred::new(async move {
-            let result = d.answer_async().await;
-            log.finish_trim(result, delete)
-        }))
+    /// Waits until the garbage collector has handled every trim and seal
+    /// made durable so far and removed what it could (for tests and tools:
+    /// collection otherwise runs on its own).
+    pub fn collect_garbage(&self) {
+        self.inner.gc.barrier();
     }
 
     /// The segments of the log, oldest first (for tests and tools).
     pub fn segments(&self) -> Vec<u64> {
         self.inner.wal.segments()
+    }
+
+    /// Makes everything written so far durable (useful when the log is
+    /// opened with `wal.sync_every_batch = false`, as a replica's is).
+    pub fn sync(&self) -> Result<()> {
+        Ok(self.inner.wal.sync_all()?)
     }
 }

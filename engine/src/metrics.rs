@@ -52,6 +52,7 @@ impl Counter {
 
 #[derive(Default)]
 pub(crate) struct Counters {
+    pub transactions: Counter,
     pub appends: Counter,
     pub records: Counter,
     pub bytes: Counter,
@@ -75,6 +76,8 @@ pub(crate) struct Counters {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Metrics {
+    /// Transactions applied (their ops are counted below too).
+    pub transactions: u64,
     /// Accepted appends (plain and conditional).
     pub appends: u64,
     /// Records appended.
@@ -115,6 +118,18 @@ pub struct Metrics {
     pub lease_waiting: u64,
     /// Leases alive now.
     pub leases_live: u64,
+    /// The last token the lease counter issued.
+    pub last_lease_token: u64,
+    /// Every stream's highest token is at least this (raised when recovery
+    /// cuts entries; 0 otherwise).
+    pub token_floor: u64,
+    /// Every token acknowledged is at most this (durable in `MARKS`).
+    pub token_ceiling: u64,
+    /// Segment files in the log.
+    pub segments: u64,
+    /// Segments older than the last open that garbage collection has not
+    /// looked at yet.
+    pub segments_uncounted: u64,
     /// The write-ahead log's counters: syncs, their latency, batch sizes.
     pub wal: WalStatsSnapshot,
 }

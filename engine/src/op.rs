@@ -12,7 +12,19 @@
 //! // Acquire: { op: u8 = 5 | name_len: u8 | name | owner_len: u8 | owner | token: u64 | ttl_ms: u64 | fence: u8 }
 //! // Release: { op: u8 = 6 | name_len: u8 | name | owner_len: u8 | owner | token: u64 }
 //! // Renew:   { op: u8 = 7 | name_len: u8 | name | owner_len: u8 | owner | token: u64 | ttl_ms: u64 }
+//! // Batch:   { op: u8 = 8 | count: u32 | [len: u32 | op]* }   (each op an Append, Fence, Trim or Delete)
+//! // Replicated: { op: u8 = 9 | term: u64 | node: u64 | index: u64 | time_ms: u64 | inner: [op] }
+//! // Membership: { op: u8 = 10 | config: [u8] }   (only inside Replicated)
+//! // TakeOver:   { op: u8 = 11 }                  (only inside Replicated)
 //! ```
+//!
+//! In cluster mode every entry the state machine writes is Replicated: the
+//! position of the replicated log entry it applies (term, leader node,
+//! index), the proposing leader's clock, and the op it decided (none for an
+//! entry that changed nothing but the position).
+//!
+//! A batch is a transaction: its ops were decided together, in order, and
+//! land (or vanish in a crash) together.
 //!
 //! A release is written but not waited for; a renewal is written (and
 //! waited for) only when it lengthens the ttl the log holds.
@@ -24,6 +36,13 @@ const DELETE: u8 = 4;
 const ACQUIRE: u8 = 5;
 const RELEASE: u8 = 6;
 const RENEW: u8 = 7;
+const BATCH: u8 = 8;
+const REPLICATED: u8 = 9;
+const MEMBERSHIP: u8 = 10;
+const TAKE_OVER: u8 = 11;
+
+/// Bytes of a Replicated op's header, before its inner op.
+pub(crate) const REPLICATED_HEADER: usize = 33;
 
 /// A decoded op, borrowing the entry's payload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,6 +86,28 @@ pub(crate) enum Op<'a> {
         token: u64,
         ttl_ms: u64,
     },
+    /// Stream ops decided together: `[len: u32 | op]*`, `count` times, each
+    /// checked by [`decode`] (see [`batch_ops`]).
+    Batch {
+        count: u32,
+        ops: &'a [u8],
+    },
+    /// A replicated log entry applied: its position, the leader's clock,
+    /// and the op decided (empty: nothing changed but the position).
+    Replicated {
+        term: u64,
+        node: u64,
+        index: u64,
+        time_ms: u64,
+        /// An op other than Replicated (checked by [`decode`]), or empty.
+        inner: &'a [u8],
+    },
+    /// The cluster's membership, as the replication layer encodes it.
+    Membership {
+        config: &'a [u8],
+    },
+    /// A new leader took over: every live lease restarts its full ttl.
+    TakeOver,
 }
 
 /// Bytes of an append op with these payloads.
@@ -108,6 +149,10 @@ pub(crate) fn encode(op: &Op<'_>) -> Vec<u8> {
         Op::Acquire { name, owner, .. } => 20 + name.len() + owner.len(),
         Op::Release { name, owner, .. } => 11 + name.len() + owner.len(),
         Op::Renew { name, owner, .. } => 19 + name.len() + owner.len(),
+        Op::Batch { ops, .. } => 5 + ops.len(),
+        Op::Replicated { inner, .. } => REPLICATED_HEADER + inner.len(),
+        Op::Membership { config } => 1 + config.len(),
+        Op::TakeOver => 1,
     };
     let mut buf = vec![0u8; len];
     let mut w = Cursor {
@@ -181,9 +226,73 @@ pub(crate) fn encode(op: &Op<'_>) -> Vec<u8> {
             w.u64(token);
             w.u64(ttl_ms);
         }
+        Op::Batch { count, ops } => {
+            w.u8(BATCH);
+            w.u32(count);
+            w.bytes(ops);
+        }
+        Op::Replicated {
+            term,
+            node,
+            index,
+            time_ms,
+            inner,
+        } => {
+            w.bytes(&replicated_header(term, node, index, time_ms));
+            w.bytes(inner);
+        }
+        Op::Membership { config } => {
+            w.u8(MEMBERSHIP);
+            w.bytes(config);
+        }
+        Op::TakeOver => w.u8(TAKE_OVER),
     }
     debug_assert_eq!(w.at, len);
     buf
+}
+
+/// The header of a Replicated op; its inner op follows.
+pub(crate) fn replicated_header(
+    term: u64,
+    node: u64,
+    index: u64,
+    time_ms: u64,
+) -> [u8; REPLICATED_HEADER] {
+    let mut h = [0u8; REPLICATED_HEADER];
+    h[0] = REPLICATED;
+    h[1..9].copy_from_slice(&term.to_le_bytes());
+    h[9..17].copy_from_slice(&node.to_le_bytes());
+    h[17..25].copy_from_slice(&index.to_le_bytes());
+    h[25..33].copy_from_slice(&time_ms.to_le_bytes());
+    h
+}
+
+/// Bytes of a batch op holding these encoded ops.
+pub(crate) fn batch_len(ops: &[Vec<u8>]) -> usize {
+    5 + ops.iter().map(|o| 4 + o.len()).sum::<usize>()
+}
+
+/// Writes a batch op of these encoded ops into `out`, which is exactly
+/// [`batch_len`] long.
+pub(crate) fn encode_batch(out: &mut [u8], ops: &[Vec<u8>]) {
+    let mut w = Cursor { out, at: 0 };
+    w.u8(BATCH);
+    w.u32(ops.len() as u32);
+    for op in ops {
+        w.u32(op.len() as u32);
+        w.bytes(op);
+    }
+    debug_assert_eq!(w.at, w.out.len());
+}
+
+/// The ops of a batch, already checked by [`decode`]: each decodes, none is
+/// a batch or a lease op.
+pub(crate) fn batch_ops(ops: &[u8]) -> impl Iterator<Item = Op<'_>> + '_ {
+    let mut r = Reader::new(ops);
+    std::iter::from_fn(move || {
+        let len = r.u32().ok()? as usize;
+        decode(r.bytes(len).ok()?).ok()
+    })
 }
 
 struct Cursor<'a> {
@@ -340,19 +449,84 @@ pub(crate) fn decode(b: &[u8]) -> Result<Op<'_>, String> {
             token: r.u64()?,
             ttl_ms: r.u64()?,
         },
+        BATCH => {
+            let count = r.u32()?;
+            let ops = r.rest();
+            let mut walk = Reader::new(ops);
+            for _ in 0..count {
+                let len = walk.u32()? as usize;
+                let sub = walk.bytes(len)?;
+                // Checked before decoding: a batch inside a batch would make
+                // decoding recurse as deep as the bytes nest.
+                if sub.first() == Some(&BATCH) {
+                    return Err("a batch inside a batch".into());
+                }
+                match decode(sub)? {
+                    Op::Append { .. } | Op::Fence { .. } | Op::Trim { .. } | Op::Delete { .. } => {}
+                    _ => {
+                        return Err(
+                            "a batch may hold only appends, fences, trims and deletes".into()
+                        );
+                    }
+                }
+            }
+            if !walk.is_empty() {
+                return Err("bytes after the last op of a batch".into());
+            }
+            if count == 0 {
+                return Err("a batch with no ops".into());
+            }
+            return Ok(Op::Batch { count, ops });
+        }
+        REPLICATED => {
+            let (term, node, index, time_ms) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+            let inner = r.rest();
+            // Checked before decoding: a wrapper inside a wrapper would make
+            // decoding recurse as deep as the bytes nest.
+            if inner.first() == Some(&REPLICATED) {
+                return Err("a replicated entry inside a replicated entry".into());
+            }
+            if !inner.is_empty() {
+                decode(inner)?;
+            }
+            return Ok(Op::Replicated {
+                term,
+                node,
+                index,
+                time_ms,
+                inner,
+            });
+        }
+        MEMBERSHIP => return Ok(Op::Membership { config: r.rest() }),
+        TAKE_OVER => Op::TakeOver,
         other => return Err(format!("unknown op code {other}")),
     };
     if !r.is_empty() {
         return Err("bytes after the op".into());
     }
-    let (name, owner) = match op {
-        Op::Append { stream, .. }
-        | Op::Fence { stream, .. }
-        | Op::Trim { stream, .. }
-        | Op::Delete { stream, .. } => (stream, None),
-        Op::Acquire { name, owner, .. }
-        | Op::Release { name, owner, .. }
-        | Op::Renew { name, owner, .. } => (name, Some(owner)),
+    check_fields(&op)?;
+    Ok(op)
+}
+
+/// The checks every single op passes: a name, an owner of printable ASCII,
+/// a token in range.
+fn check_fields(op: &Op<'_>) -> Result<(), String> {
+    let (name, owner, token) = match *op {
+        Op::Append { stream, token, .. }
+        | Op::Fence { stream, token }
+        | Op::Trim { stream, token, .. }
+        | Op::Delete { stream, token } => (stream, None, token),
+        Op::Acquire {
+            name, owner, token, ..
+        }
+        | Op::Release { name, owner, token }
+        | Op::Renew {
+            name, owner, token, ..
+        } => (name, Some(owner), token),
+        // Its ops were checked one by one; the others carry no name.
+        Op::Batch { .. } | Op::Replicated { .. } | Op::Membership { .. } | Op::TakeOver => {
+            return Ok(());
+        }
     };
     if name.is_empty() {
         return Err("an empty stream or lease name".into());
@@ -360,19 +534,10 @@ pub(crate) fn decode(b: &[u8]) -> Result<Op<'_>, String> {
     if owner.is_some_and(|o| o.is_empty() || o.len() > 128 || !o.iter().all(u8::is_ascii_graphic)) {
         return Err("an owner that is not 1..=128 bytes of printable ASCII".into());
     }
-    let token = match op {
-        Op::Append { token, .. }
-        | Op::Fence { token, .. }
-        | Op::Trim { token, .. }
-        | Op::Delete { token, .. }
-        | Op::Acquire { token, .. }
-        | Op::Release { token, .. }
-        | Op::Renew { token, .. } => token,
-    };
     if token == 0 || token > crate::token::MAX_TOKEN {
         return Err(format!("token {token} out of range"));
     }
-    Ok(op)
+    Ok(())
 }
 
 /// The records of an append op: `[len: u32 | payload]*`, already checked by

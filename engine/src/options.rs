@@ -25,6 +25,20 @@ pub struct Options {
     pub lease_ttl_max: Duration,
     /// Most leases alive at once. Default 1 000 000.
     pub max_live_leases: u64,
+    /// Most streams (every name ever written keeps its highest token
+    /// forever). Default 1 000 000; a write that would create one more is
+    /// refused with [`Error::TooLarge`]. Bounds the checkpoint's size, which
+    /// grows with the number of streams (about 60 bytes each plus the name).
+    pub max_streams: u64,
+    /// Memory for the index of sealed segments that reads use (parsed
+    /// footers and checkpoint tables), most recently used kept. Default
+    /// 64 MiB. More only speeds up reads of old records.
+    pub index_cache_bytes: usize,
+    /// Cluster mode: the log is a replica's state machine. Writes come only
+    /// through [`Log::apply_replicated`](crate::Log::apply_replicated), in
+    /// the replicated log's order; leases follow the leader's clock; no
+    /// token marks are kept. Default false (a single node).
+    pub replicated: bool,
 }
 
 impl Default for Options {
@@ -37,6 +51,9 @@ impl Default for Options {
             lease_ttl_min: Duration::from_millis(10),
             lease_ttl_max: Duration::from_secs(24 * 3600),
             max_live_leases: 1_000_000,
+            max_streams: 1_000_000,
+            index_cache_bytes: 64 << 20,
+            replicated: false,
         }
     }
 }
@@ -59,6 +76,17 @@ impl Options {
                     "{} does not fit in an entry of wal.max_entry_bytes = {} (needs {needed})",
                     self.max_payload_bytes, self.wal.max_entry_bytes
                 ),
+            );
+        }
+        if self.max_streams == 0 {
+            return invalid("max_streams", "must be at least 1".into());
+        }
+        // A checkpoint row takes 56 bytes plus the name: keep the whole
+        // checkpoint well below the 4 GiB an entry can hold.
+        if self.max_streams > 12_000_000 {
+            return invalid(
+                "max_streams",
+                format!("{} is above the maximum of 12 000 000", self.max_streams),
             );
         }
         if self.max_records_per_append == 0 || self.max_read_records == 0 {

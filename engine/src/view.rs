@@ -1,18 +1,20 @@
-//! The read side of a stream: its durable state and its index, shared with
-//! readers without the write lock. Writers update the index inside the
-//! serialized section; the durable numbers move only when the sync thread
-//! applies an [`Effect`] after the sync, so readers never see a record a
-//! crash could take back.
+//! The read side of a stream: its durable state and where its records are,
+//! shared with readers without the write lock. The serialized section never
+//! touches it: the durable numbers and the index move only when the sync
+//! thread applies an [`Effect`] after the sync, so readers never see a
+//! record a crash could take back, and a reader never holds up a writer.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use event_listener::Event;
 use fencelog_wal::Durable;
 use hashbrown::HashMap;
 use parking_lot::{Mutex, RwLock};
+
+use crate::gc::GcHandle;
 
 /// Where one entry of a stream is, inside its segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,47 +28,49 @@ pub(crate) struct IndexEntry {
 }
 
 /// An entry in a segment that is not (durably) sealed yet.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct OpenEntry {
     pub segment: u64,
     pub entry: IndexEntry,
 }
 
-/// A stream's records in one sealed segment; their index is in the
-/// segment's footer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Run {
-    pub segment: u64,
-    pub first_offset: u64,
-    pub end_offset: u64,
-    pub cum_bytes: u64,
-}
-
-/// Where a stream's records are.
+/// Where a stream's durable records are. Records below `sealed_end` are in
+/// sealed segments, found through checkpoints and footers on disk (see
+/// `locate.rs`); memory holds only the entries of segments not sealed yet.
 #[derive(Debug, Default)]
 pub(crate) struct StreamIndex {
-    /// Sealed segments, in offset order.
-    pub runs: VecDeque<Run>,
+    /// Records below this offset are in durably sealed segments.
+    pub sealed_end: u64,
+    /// The newest sealed segment holding records of the stream (0: none).
+    pub last_sealed: u64,
     /// Entries in segments not durably sealed yet, in offset order.
     pub open: VecDeque<OpenEntry>,
 }
 
 impl StreamIndex {
-    /// Forgets what lies wholly below `start`.
+    /// Forgets entries wholly below `start`.
     fn drop_below(&mut self, start: u64) {
-        while self.runs.front().is_some_and(|r| r.end_offset <= start) {
-            self.runs.pop_front();
-        }
         while self.open.len() > 1 && self.open[1].entry.first_offset <= start {
             self.open.pop_front();
         }
     }
 }
 
+/// The last sealed segment a read of the stream found its records in,
+/// kept so that the next read, which usually goes on from there, finds them
+/// at once.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Hint {
+    pub segment: u64,
+    pub first_offset: u64,
+    pub end_offset: u64,
+}
+
 /// A stream as readers see it.
 pub(crate) struct StreamView {
     /// Engine-assigned, stable: the key of the stream in segment footers.
     pub id: u64,
+    /// The stream's name: the one copy (the stream tables share it).
     pub name: Bytes,
     /// Durable highest token, next offset, start offset, total payload bytes.
     pub highest: AtomicU64,
@@ -74,6 +78,7 @@ pub(crate) struct StreamView {
     pub start: AtomicU64,
     pub total_bytes: AtomicU64,
     pub index: RwLock<StreamIndex>,
+    pub hint: Mutex<Hint>,
     /// Notified when `next` grows, for blocked readers.
     pub grown: Event,
 }
@@ -88,6 +93,7 @@ impl StreamView {
             start: AtomicU64::new(0),
             total_bytes: AtomicU64::new(0),
             index: RwLock::new(StreamIndex::default()),
+            hint: Mutex::new(Hint::default()),
             grown: Event::new(),
         }
     }
@@ -98,12 +104,15 @@ impl StreamView {
 const SHARDS: usize = 32;
 
 /// One shard of the stream map.
-type Shard = RwLock<HashMap<Box<[u8]>, Arc<StreamView>>>;
+type Shard = RwLock<HashMap<Bytes, Arc<StreamView>>>;
 
 /// Every stream's view, by name.
 pub(crate) struct Views {
     shards: [Shard; SHARDS],
     hasher: hashbrown::DefaultHashBuilder,
+    /// Every stream's highest token is at least this: raised after recovery
+    /// cut entries that may have carried tokens up to it.
+    pub floor: AtomicU64,
     /// Notified when a stream is created, for readers blocked on a stream
     /// that does not exist yet.
     pub created: Event,
@@ -114,6 +123,7 @@ impl Default for Views {
         Views {
             shards: std::array::from_fn(|_| RwLock::new(HashMap::new())),
             hasher: hashbrown::DefaultHashBuilder::default(),
+            floor: AtomicU64::new(0),
             created: Event::new(),
         }
     }
@@ -129,19 +139,21 @@ impl Views {
         self.shard(name).read().get(name).cloned()
     }
 
-    /// The durable highest token of `name` (0 for a stream never seen):
-    /// the fast path that rejects stale writes without the write lock.
+    /// The durable highest token of `name` (the floor for a stream never
+    /// seen): the fast path that rejects stale writes without the write lock.
     pub(crate) fn durable_highest(&self, name: &[u8]) -> u64 {
-        self.shard(name)
+        let own = self
+            .shard(name)
             .read()
             .get(name)
-            .map_or(0, |v| v.highest.load(Ordering::Acquire))
+            .map_or(0, |v| v.highest.load(Ordering::Acquire));
+        own.max(self.floor.load(Ordering::Acquire))
     }
 
     pub(crate) fn insert(&self, view: Arc<StreamView>) {
         self.shard(&view.name)
             .write()
-            .insert(view.name.to_vec().into_boxed_slice(), view);
+            .insert(view.name.clone(), view);
         self.created.notify(usize::MAX);
     }
 
@@ -153,37 +165,32 @@ impl Views {
     }
 }
 
-/// Segments waiting to be removed once nothing needs them.
-#[derive(Default)]
-pub(crate) struct GcQueue {
-    pub pending: Mutex<Vec<u64>>,
-    pub any: AtomicBool,
-}
-
-impl GcQueue {
-    pub(crate) fn push(&self, segment: u64) {
-        self.pending.lock().push(segment);
-        self.any.store(true, Ordering::Release);
-    }
-}
-
 /// What becomes visible once a batch is durable.
 pub(crate) enum Effect {
-    /// A stream's new durable state.
+    /// A stream's new durable state, and the entry an append added.
     Advance {
         view: Arc<StreamView>,
         highest: u64,
         next: u64,
         start: u64,
         total_bytes: u64,
+        entry: Option<OpenEntry>,
     },
-    /// A segment's footer is durable: these streams find their entries there.
+    /// A segment's footer is durable: these streams find their records
+    /// there now, up to the given end offsets. Garbage collection counts
+    /// the segment's live streams.
     Sealed {
         segment: u64,
-        runs: Vec<(Arc<StreamView>, Run)>,
+        streams: Vec<(Arc<StreamView>, u64)>,
+        gc: GcHandle,
     },
-    /// A segment holds no live record any more.
-    Collect { segment: u64, gc: Arc<GcQueue> },
+    /// A stream's start moved: garbage collection looks at the segments
+    /// it left.
+    Trimmed {
+        view: Arc<StreamView>,
+        start: u64,
+        gc: GcHandle,
+    },
     /// Several effects of one decision.
     Many(Vec<Effect>),
 }
@@ -197,29 +204,43 @@ impl Durable for Effect {
                 next,
                 start,
                 total_bytes,
+                entry,
             } => {
                 view.highest.fetch_max(highest, Ordering::AcqRel);
                 view.total_bytes.fetch_max(total_bytes, Ordering::AcqRel);
                 let old_start = view.start.fetch_max(start, Ordering::AcqRel);
-                if start > old_start {
-                    view.index.write().drop_below(start);
+                if entry.is_some() || start > old_start {
+                    let mut ix = view.index.write();
+                    if let Some(e) = entry {
+                        ix.open.push_back(e);
+                    }
+                    if start > old_start {
+                        ix.drop_below(start);
+                    }
                 }
                 let old_next = view.next.fetch_max(next, Ordering::AcqRel);
                 if next > old_next {
                     view.grown.notify(usize::MAX);
                 }
             }
-            Effect::Sealed { segment, runs } => {
-                for (view, run) in runs {
-                    let mut ix = view.index.write();
-                    ix.open.retain(|e| e.segment != segment);
-                    let start = view.start.load(Ordering::Acquire);
-                    if run.end_offset > start {
-                        ix.runs.push_back(run);
+            Effect::Sealed {
+                segment,
+                streams,
+                gc,
+            } => {
+                let mut ends = Vec::with_capacity(streams.len());
+                for (view, end) in streams {
+                    {
+                        let mut ix = view.index.write();
+                        ix.open.retain(|e| e.segment != segment);
+                        ix.sealed_end = ix.sealed_end.max(end);
+                        ix.last_sealed = ix.last_sealed.max(segment);
                     }
+                    ends.push((view.id, end));
                 }
+                gc.sealed(segment, ends);
             }
-            Effect::Collect { segment, gc } => gc.push(segment),
+            Effect::Trimmed { view, start, gc } => gc.trimmed(view, start),
             Effect::Many(effects) => {
                 for e in effects {
                     e.durable();

@@ -37,6 +37,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use fencelog::wal::FsStorage;
 use fencelog::{Log, ManualClock, Options};
+use fencelog_server::budget::ClientMemory;
 use fencelog_server::commands::{self, Blocking, Context, Outcome};
 use fencelog_server::config::ServeConfig;
 use fencelog_server::connection::Session;
@@ -90,15 +91,20 @@ fn context(log: Log, dir: &Path, requirepass: Option<&str>) -> Arc<Context> {
         engine: options(),
         limits: limits(),
         max_query_buffer_bytes: 1 << 20,
+        client_output_buffer_limit_bytes: 1 << 20,
+        maxmemory_clients_bytes: 4 << 20,
+        max_read_bytes: 64 << 10,
         max_pipeline: 64,
         max_connections: 16,
         shutdown_grace: Duration::from_secs(1),
     };
     config.check().expect("a valid configuration");
+    let clients = Arc::new(ClientMemory::new(config.maxmemory_clients_bytes));
     Arc::new(Context {
         log,
         config,
         stats: ServerStats::new(),
+        clients,
     })
 }
 
@@ -211,13 +217,17 @@ fuzz_target!(|data: &[u8]| {
     };
     let mut session = Session {
         id: 1,
+        peer: SocketAddr::from(([127, 0, 0, 1], 40000)),
         proto: if flags & 2 == 2 { 3 } else { 2 },
         authenticated: ctx.config.requirepass.is_none() || flags & 4 == 4,
         name: None,
+        multi: None,
     };
     let mut parser = RequestParser::new();
     let mut input = BytesMut::from(rest);
     for _ in 0..MAX_REQUESTS {
+        // As a connection does: Redis' smaller limits until AUTH.
+        parser.set_unauthenticated(!session.authenticated);
         let request = match parser.next(&mut input, &ctx.config.limits) {
             Ok(Some(r)) => r,
             // A protocol error closes the connection; nothing more runs.
@@ -235,6 +245,9 @@ fuzz_target!(|data: &[u8]| {
                 check(&r);
                 break;
             }
+            // The connection would be dropped (a reply over the output
+            // limit): nothing more runs.
+            Outcome::OverOutputLimit { .. } => break,
             Outcome::Blocking(b) => {
                 // Never wait: the parsing is the server's, the waiting is
                 // not this target's concern.
@@ -242,14 +255,11 @@ fuzz_target!(|data: &[u8]| {
                     Blocking::Read {
                         stream,
                         from,
-                        count,
-                        ..
-                    } => Blocking::Read {
-                        stream,
-                        from,
-                        count,
-                        timeout: Duration::ZERO,
-                    },
+                        mut opts,
+                    } => {
+                        opts.wait = Duration::ZERO;
+                        Blocking::Read { stream, from, opts }
+                    }
                     Blocking::Acquire {
                         name,
                         owner,
@@ -265,7 +275,7 @@ fuzz_target!(|data: &[u8]| {
                         }
                     }
                 };
-                h.rt.block_on(b.run(&ctx.log))
+                h.rt.block_on(b.run(ctx.log.clone()))
             }
         };
         check(&reply);

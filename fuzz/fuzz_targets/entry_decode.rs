@@ -151,7 +151,8 @@ fn check_footer(b: &[u8], seq: u64) {
         let end = FOOTER_HEADER_LEN + f.len as usize;
         assert!(end <= b.len(), "footer runs past the end");
         let payload = &b[FOOTER_HEADER_LEN..end];
-        let encoded = format::encode_footer(seq, f.first_lsn, f.last_lsn, payload);
+        let encoded = format::encode_footer(seq, f.first_lsn, f.last_lsn, payload)
+            .expect("a payload that fit a footer fits again");
         assert_eq!(encoded[..], b[..end], "re-encoded footer differs");
         assert!(format::decode_footer(b, seq ^ 1).is_none());
     }

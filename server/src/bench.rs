@@ -96,6 +96,18 @@ pub struct BenchArgs {
     /// table.
     #[arg(long)]
     pub json: bool,
+    /// Endurance: append to --streams streams round robin for --duration,
+    /// and every --slice print appends/s, segments, bytes on disk against
+    /// payload, open files, resident memory and checkpoint size; in process,
+    /// also the time to open the log again at the end.
+    #[arg(long, conflicts_with_all = ["workload", "requests"])]
+    pub history: bool,
+    /// --history: seconds between reports.
+    #[arg(long, default_value = "5", value_parser = parse_duration, value_name = "SECS")]
+    pub slice: Duration,
+    /// --history in process: the segment size (sizes like 1MiB or 65536).
+    #[arg(long, default_value = "1MiB", value_parser = crate::history::parse_size, value_name = "BYTES")]
+    pub segment_bytes: u64,
 }
 
 /// A workload of `fencelog bench`.
@@ -136,6 +148,9 @@ const MAX_SAMPLES: usize = 5;
 /// Runs `fencelog bench`: 0 when every answer was the expected one, 1 when
 /// some was not (or the run could not start), 2 for unusable arguments.
 pub fn run(args: BenchArgs) -> ExitCode {
+    if args.history {
+        return crate::history::run(&args);
+    }
     if let Err(e) = check(&args) {
         eprintln!("fencelog bench: {e}");
         return ExitCode::from(2);
@@ -1276,7 +1291,7 @@ impl Report {
 
 /// A reply from the server.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Reply {
+pub(crate) enum Reply {
     Simple(String),
     Error(String),
     Integer(i64),
@@ -1430,7 +1445,7 @@ fn integer(line: &[u8]) -> Result<i64, String> {
 }
 
 /// A request as a RESP array of bulk strings.
-fn encode_command(args: &[&[u8]]) -> Vec<u8> {
+pub(crate) fn encode_command(args: &[&[u8]]) -> Vec<u8> {
     let mut out = Vec::with_capacity(16 + args.iter().map(|a| a.len() + 16).sum::<usize>());
     out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
     for a in args {
@@ -1495,7 +1510,10 @@ impl Conn {
     }
 }
 
-async fn read_reply(rd: &mut OwnedReadHalf, buf: &mut BytesMut) -> Result<Reply, String> {
+pub(crate) async fn read_reply(
+    rd: &mut OwnedReadHalf,
+    buf: &mut BytesMut,
+) -> Result<Reply, String> {
     loop {
         if let Some((reply, used)) =
             parse_reply(buf).map_err(|e| format!("protocol error in a reply: {e}"))?
@@ -1793,6 +1811,9 @@ mod tests {
                 engine: Options::default(),
                 limits: crate::protocol::Limits::default(),
                 max_query_buffer_bytes: 64 << 20,
+                client_output_buffer_limit_bytes: 32 << 20,
+                maxmemory_clients_bytes: 512 << 20,
+                max_read_bytes: 16 << 20,
                 max_pipeline: 1024,
                 max_connections: 1000,
                 shutdown_grace: Duration::from_secs(5),

@@ -1,26 +1,34 @@
 //! Commands: parsed from a request, run against the engine, answered as a
 //! [`Reply`]. Writes are decided at once (in arrival order) and answered
 //! later, so that a connection's pipelined writes share one group commit.
+//! Inside `MULTI` commands are queued instead (see `transaction.rs`).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
-use fencelog::{AcquireOptions, Deferred, Error, Log, Token};
+use fencelog::{AcquireOptions, Deferred, Error, Log, ReadOptions, Token, TxOp};
 
+use crate::budget::ClientMemory;
 use crate::config::ServeConfig;
 use crate::connection::Session;
 use crate::glob;
 use crate::info;
 use crate::protocol::Reply;
 use crate::server::ServerStats;
+use crate::transaction;
 
 /// What the server shares with every connection.
 pub struct Context {
+    /// The engine.
     pub log: Log,
+    /// The command line.
     pub config: ServeConfig,
+    /// The server's own counters.
     pub stats: ServerStats,
+    /// What every connection holds, against `--maxmemory-clients`.
+    pub clients: Arc<ClientMemory>,
 }
 
 /// How a command is answered.
@@ -35,6 +43,18 @@ pub enum Outcome {
     /// while watching the connection, so that a client that goes away takes
     /// nothing.
     Blocking(Blocking),
+    /// A reply too large for the client's output limit (an `EXEC` of many
+    /// reads): the client is disconnected, as Redis does past
+    /// `client-output-buffer-limit`.
+    OverOutputLimit {
+        /// Bytes of the reply gathered so far.
+        reply_bytes: usize,
+        /// `--client-output-buffer-limit`.
+        limit_bytes: usize,
+        /// Whether a transaction's writes were applied before (they are
+        /// durable; only their answer is lost).
+        transaction_applied: bool,
+    },
 }
 
 /// A decided write's answer to come.
@@ -44,6 +64,23 @@ pub enum Later {
 }
 
 impl Later {
+    /// The answer, if it has come (polled in place: a connection keeps its
+    /// answers in a queue without boxing each again).
+    pub fn poll_reply(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Reply> {
+        use std::future::Future;
+        use std::pin::Pin;
+        match self {
+            Later::Integer(d) => Pin::new(d).poll(cx).map(|r| match r {
+                Ok(n) => integer(n),
+                Err(e) => error_reply(&e),
+            }),
+            Later::Token(d) => Pin::new(d).poll(cx).map(|r| match r {
+                Ok(t) => integer(t.get()),
+                Err(e) => error_reply(&e),
+            }),
+        }
+    }
+
     /// Waits for the answer.
     pub async fn reply(self) -> Reply {
         match self {
@@ -64,8 +101,7 @@ pub enum Blocking {
     Read {
         stream: Bytes,
         from: u64,
-        count: u32,
-        timeout: Duration,
+        opts: ReadOptions,
     },
     Acquire {
         name: Bytes,
@@ -75,19 +111,93 @@ pub enum Blocking {
     },
 }
 
+/// Payload bytes one step of a read takes from the engine before it lets
+/// other connections run: a 16 MiB read is 16 steps, not one long stall.
+pub const READ_STEP_BYTES: u64 = 1 << 20;
+
+/// Told the payload bytes a read has gathered so far, between its steps
+/// (the connection reports them to the budget over all clients).
+pub type ReadProgress = Arc<dyn Fn(usize) + Send + Sync>;
+
+/// Reads like [`Log::read_with_async`], in steps of at most
+/// [`READ_STEP_BYTES`], yielding between steps; `progress` is told the
+/// payload bytes gathered so far. Records are immutable once durable, so the steps answer what
+/// one read would, or a prefix of it (a trim between steps ends the read
+/// early: a read answers at most, and the client pages on).
+async fn stepped_read(
+    log: &Log,
+    stream: &[u8],
+    from: u64,
+    opts: ReadOptions,
+    progress: Option<&ReadProgress>,
+) -> fencelog::Result<Vec<fencelog::Record>> {
+    let first = ReadOptions {
+        max_bytes: opts.max_bytes.min(READ_STEP_BYTES),
+        ..opts
+    };
+    let mut records = log.read_with_async(stream, from, &first).await?;
+    let mut bytes: u64 = records.iter().map(|r| r.payload.len() as u64).sum();
+    let mut step_bytes = bytes;
+    // A step that came back at least half full stopped at its byte limit,
+    // most likely: there may be more. Otherwise the stream ended there.
+    while step_bytes >= READ_STEP_BYTES / 2
+        && (records.len() as u64) < u64::from(opts.max_records)
+        && bytes < opts.max_bytes
+    {
+        let Some(next_offset) = records.last().map(|r| r.offset + 1) else {
+            break;
+        };
+        if let Some(p) = progress {
+            p(usize::try_from(bytes).unwrap_or(usize::MAX));
+        }
+        tokio::task::yield_now().await;
+        let step = ReadOptions {
+            max_records: opts.max_records - records.len() as u32,
+            max_bytes: (opts.max_bytes - bytes).min(READ_STEP_BYTES),
+            wait: Duration::ZERO,
+        };
+        // An error past the first step (a trim meanwhile) ends the read with
+        // what it has; the next read from there answers the error.
+        let Ok(more) = log.read_with(stream, next_offset, &step) else {
+            break;
+        };
+        step_bytes = 0;
+        for record in more {
+            let len = record.payload.len() as u64;
+            // Only the first record of a read may be over the byte limit.
+            if bytes + len > opts.max_bytes {
+                step_bytes = 0;
+                break;
+            }
+            bytes += len;
+            step_bytes += len;
+            records.push(record);
+        }
+    }
+    if let Some(p) = progress {
+        // The records go to the reply, which the connection counts.
+        p(0);
+    }
+    Ok(records)
+}
+
 impl Blocking {
-    /// Runs it to its answer.
-    pub async fn run(self, log: &Log) -> Reply {
+    /// Runs it to its answer. Dropping the future gives up the wait and
+    /// takes nothing (an acquisition decided meanwhile is released).
+    pub async fn run(self, log: Log) -> Reply {
+        self.run_counted(log, None).await
+    }
+
+    /// As [`Blocking::run`], telling `progress` how many payload bytes a
+    /// read has gathered so far.
+    pub async fn run_counted(self, log: Log, progress: Option<ReadProgress>) -> Reply {
         match self {
-            Blocking::Read {
-                stream,
-                from,
-                count,
-                timeout,
-            } => match log.read_async(&stream, from, count, timeout).await {
-                Ok(records) => records_reply(records),
-                Err(e) => error_reply(&e),
-            },
+            Blocking::Read { stream, from, opts } => {
+                match stepped_read(&log, &stream, from, opts, progress.as_ref()).await {
+                    Ok(records) => records_reply(records),
+                    Err(e) => error_reply(&e),
+                }
+            }
             Blocking::Acquire {
                 name,
                 owner,
@@ -100,6 +210,49 @@ impl Blocking {
                 ]),
                 Err(e) => error_reply(&e),
             },
+        }
+    }
+
+    /// The same command, answering at once instead of waiting (`BLOCK` and
+    /// `WAIT` inside a transaction).
+    pub fn without_wait(self) -> Blocking {
+        match self {
+            Blocking::Read {
+                stream,
+                from,
+                mut opts,
+            } => {
+                opts.wait = Duration::ZERO;
+                Blocking::Read { stream, from, opts }
+            }
+            Blocking::Acquire {
+                name,
+                owner,
+                ttl,
+                mut opts,
+            } => {
+                opts.wait = None;
+                Blocking::Acquire {
+                    name,
+                    owner,
+                    ttl,
+                    opts,
+                }
+            }
+        }
+    }
+
+    /// What a client waiting in this command is told when the server shuts
+    /// down: a read with `BLOCK` answers what a timeout answers (nothing
+    /// new); a waiting acquisition is given up (and takes nothing). `None`:
+    /// it does not wait, and finishes.
+    pub fn shutdown_reply(&self) -> Option<Reply> {
+        match self {
+            Blocking::Read { opts, .. } if opts.wait.is_zero() => None,
+            Blocking::Read { .. } => Some(Reply::Array(Vec::new())),
+            Blocking::Acquire { .. } => Some(Reply::Error(
+                "ERR the server is shutting down: the wait ended and nothing was acquired".into(),
+            )),
         }
     }
 }
@@ -149,11 +302,11 @@ fn records_reply(records: Vec<fencelog::Record>) -> Reply {
     )
 }
 
-fn err(text: impl Into<String>) -> Outcome {
+pub(crate) fn err(text: impl Into<String>) -> Outcome {
     Outcome::Reply(Reply::Error(text.into()))
 }
 
-fn wrong_arity(cmd: &str) -> Outcome {
+pub(crate) fn wrong_arity(cmd: &str) -> Outcome {
     err(format!(
         "ERR wrong number of arguments for '{}' command",
         cmd.to_ascii_lowercase()
@@ -180,7 +333,7 @@ fn parse_token(b: &[u8]) -> Result<Token, Outcome> {
 
 /// A command or option name in upper case, on the stack: every request
 /// matches one, so it must not allocate.
-struct Upper {
+pub(crate) struct Upper {
     buf: [u8; Upper::MAX],
     len: usize,
 }
@@ -189,7 +342,7 @@ impl Upper {
     /// Longer than any name this server knows.
     const MAX: usize = 24;
 
-    fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         // Only ASCII is ever copied in, so this cannot fail.
         std::str::from_utf8(&self.buf[..self.len]).unwrap_or("")
     }
@@ -197,7 +350,7 @@ impl Upper {
 
 /// `b` in upper case; a name too long or not ASCII is empty, which matches
 /// nothing (error messages quote the name as the client sent it).
-fn upper(b: &[u8]) -> Upper {
+pub(crate) fn upper(b: &[u8]) -> Upper {
     let mut u = Upper {
         buf: [0; Upper::MAX],
         len: 0,
@@ -225,7 +378,8 @@ fn allowed_unauthenticated(cmd: &str) -> bool {
     matches!(cmd, "AUTH" | "HELLO" | "QUIT")
 }
 
-/// Runs one request. Decided writes come back as [`Outcome::Later`].
+/// Runs one request. Decided writes come back as [`Outcome::Later`];
+/// inside a transaction, commands are queued (`transaction.rs`).
 pub async fn execute(ctx: &Arc<Context>, session: &mut Session, args: Vec<Bytes>) -> Outcome {
     let Some(first) = args.first() else {
         return err("ERR empty command");
@@ -236,83 +390,164 @@ pub async fn execute(ctx: &Arc<Context>, session: &mut Session, args: Vec<Bytes>
     if ctx.config.requirepass.is_some() && !session.authenticated && !allowed_unauthenticated(cmd) {
         return err("NOAUTH Authentication required.");
     }
+    if session.multi.is_some() && !transaction::runs_at_once(cmd) {
+        return Outcome::Reply(transaction::queue(cmd, args, session));
+    }
+    match cmd {
+        "MULTI" => Outcome::Reply(transaction::multi(&args[1..], session)),
+        "EXEC" => transaction::exec(ctx, &args[1..], session).await,
+        "DISCARD" => Outcome::Reply(transaction::discard(&args[1..], session)),
+        "WATCH" => Outcome::Reply(transaction::watch(&args[1..], session)),
+        _ => run(ctx, session, &args).await,
+    }
+}
+
+/// Whether a request is a write a connection may pipeline: decided now,
+/// answered once durable, while later requests are decided. Inside a
+/// transaction nothing is (writes are queued).
+pub fn is_deferrable(session: &Session, request: &[Bytes]) -> bool {
+    session.multi.is_none()
+        && request.first().is_some_and(|cmd| {
+            WRITES
+                .iter()
+                .any(|w| cmd.eq_ignore_ascii_case(w.as_bytes()))
+        })
+}
+
+/// The commands that change streams: what a transaction puts in its entry.
+pub(crate) const WRITES: &[&str] = &[
+    "LOG.APPEND",
+    "LOG.APPENDAT",
+    "LOG.FENCE",
+    "LOG.TRIM",
+    "LOG.DELETE",
+];
+
+/// A write command parsed into the op it is; `None` for any other command.
+/// The error is the command's answer (arity, a token of 0, not a number).
+pub(crate) fn parse_write(cmd: &str, a: &[Bytes]) -> Option<Result<TxOp, Reply>> {
+    let parsed = match cmd {
+        "LOG.APPEND" => (|| {
+            if a.len() < 3 {
+                return Err(wrong_arity(cmd));
+            }
+            Ok(TxOp::Append {
+                stream: a[0].clone(),
+                token: parse_token(&a[1])?,
+                payloads: a[2..].to_vec(),
+            })
+        })(),
+        "LOG.APPENDAT" => (|| {
+            if a.len() < 4 {
+                return Err(wrong_arity(cmd));
+            }
+            let token = parse_token(&a[1])?;
+            let expected_offset = parse_u64(&a[2]).ok_or_else(not_integer)?;
+            Ok(TxOp::AppendAt {
+                stream: a[0].clone(),
+                token,
+                expected_offset,
+                payloads: a[3..].to_vec(),
+            })
+        })(),
+        "LOG.FENCE" => (|| {
+            if a.len() != 2 {
+                return Err(wrong_arity(cmd));
+            }
+            Ok(TxOp::Fence {
+                stream: a[0].clone(),
+                token: parse_token(&a[1])?,
+            })
+        })(),
+        "LOG.TRIM" => (|| {
+            if a.len() != 3 {
+                return Err(wrong_arity(cmd));
+            }
+            let token = parse_token(&a[1])?;
+            let before = parse_u64(&a[2]).ok_or_else(not_integer)?;
+            Ok(TxOp::Trim {
+                stream: a[0].clone(),
+                token,
+                before,
+            })
+        })(),
+        "LOG.DELETE" => (|| {
+            if a.len() != 2 {
+                return Err(wrong_arity(cmd));
+            }
+            Ok(TxOp::Delete {
+                stream: a[0].clone(),
+                token: parse_token(&a[1])?,
+            })
+        })(),
+        _ => return None,
+    };
+    Some(parsed.map_err(|o| match o {
+        Outcome::Reply(r) => r,
+        _ => Reply::Error("ERR syntax error".into()),
+    }))
+}
+
+/// Decides a write now; its answer comes once durable.
+async fn write(log: &Log, op: TxOp) -> Outcome {
+    let decided = match op {
+        TxOp::Append {
+            stream,
+            token,
+            payloads,
+        } => log
+            .append_deferred(&stream, token, payloads)
+            .await
+            .map(Later::Integer),
+        TxOp::AppendAt {
+            stream,
+            token,
+            expected_offset,
+            payloads,
+        } => log
+            .append_at_deferred(&stream, token, expected_offset, payloads)
+            .await
+            .map(Later::Integer),
+        TxOp::Fence { stream, token } => log.fence_deferred(&stream, token).await.map(Later::Token),
+        TxOp::Trim {
+            stream,
+            token,
+            before,
+        } => log
+            .trim_deferred(&stream, token, before)
+            .await
+            .map(Later::Integer),
+        TxOp::Delete { stream, token } => log
+            .delete_deferred(&stream, token)
+            .await
+            .map(Later::Integer),
+        // TxOp is non-exhaustive in spirit: a new kind is refused, not run.
+        #[allow(unreachable_patterns)]
+        _ => return err("ERR this write cannot be run on its own"),
+    };
+    match decided {
+        Ok(later) => Outcome::Later(later),
+        Err(e) => Outcome::Reply(error_reply(&e)),
+    }
+}
+
+/// Runs one command outside `MULTI`/`EXEC` handling (also each command of
+/// an `EXEC`): `args` is the whole request, name first.
+pub(crate) async fn run(ctx: &Arc<Context>, session: &mut Session, args: &[Bytes]) -> Outcome {
+    let Some(first) = args.first() else {
+        return err("ERR empty command");
+    };
+    let upper_cmd = upper(first);
+    let cmd = upper_cmd.as_str();
     let a = &args[1..];
     let log = &ctx.log;
+    if let Some(parsed) = parse_write(cmd, a) {
+        return match parsed {
+            Ok(op) => write(log, op).await,
+            Err(reply) => Outcome::Reply(reply),
+        };
+    }
     match cmd {
-        "LOG.APPEND" => {
-            if a.len() < 3 {
-                return wrong_arity(cmd);
-            }
-            let token = match parse_token(&a[1]) {
-                Ok(t) => t,
-                Err(o) => return o,
-            };
-            match log.append_deferred(&a[0], token, a[2..].to_vec()).await {
-                Ok(d) => Outcome::Later(Later::Integer(d)),
-                Err(e) => Outcome::Reply(error_reply(&e)),
-            }
-        }
-        "LOG.APPENDAT" => {
-            if a.len() < 4 {
-                return wrong_arity(cmd);
-            }
-            let token = match parse_token(&a[1]) {
-                Ok(t) => t,
-                Err(o) => return o,
-            };
-            let Some(expected) = parse_u64(&a[2]) else {
-                return not_integer();
-            };
-            match log
-                .append_at_deferred(&a[0], token, expected, a[3..].to_vec())
-                .await
-            {
-                Ok(d) => Outcome::Later(Later::Integer(d)),
-                Err(e) => Outcome::Reply(error_reply(&e)),
-            }
-        }
-        "LOG.FENCE" => {
-            if a.len() != 2 {
-                return wrong_arity(cmd);
-            }
-            let token = match parse_token(&a[1]) {
-                Ok(t) => t,
-                Err(o) => return o,
-            };
-            match log.fence_deferred(&a[0], token).await {
-                Ok(d) => Outcome::Later(Later::Token(d)),
-                Err(e) => Outcome::Reply(error_reply(&e)),
-            }
-        }
-        "LOG.TRIM" => {
-            if a.len() != 3 {
-                return wrong_arity(cmd);
-            }
-            let token = match parse_token(&a[1]) {
-                Ok(t) => t,
-                Err(o) => return o,
-            };
-            let Some(before) = parse_u64(&a[2]) else {
-                return not_integer();
-            };
-            match log.trim_deferred(&a[0], token, before).await {
-                Ok(d) => Outcome::Later(Later::Integer(d)),
-                Err(e) => Outcome::Reply(error_reply(&e)),
-            }
-        }
-        "LOG.DELETE" => {
-            if a.len() != 2 {
-                return wrong_arity(cmd);
-            }
-            let token = match parse_token(&a[1]) {
-                Ok(t) => t,
-                Err(o) => return o,
-            };
-            match log.delete_deferred(&a[0], token).await {
-                Ok(d) => Outcome::Later(Later::Integer(d)),
-                Err(e) => Outcome::Reply(error_reply(&e)),
-            }
-        }
         "LOG.READ" => read(cmd, a, ctx),
         "LOG.STAT" => {
             if a.len() != 1 {
@@ -419,17 +654,11 @@ pub async fn execute(ctx: &Arc<Context>, session: &mut Session, args: Vec<Bytes>
                 )),
             },
         },
-        _ => {
-            let mut shown = String::new();
-            for arg in a.iter().take(3) {
-                shown.push_str(&format!("'{}' ", quoted(arg)));
-            }
-            err(format!(
-                "ERR unknown command '{}', with args beginning with: {}",
-                quoted(first),
-                shown
-            ))
-        }
+        // Nothing is watched, so nothing is unwatched; clients send it when
+        // they reset a pipeline.
+        "UNWATCH" if a.is_empty() => Outcome::Reply(Reply::ok()),
+        "UNWATCH" => wrong_arity(cmd),
+        _ => Outcome::Reply(unknown_command(args)),
     }
 }
 
@@ -457,7 +686,70 @@ const COMMANDS: &[&str] = &[
     "CLIENT",
     "SELECT",
     "CONFIG",
+    "MULTI",
+    "EXEC",
+    "DISCARD",
+    "WATCH",
+    "UNWATCH",
 ];
+
+/// Arity of every command, as Redis counts it (the name included; negative:
+/// at least that many). A transaction checks it while queuing, as Redis does:
+/// an unknown command or a wrong count discards the transaction.
+pub(crate) fn arity(cmd: &str) -> Option<i32> {
+    Some(match cmd {
+        "LOG.APPEND" => -4,
+        "LOG.APPENDAT" => -5,
+        "LOG.FENCE" => 3,
+        "LOG.READ" => -3,
+        "LOG.TRIM" => 4,
+        "LOG.DELETE" => 3,
+        "LOG.STAT" => 2,
+        "LOG.STREAMS" => 1,
+        "LEASE.ACQUIRE" => -4,
+        "LEASE.RENEW" => 5,
+        "LEASE.RELEASE" => 4,
+        "LEASE.INFO" => 2,
+        "PING" => -1,
+        "ECHO" => 2,
+        "QUIT" => -1,
+        "AUTH" => -2,
+        "HELLO" => -1,
+        "INFO" => -1,
+        "COMMAND" => -1,
+        "CLIENT" => -2,
+        "SELECT" => 2,
+        "CONFIG" => -2,
+        "MULTI" => 1,
+        "EXEC" => 1,
+        "DISCARD" => 1,
+        "WATCH" => -2,
+        "UNWATCH" => 1,
+        _ => return None,
+    })
+}
+
+/// Whether `n` arguments (the name included) fit `cmd`'s arity.
+pub(crate) fn arity_fits(cmd: &str, n: usize) -> bool {
+    match arity(cmd) {
+        Some(a) if a >= 0 => n == a as usize,
+        Some(a) => n >= a.unsigned_abs() as usize,
+        None => false,
+    }
+}
+
+/// The answer to a command this server does not know, as Redis words it.
+pub(crate) fn unknown_command(args: &[Bytes]) -> Reply {
+    let mut shown = String::new();
+    for arg in args.iter().skip(1).take(3) {
+        shown.push_str(&format!("'{}' ", quoted(arg)));
+    }
+    Reply::Error(format!(
+        "ERR unknown command '{}', with args beginning with: {}",
+        args.first().map_or_else(Default::default, |c| quoted(c)),
+        shown
+    ))
+}
 
 /// `LOG.READ stream from [COUNT n] [BLOCK ms]`
 fn read(cmd: &str, a: &[Bytes], ctx: &Context) -> Outcome {
@@ -485,22 +777,31 @@ fn read(cmd: &str, a: &[Bytes], ctx: &Context) -> Outcome {
     if !rest.is_empty() {
         return err("ERR syntax error");
     }
+    let mut opts = ReadOptions {
+        max_records: count,
+        max_bytes: ctx.config.max_read_bytes,
+        wait: Duration::ZERO,
+    };
     match block {
-        None => match ctx.log.read(&a[0], from, count) {
-            Ok(records) => Outcome::Reply(records_reply(records)),
-            Err(e) => Outcome::Reply(error_reply(&e)),
-        },
-        Some(ms) => Outcome::Blocking(Blocking::Read {
+        // Run in steps by the connection: a large read yields to others.
+        None => Outcome::Blocking(Blocking::Read {
             stream: a[0].clone(),
             from,
-            count,
+            opts,
+        }),
+        Some(ms) => {
             // BLOCK 0 waits without a limit, as in Redis.
-            timeout: if ms == 0 {
+            opts.wait = if ms == 0 {
                 Duration::MAX
             } else {
                 Duration::from_millis(ms)
-            },
-        }),
+            };
+            Outcome::Blocking(Blocking::Read {
+                stream: a[0].clone(),
+                from,
+                opts,
+            })
+        }
     }
 }
 
@@ -713,6 +1014,13 @@ fn config(a: &[Bytes], ctx: &Context) -> Outcome {
             "client-query-buffer-limit",
             c.max_query_buffer_bytes.to_string(),
         ),
+        // Redis' format: class, hard limit, soft limit, soft seconds. Only
+        // the hard limit applies here, to every client.
+        (
+            "client-output-buffer-limit",
+            format!("normal {} 0 0", c.client_output_buffer_limit_bytes),
+        ),
+        ("maxmemory-clients", c.maxmemory_clients_bytes.to_string()),
     ];
     let mut pairs = Vec::new();
     for (name, value) in &settings {

@@ -1,168 +1,682 @@
 //! One client connection: read requests, run them in order, answer in
 //! order. Writes are decided as they arrive and answered once durable, so a
 //! pipelined burst of appends shares one group commit.
+//!
+//! Every byte a connection holds is bounded and counted:
+//!
+//! - requests: unparsed input, the arguments of a request not yet complete
+//!   (`RequestParser::held_bytes`), a parsed request waiting for the answers
+//!   before it, and a transaction's queued commands, together at most
+//!   `--max-query-buffer` (1 MiB before AUTH, as in Redis);
+//! - pending answers: at most `--max-pipeline` writes decided and not yet
+//!   durable, each holding its request;
+//! - replies not yet written: the connection stops starting requests once
+//!   [`OUTPUT_HIGH_WATER_BYTES`] are unwritten (a client that does not read
+//!   stalls its own pipeline, nobody else's), and is disconnected if they
+//!   pass `--client-output-buffer-limit`;
+//! - the sum over all connections is reported to the budget of
+//!   `--maxmemory-clients` (`budget.rs`), which may tell this one to go.
+//!
+//! Fairness: a connection runs at most [`REQUESTS_PER_TURN`] requests or
+//! [`OUTPUT_PER_TURN_BYTES`] of replies, writes what the socket takes, and
+//! yields to the other tasks before going on.
 
 use std::collections::VecDeque;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::task::Poll;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tokio::sync::watch;
 
-use crate::commands::{self, Context, Later, Outcome};
-use crate::protocol::{ProtocolError, Reply, RequestParser};
+use crate::budget::{ClientShare, Eviction};
+use crate::commands::{self, Context, Later, Outcome, ReadProgress};
+use crate::protocol::{
+    ARG_OVERHEAD_BYTES, Output, ProtocolError, Reply, Request, RequestParser, looks_like_http,
+};
+use crate::shutdown::Shutdown;
+use crate::transaction::Multi;
 
 /// What a connection knows about its client.
 pub struct Session {
+    /// The connection's id (`CLIENT ID`).
     pub id: u64,
+    /// The client's address, for log events.
+    pub peer: SocketAddr,
+    /// RESP version: 2, or 3 after `HELLO 3`.
     pub proto: u8,
+    /// Whether the client may run commands (always, without a password).
     pub authenticated: bool,
+    /// `CLIENT SETNAME`.
     pub name: Option<Bytes>,
+    /// The transaction being queued, between `MULTI` and `EXEC`.
+    pub multi: Option<Multi>,
 }
 
-/// An answer in the connection's queue, in request order.
+/// Requests one connection runs before it yields to the others.
+pub const REQUESTS_PER_TURN: usize = 64;
+/// Reply bytes one connection produces before it yields to the others.
+pub const OUTPUT_PER_TURN_BYTES: usize = 1 << 20;
+/// Unwritten reply bytes at which a connection stops starting requests
+/// until its client reads.
+pub const OUTPUT_HIGH_WATER_BYTES: usize = 64 << 10;
+/// Bytes asked of the socket per read.
+const READ_CHUNK_BYTES: usize = 16 << 10;
+/// Empty buffers larger than this are given back.
+const KEEP_BUFFER_BYTES: usize = 64 << 10;
+/// Before AUTH, Redis lets a query buffer hold at most 1 MiB; so do we.
+const UNAUTHENTICATED_QUERY_BYTES: usize = 1 << 20;
+
+/// An answer to come, in request order, with the bytes its request holds
+/// until then (a write's payloads stay with its answer until durable).
+struct Pending {
+    answer: Answer,
+    bytes: usize,
+}
+
+/// An answer in the queue.
 enum Answer {
-    Now(Reply),
+    /// Given at once, behind answers still to come.
+    Ready(Option<Reply>),
+    /// A decided write's, once durable.
     Later(Later),
 }
 
-/// Serves one client until it leaves, breaks the protocol, or the server
-/// shuts down (the command in progress finishes first).
+impl Answer {
+    fn poll(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Reply> {
+        match self {
+            Answer::Ready(reply) => match reply.take() {
+                Some(reply) => Poll::Ready(reply),
+                None => Poll::Pending,
+            },
+            Answer::Later(later) => later.poll_reply(cx),
+        }
+    }
+}
+
+/// A command that waits (`BLOCK`, `WAIT`) or reads in steps, and what it
+/// answers if the server shuts down meanwhile (`None`: it finishes).
+struct Blocked {
+    run: Pin<Box<dyn Future<Output = Reply> + Send>>,
+    on_shutdown: Option<Reply>,
+}
+
+/// What runs next once the answers before it are out.
+enum Held {
+    /// A request that must see the writes before it answered.
+    Request(Request, usize),
+    /// The last reply (a protocol error); the connection closes after it.
+    Close(Reply),
+}
+
+/// Why a connection stopped running requests for now.
+enum Stop {
+    /// It ran its share of this turn; others go first.
+    TurnSpent,
+    /// Its client has not read enough of the replies.
+    Output,
+    /// For input, an answer, or a waiting command.
+    Wait,
+}
+
+/// Why a connection ended.
+enum End {
+    /// The client closed, or the connection finished closing.
+    Closed,
+    /// A socket error.
+    Io(std::io::Error),
+    /// A request that looks like HTTP: a cross-protocol attack.
+    Http,
+    /// `--max-query-buffer` (or the limit before AUTH) passed.
+    QueryLimit { bytes: usize, limit: usize },
+    /// `--client-output-buffer-limit` passed.
+    OutputLimit {
+        bytes: usize,
+        limit: usize,
+        transaction_applied: bool,
+    },
+    /// Told to go by the budget over all clients.
+    Evicted(Eviction),
+}
+
+/// Serves one client until it leaves, breaks the protocol or a limit, or
+/// the server shuts down (its last answers go out first).
 pub async fn serve(
     ctx: Arc<Context>,
-    mut stream: TcpStream,
+    stream: TcpStream,
+    peer: SocketAddr,
     id: u64,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: Shutdown,
 ) -> std::io::Result<()> {
     let _ = stream.set_nodelay(true);
-    let mut session = Session {
-        id,
-        proto: 2,
-        authenticated: ctx.config.requirepass.is_none(),
-        name: None,
-    };
-    let limits = ctx.config.limits.clone();
+    let share = Arc::new(ctx.clients.register(id));
+    let authenticated = ctx.config.requirepass.is_none();
     let mut parser = RequestParser::new();
-    let mut input = BytesMut::with_capacity(16 << 10);
-    let mut output = BytesMut::with_capacity(16 << 10);
-    let mut queue: VecDeque<Answer> = VecDeque::new();
-    loop {
-        let mut closing = false;
-        // Run every whole request already received (up to the pipeline
-        // limit), deciding writes without waiting for them.
-        while queue.len() < ctx.config.max_pipeline {
-            let request = match parser.next(&mut input, &limits) {
-                Ok(Some(r)) => r,
-                Ok(None) => break,
-                Err(ProtocolError(why)) => {
-                    queue.push_back(Answer::Now(Reply::Error(format!(
-                        "ERR Protocol error: {why}"
-                    ))));
-                    closing = true;
-                    break;
-                }
-            };
-            if !is_deferrable(&request) {
-                // Anything but a write sees the writes before it answered:
-                // a read after an append in one pipeline sees the append.
-                drain(&mut queue, session.proto, &mut output).await;
-            }
-            match commands::execute(&ctx, &mut session, request).await {
-                Outcome::Reply(r) => queue.push_back(Answer::Now(r)),
-                Outcome::Later(l) => queue.push_back(Answer::Later(l)),
-                Outcome::Close(r) => {
-                    queue.push_back(Answer::Now(r));
-                    closing = true;
-                    break;
-                }
-                Outcome::Blocking(b) => {
-                    // The answers before it go out first: the client may be
-                    // waiting for them before it expects this one.
-                    drain(&mut queue, session.proto, &mut output).await;
-                    if !output.is_empty() {
-                        stream.write_all(&output).await?;
-                        output.clear();
-                    }
-                    // Watch the socket meanwhile: a client that leaves gives
-                    // up the wait (and takes nothing).
-                    let run = b.run(&ctx.log);
-                    tokio::pin!(run);
-                    let reply = loop {
-                        tokio::select! {
-                            reply = &mut run => break Some(reply),
-                            read = stream.read_buf(&mut input) => {
-                                match read {
-                                    Ok(0) | Err(_) => break None,
-                                    Ok(_) if input.len() > ctx.config.max_query_buffer_bytes => break None,
-                                    Ok(_) => {}
-                                }
-                            }
-                        }
-                    };
-                    match reply {
-                        Some(r) => queue.push_back(Answer::Now(r)),
-                        None => return Ok(()),
-                    }
-                }
-            }
-        }
-        drain(&mut queue, session.proto, &mut output).await;
-        if !output.is_empty() {
-            stream.write_all(&output).await?;
-            output.clear();
-        }
-        if closing || *shutdown.borrow() {
-            let _ = stream.shutdown().await;
-            return Ok(());
-        }
-        if input.len() > ctx.config.max_query_buffer_bytes {
-            let mut out = BytesMut::new();
-            Reply::Error("ERR Protocol error: the query buffer is over its limit".into())
-                .encode(session.proto, &mut out);
-            let _ = stream.write_all(&out).await;
-            return Ok(());
-        }
-        tokio::select! {
-            read = stream.read_buf(&mut input) => {
-                let n = read?;
-                if n == 0 {
-                    return Ok(());
-                }
-                ctx.stats.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
-            }
-            // Every whole request received so far was answered above; a
-            // partial one is dropped with the connection.
-            _ = shutdown.changed() => return Ok(()),
-        }
-    }
-}
-
-/// Writes whose answer may wait for durability while later requests are
-/// decided.
-fn is_deferrable(request: &[Bytes]) -> bool {
-    let Some(cmd) = request.first() else {
-        return false;
+    parser.set_unauthenticated(!authenticated);
+    let mut conn = Connection {
+        session: Session {
+            id,
+            peer,
+            proto: 2,
+            authenticated,
+            name: None,
+            multi: None,
+        },
+        ctx,
+        stream,
+        share,
+        parser,
+        input: BytesMut::new(),
+        output: Output::new(),
+        pending: VecDeque::new(),
+        pending_bytes: 0,
+        held: None,
+        blocked: None,
+        closing: false,
+        shutdown,
+        shutting_down: false,
     };
-    [
-        &b"LOG.APPEND"[..],
-        b"LOG.APPENDAT",
-        b"LOG.FENCE",
-        b"LOG.TRIM",
-        b"LOG.DELETE",
-    ]
-    .iter()
-    .any(|c| cmd.eq_ignore_ascii_case(c))
+    let end = conn.run().await;
+    conn.ended(end)
 }
 
-/// Answers everything queued, in order.
-async fn drain(queue: &mut VecDeque<Answer>, proto: u8, output: &mut BytesMut) {
-    while let Some(answer) = queue.pop_front() {
-        let reply = match answer {
-            Answer::Now(r) => r,
-            Answer::Later(l) => l.reply().await,
-        };
-        reply.encode(proto, output);
+struct Connection {
+    ctx: Arc<Context>,
+    stream: TcpStream,
+    session: Session,
+    share: Arc<ClientShare>,
+    parser: RequestParser,
+    input: BytesMut,
+    /// Encoded replies not yet written.
+    output: Output,
+    pending: VecDeque<Pending>,
+    pending_bytes: usize,
+    held: Option<Held>,
+    blocked: Option<Blocked>,
+    /// No more requests are read or run; the connection closes once its
+    /// answers are out.
+    closing: bool,
+    shutdown: Shutdown,
+    shutting_down: bool,
+}
+
+impl Connection {
+    async fn run(&mut self) -> End {
+        loop {
+            if let Some(why) = self.share.evicted() {
+                return End::Evicted(why);
+            }
+            let stop = match self.process().await {
+                Ok(stop) => stop,
+                Err(end) => return end,
+            };
+            if let Err(end) = self.write_now() {
+                return end;
+            }
+            if let Err(end) = self.check_limits() {
+                return end;
+            }
+            self.share.set(self.memory_bytes());
+            if self.finished() {
+                let _ = self.stream.shutdown().await;
+                return End::Closed;
+            }
+            match stop {
+                Stop::TurnSpent => {
+                    // Let the other connections run before going on.
+                    tokio::task::yield_now().await;
+                    continue;
+                }
+                // The socket took the replies: requests already received can
+                // run (nothing else would wake this connection for them).
+                Stop::Output if self.unwritten() < OUTPUT_HIGH_WATER_BYTES => continue,
+                _ => {}
+            }
+            if let Err(end) = self.wait().await {
+                return end;
+            }
+        }
     }
+
+    /// Runs requests until one must wait (for the answers before it, for the
+    /// client to read, for more input) or the turn is spent.
+    async fn process(&mut self) -> Result<Stop, End> {
+        let mut requests = 0;
+        let mut produced = 0;
+        loop {
+            if self.unwritten() >= OUTPUT_HIGH_WATER_BYTES {
+                return Ok(Stop::Output);
+            }
+            if self.blocked.is_some() || self.pending.len() >= self.ctx.config.max_pipeline {
+                return Ok(Stop::Wait);
+            }
+            if requests >= REQUESTS_PER_TURN || produced >= OUTPUT_PER_TURN_BYTES {
+                return Ok(Stop::TurnSpent);
+            }
+            let next = match self.held.take() {
+                Some(held) => held,
+                None if self.closing => return Ok(Stop::Wait),
+                None => match self.parser.next(&mut self.input, &self.ctx.config.limits) {
+                    Ok(Some(request)) => {
+                        let bytes = request_bytes(&request);
+                        Held::Request(request, bytes)
+                    }
+                    Ok(None) => return Ok(Stop::Wait),
+                    Err(ProtocolError(why)) => {
+                        tracing::debug!(
+                            client = self.session.id,
+                            addr = %self.session.peer,
+                            error = %why,
+                            "protocol error; closing the connection"
+                        );
+                        self.close_input();
+                        Held::Close(Reply::Error(format!("ERR Protocol error: {why}")))
+                    }
+                },
+            };
+            // Anything but a pipelined write sees the writes before it
+            // answered: a read after an append in one pipeline sees it.
+            let in_order = match &next {
+                Held::Close(_) => true,
+                Held::Request(request, _) => !commands::is_deferrable(&self.session, request),
+            };
+            if in_order && !self.pending.is_empty() {
+                self.held = Some(next);
+                return Ok(Stop::Wait);
+            }
+            let (request, bytes) = match next {
+                Held::Close(reply) => {
+                    self.encode(&reply);
+                    return Ok(Stop::Wait);
+                }
+                Held::Request(request, bytes) => (request, bytes),
+            };
+            if looks_like_http(&request) {
+                return Err(End::Http);
+            }
+            requests += 1;
+            let outcome = commands::execute(&self.ctx, &mut self.session, request).await;
+            self.parser.set_unauthenticated(!self.session.authenticated);
+            match outcome {
+                // A write refused at once (a stale token on the fast path)
+                // still answers after the writes before it.
+                Outcome::Reply(reply) if !self.pending.is_empty() => {
+                    self.pending.push_back(Pending {
+                        answer: Answer::Ready(Some(reply)),
+                        bytes: 0,
+                    });
+                }
+                Outcome::Reply(reply) => produced += self.encode(&reply),
+                Outcome::Later(later) => {
+                    self.pending.push_back(Pending {
+                        answer: Answer::Later(later),
+                        bytes,
+                    });
+                    self.pending_bytes += bytes;
+                }
+                Outcome::Close(reply) => {
+                    self.encode(&reply);
+                    self.close_input();
+                    return Ok(Stop::Wait);
+                }
+                Outcome::Blocking(command) => {
+                    let on_shutdown = command.shutdown_reply();
+                    // A large read tells the budget what it gathers as it
+                    // goes, not only once it is done.
+                    let share = Arc::clone(&self.share);
+                    let progress: ReadProgress = Arc::new(move |bytes| share.set_reading(bytes));
+                    let mut run =
+                        Box::pin(command.run_counted(self.ctx.log.clone(), Some(progress)));
+                    // Most reads are done at once: answer them in line, so
+                    // a pipeline of reads is not a wait (and a write) each.
+                    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                    if let Poll::Ready(reply) = run.as_mut().poll(&mut cx) {
+                        produced += self.encode(&reply);
+                        continue;
+                    }
+                    self.blocked = Some(Blocked { run, on_shutdown });
+                    return Ok(Stop::Wait);
+                }
+                Outcome::OverOutputLimit {
+                    reply_bytes,
+                    limit_bytes,
+                    transaction_applied,
+                } => {
+                    return Err(End::OutputLimit {
+                        bytes: reply_bytes,
+                        limit: limit_bytes,
+                        transaction_applied,
+                    });
+                }
+            }
+            // A transaction's queue counts as input not yet run.
+            self.check_query_limit()?;
+        }
+    }
+
+    /// Waits for something to do: an answer, the socket, shutdown, eviction.
+    async fn wait(&mut self) -> Result<(), End> {
+        // Input is read while requests can run, and while a command waits
+        // (so that a client that leaves gives up the wait).
+        let want_read = !self.closing
+            && (self.blocked.is_some()
+                || (self.held.is_none()
+                    && self.unwritten() < OUTPUT_HIGH_WATER_BYTES
+                    && self.pending.len() < self.ctx.config.max_pipeline));
+        let want_write = self.unwritten() > 0;
+        let event = tokio::select! {
+            biased;
+            why = self.share.wait_evicted() => Event::Evicted(why),
+            () = self.shutdown.recv(), if !self.shutting_down => Event::Shutdown,
+            reply = next_answer(&mut self.pending), if !self.pending.is_empty() => Event::Answer(reply),
+            reply = wait_blocked(&mut self.blocked), if self.blocked.is_some() => Event::Unblocked(reply),
+            ready = self.stream.writable(), if want_write => Event::Writable(ready),
+            ready = self.stream.readable(), if want_read => Event::Readable(ready),
+        };
+        match event {
+            Event::Evicted(why) => Err(End::Evicted(why)),
+            Event::Shutdown => {
+                self.begin_shutdown();
+                Ok(())
+            }
+            Event::Answer(reply) => {
+                self.answered(reply);
+                // Answers behind it are often ready too (one group commit).
+                while let Some(reply) = ready_answer(&mut self.pending) {
+                    self.answered(reply);
+                }
+                Ok(())
+            }
+            Event::Unblocked(reply) => {
+                self.blocked = None;
+                self.encode(&reply);
+                Ok(())
+            }
+            Event::Writable(ready) => {
+                ready.map_err(End::Io)?;
+                self.write_now()
+            }
+            Event::Readable(ready) => {
+                ready.map_err(End::Io)?;
+                self.read_now()
+            }
+        }
+    }
+
+    fn answered(&mut self, reply: Reply) {
+        if let Some(done) = self.pending.pop_front() {
+            self.pending_bytes -= done.bytes;
+        }
+        self.encode(&reply);
+    }
+
+    /// Shutdown: nothing more is read or run; a waiting command is answered
+    /// at once; the answers already decided go out, then the connection
+    /// closes (the server cuts it off after its grace period).
+    fn begin_shutdown(&mut self) {
+        self.shutting_down = true;
+        if let Some(Held::Request(..)) = self.held {
+            self.held = None;
+        }
+        self.close_input();
+        if let Some(reply) = self.blocked.as_ref().and_then(|b| b.on_shutdown.clone()) {
+            self.blocked = None;
+            self.encode(&reply);
+        }
+    }
+
+    /// Stops reading, and gives back what unread input holds.
+    fn close_input(&mut self) {
+        self.closing = true;
+        self.input = BytesMut::new();
+        self.parser = RequestParser::new();
+    }
+
+    fn finished(&self) -> bool {
+        self.closing
+            && self.held.is_none()
+            && self.pending.is_empty()
+            && self.blocked.is_none()
+            && self.unwritten() == 0
+    }
+
+    fn unwritten(&self) -> usize {
+        self.output.len()
+    }
+
+    /// Appends a reply to the output; answers its length.
+    fn encode(&mut self, reply: &Reply) -> usize {
+        let len = reply.encoded_len(self.session.proto);
+        if len < KEEP_BUFFER_BYTES {
+            // Room for it at once rather than doublings (large replies are
+            // mostly payloads, which are not copied).
+            self.output.reserve(len);
+        }
+        reply.encode_output(self.session.proto, &mut self.output);
+        len
+    }
+
+    /// Writes what the socket takes now.
+    fn write_now(&mut self) -> Result<(), End> {
+        while !self.output.is_empty() {
+            let written = {
+                let mut slices = [std::io::IoSlice::new(&[]); 64];
+                let n = self.output.fill_slices(&mut slices);
+                self.stream.try_write_vectored(&slices[..n])
+            };
+            match written {
+                Ok(0) => return Err(End::Closed),
+                Ok(n) => self.output.advance(n),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(End::Io(e)),
+            }
+        }
+        self.output.shrink(KEEP_BUFFER_BYTES);
+        Ok(())
+    }
+
+    /// Reads what the socket has now.
+    fn read_now(&mut self) -> Result<(), End> {
+        if self.input.capacity() - self.input.len() < READ_CHUNK_BYTES / 4 {
+            self.input.reserve(READ_CHUNK_BYTES);
+        }
+        match self.stream.try_read_buf(&mut self.input) {
+            // The client left: what it sent unanswered is dropped with it
+            // (decided writes still become durable).
+            Ok(0) => Err(End::Closed),
+            Ok(n) => {
+                self.ctx
+                    .stats
+                    .bytes_in
+                    .fetch_add(n as u64, Ordering::Relaxed);
+                self.check_query_limit()
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(()),
+            Err(e) => Err(End::Io(e)),
+        }
+    }
+
+    /// Bytes of requests held before they run.
+    fn query_bytes(&self) -> usize {
+        let held = match &self.held {
+            Some(Held::Request(_, bytes)) => *bytes,
+            _ => 0,
+        };
+        self.input.len()
+            + self.parser.held_bytes()
+            + held
+            + self.session.multi.as_ref().map_or(0, Multi::bytes)
+    }
+
+    fn query_limit(&self) -> usize {
+        let limit = self.ctx.config.max_query_buffer_bytes;
+        if self.session.authenticated {
+            limit
+        } else {
+            limit.min(UNAUTHENTICATED_QUERY_BYTES)
+        }
+    }
+
+    fn check_query_limit(&self) -> Result<(), End> {
+        let (bytes, limit) = (self.query_bytes(), self.query_limit());
+        if bytes > limit {
+            return Err(End::QueryLimit { bytes, limit });
+        }
+        Ok(())
+    }
+
+    fn check_limits(&self) -> Result<(), End> {
+        self.check_query_limit()?;
+        let (bytes, limit) = (
+            self.unwritten(),
+            self.ctx.config.client_output_buffer_limit_bytes,
+        );
+        if bytes > limit {
+            return Err(End::OutputLimit {
+                bytes,
+                limit,
+                transaction_applied: false,
+            });
+        }
+        Ok(())
+    }
+
+    /// Everything this connection holds, for the budget over all clients.
+    fn memory_bytes(&self) -> usize {
+        let held = match &self.held {
+            Some(Held::Request(_, bytes)) => *bytes,
+            _ => 0,
+        };
+        self.input.capacity()
+            + self.parser.held_bytes()
+            + held
+            + self.pending_bytes
+            + self.session.multi.as_ref().map_or(0, Multi::bytes)
+            + self.output.memory_bytes()
+    }
+
+    /// Logs why the connection ended, when that is news.
+    fn ended(mut self, end: End) -> std::io::Result<()> {
+        let s = &self.session;
+        let name = s.name.as_deref().map(String::from_utf8_lossy);
+        let stats = &self.ctx.stats;
+        match end {
+            End::Closed => Ok(()),
+            End::Io(e) => Err(e),
+            End::Http => {
+                stats.http_requests_refused.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    client = s.id,
+                    addr = %s.peer,
+                    "possible cross-protocol attack: a request that looks like HTTP \
+                     (POST, GET /, Host:) on the Redis port; connection closed"
+                );
+                Ok(())
+            }
+            End::QueryLimit { bytes, limit } => {
+                stats
+                    .query_buffer_limit_disconnections
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    client = s.id,
+                    addr = %s.peer,
+                    name = ?name,
+                    query_bytes = bytes,
+                    limit_bytes = limit,
+                    authenticated = s.authenticated,
+                    "client closed: its query buffer passed the limit (--max-query-buffer; \
+                     1 MiB before AUTH)"
+                );
+                Reply::Error(format!(
+                    "ERR Protocol error: the query buffer holds {bytes} bytes, over the limit \
+                     of {limit}"
+                ))
+                .encode_output(s.proto, &mut self.output);
+                let _ = self.stream.try_write_vectored(&self.output.slices(64));
+                Ok(())
+            }
+            End::OutputLimit {
+                bytes,
+                limit,
+                transaction_applied,
+            } => {
+                // The replies before the one over the limit, if the socket
+                // takes them now; nothing waits for a client that does not
+                // read.
+                let _ = self.stream.try_write_vectored(&self.output.slices(64));
+                stats
+                    .output_buffer_limit_disconnections
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    client = s.id,
+                    addr = %s.peer,
+                    name = ?name,
+                    output_bytes = bytes,
+                    limit_bytes = limit,
+                    transaction_applied,
+                    "client closed: replies not yet read passed the limit \
+                     (--client-output-buffer-limit)"
+                );
+                Ok(())
+            }
+            End::Evicted(why) => {
+                tracing::warn!(
+                    client = s.id,
+                    addr = %s.peer,
+                    name = ?name,
+                    client_bytes = why.client_bytes,
+                    total_bytes = why.total_bytes,
+                    budget_bytes = why.budget_bytes,
+                    "client closed: all clients together held more than --maxmemory-clients, \
+                     and this one held the most"
+                );
+                Ok(())
+            }
+        }
+    }
+}
+
+/// What woke a waiting connection.
+enum Event {
+    Evicted(Eviction),
+    Shutdown,
+    Answer(Reply),
+    Unblocked(Reply),
+    Writable(std::io::Result<()>),
+    Readable(std::io::Result<()>),
+}
+
+/// The oldest pending answer, once it comes (it stays in the queue).
+async fn next_answer(pending: &mut VecDeque<Pending>) -> Reply {
+    std::future::poll_fn(|cx| match pending.front_mut() {
+        Some(p) => p.answer.poll(cx),
+        None => Poll::Pending,
+    })
+    .await
+}
+
+/// The oldest pending answer if it is already there.
+fn ready_answer(pending: &mut VecDeque<Pending>) -> Option<Reply> {
+    let front = pending.front_mut()?;
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match front.answer.poll(&mut cx) {
+        Poll::Ready(reply) => Some(reply),
+        Poll::Pending => None,
+    }
+}
+
+async fn wait_blocked(blocked: &mut Option<Blocked>) -> Reply {
+    match blocked {
+        Some(b) => b.run.as_mut().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// What a request's arguments hold.
+fn request_bytes(request: &[Bytes]) -> usize {
+    request.iter().map(|a| a.len() + ARG_OVERHEAD_BYTES).sum()
 }

@@ -89,13 +89,33 @@ fn try_format_entry(
             let kind = match e.kind {
                 EntryKind::Checkpoint => "checkpoint",
                 EntryKind::Record => "record",
+                EntryKind::Link => "link",
             };
             return write!(o, " {kind} UNDECODABLE ({} bytes): {why}", e.payload.len());
         }
     };
-    if let (Some(want), Some(name)) = (&opts.stream, view.name())
-        && want.as_slice() != name
+    if let Some(want) = &opts.stream
+        && !matches!(view, EntryView::Checkpoint { .. })
+        && !view.concerns(want)
     {
+        return Ok(());
+    }
+    if let EntryView::Transaction { ops } = view {
+        prefix(o)?;
+        write!(o, " transaction ops={}:", ops.len())?;
+        for (i, op) in ops.iter().enumerate() {
+            o.push_str(if i == 0 { " " } else { " | " });
+            let at = o.len();
+            let all = DumpOptions {
+                stream: None,
+                ..opts.clone()
+            };
+            try_format_entry(o, e, &Ok(op.clone()), &all)?;
+            // Each op is written after the entry's prefix
+            // (`segment=… pos=… lsn=… `), which the line already has once.
+            let prefix_end = o[at..].match_indices(' ').nth(2).map_or(0, |(i, _)| i + 1);
+            o.replace_range(at..at + prefix_end, "");
+        }
         return Ok(());
     }
     match view {

@@ -11,12 +11,17 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod bench;
+pub mod budget;
 pub mod commands;
 pub mod config;
 pub mod connection;
 pub mod dump;
+pub mod fds;
 pub mod glob;
+pub mod history;
 pub mod info;
 pub mod protocol;
 pub mod server;
+pub mod shutdown;
+pub mod transaction;
 pub mod verify;

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use fencelog_server::config::ServeConfig;
+use fencelog_server::config::{ServeConfig, parse_size};
 use fencelog_server::dump::{self, DumpOptions};
 use fencelog_server::protocol::Limits;
 use fencelog_server::server::Server;
@@ -62,22 +62,41 @@ struct ServeArgs {
     #[arg(long)]
     allow_unauthenticated_remote: bool,
     /// Largest record payload; larger ones get TOOBIG (the connection stays
-    /// usable).
-    #[arg(long, default_value_t = 1 << 20, value_name = "BYTES")]
+    /// usable). Sizes take units: 4096, 64KiB, 1MiB, 1MB.
+    #[arg(long, default_value = "1MiB", value_name = "SIZE", value_parser = size_u32)]
     max_payload: u32,
     /// Largest bulk string in a request; larger ones break the protocol
     /// (the connection is closed).
-    #[arg(long, default_value_t = 16 << 20, value_name = "BYTES")]
+    #[arg(long, default_value = "16MiB", value_name = "SIZE", value_parser = size_usize)]
     max_bulk_bytes: usize,
     /// Most arguments in one request.
     #[arg(long, default_value_t = 1 << 16)]
     max_args: usize,
     /// Longest inline command.
-    #[arg(long, default_value_t = 64 << 10, value_name = "BYTES")]
+    #[arg(long, default_value = "64KiB", value_name = "SIZE", value_parser = size_usize)]
     max_inline_bytes: usize,
-    /// Unparsed request bytes one connection may buffer.
-    #[arg(long, default_value_t = 64 << 20, value_name = "BYTES")]
+    /// Bytes of requests one connection may hold before they run: unparsed
+    /// input, the arguments of a request not yet complete and the commands
+    /// queued in a transaction (Redis' client-query-buffer-limit). Past it
+    /// the client is disconnected. Before AUTH, at most 1 MiB.
+    #[arg(long, default_value = "64MiB", value_name = "SIZE", value_parser = size_usize)]
     max_query_buffer: usize,
+    /// Bytes of replies one connection may hold unwritten (Redis'
+    /// client-output-buffer-limit): past it the client is disconnected. A
+    /// client that does not read stalls its own pipeline long before; this
+    /// catches a single reply too large to go out (an EXEC of many reads).
+    #[arg(long, default_value = "32MiB", value_name = "SIZE", value_parser = size_usize)]
+    client_output_buffer_limit: usize,
+    /// Bytes all client connections together may hold: input, parsed
+    /// arguments, queued transactions, unwritten replies (Redis'
+    /// maxmemory-clients). Past it the connection holding the most is
+    /// dropped.
+    #[arg(long, default_value = "512MiB", value_name = "SIZE", value_parser = size_usize)]
+    maxmemory_clients: usize,
+    /// Payload bytes one LOG.READ answers at most; it always answers at
+    /// least one record if there is one, so a client pages through.
+    #[arg(long, default_value = "16MiB", value_name = "SIZE", value_parser = size_u64)]
+    max_read_bytes: u64,
     /// Pipelined requests one connection may have unanswered.
     #[arg(long, default_value_t = 1024)]
     max_pipeline: usize,
@@ -85,11 +104,24 @@ struct ServeArgs {
     #[arg(long, default_value_t = 10_000)]
     max_connections: usize,
     /// Segment file size.
-    #[arg(long, default_value_t = 64 << 20, value_name = "BYTES")]
+    #[arg(long, default_value = "64MiB", value_name = "SIZE", value_parser = size_u64)]
     segment_bytes: u64,
-    /// Seconds shutdown waits for connections to finish their command.
-    #[arg(long, default_value_t = 30)]
+    /// Seconds shutdown gives connections to hand out their last answers
+    /// (writes already decided are made durable either way).
+    #[arg(long, default_value_t = 1)]
     shutdown_grace_secs: u64,
+}
+
+fn size_u64(text: &str) -> Result<u64, String> {
+    parse_size(text)
+}
+
+fn size_usize(text: &str) -> Result<usize, String> {
+    usize::try_from(parse_size(text)?).map_err(|_| format!("{text:?} is too large"))
+}
+
+fn size_u32(text: &str) -> Result<u32, String> {
+    u32::try_from(parse_size(text)?).map_err(|_| format!("{text:?} is over 4 GiB"))
 }
 
 #[derive(Args)]
@@ -157,6 +189,9 @@ impl ServeArgs {
                 max_inline_bytes: self.max_inline_bytes,
             },
             max_query_buffer_bytes: self.max_query_buffer,
+            client_output_buffer_limit_bytes: self.client_output_buffer_limit,
+            maxmemory_clients_bytes: self.maxmemory_clients,
+            max_read_bytes: self.max_read_bytes,
             max_pipeline: self.max_pipeline,
             max_connections: self.max_connections,
             shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
@@ -202,7 +237,23 @@ fn main() -> ExitCode {
     }
 }
 
+/// Large buffers (a 16 MiB reply, a 1 MiB argument) come and go with
+/// clients. glibc serves them from its heap once the first is freed (its
+/// mmap threshold moves up to 32 MiB), and a fragmented heap keeps what was
+/// freed: the process would hold twice what its clients do. A fixed
+/// threshold maps every buffer of 128 KiB or more on its own and gives it
+/// back when freed, so resident memory follows the clients' budgets.
+fn return_large_buffers_to_the_system() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets an allocator parameter; it is called before
+    // any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 10);
+    }
+}
+
 fn serve(config: ServeConfig) -> ExitCode {
+    return_large_buffers_to_the_system();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -214,6 +265,9 @@ fn serve(config: ServeConfig) -> ExitCode {
         }
     };
     runtime.block_on(async {
+        // Handlers first: a signal that arrives once the server says it is
+        // serving must be a graceful stop, not the default (death).
+        let stop = shutdown_signal();
         let server = match Server::bind(config).await {
             Ok(s) => s,
             Err(e) => {
@@ -221,7 +275,7 @@ fn serve(config: ServeConfig) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        match server.run(shutdown_signal()).await {
+        match server.run(stop).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("fencelog: {e}");
@@ -231,18 +285,22 @@ fn serve(config: ServeConfig) -> ExitCode {
     })
 }
 
-/// SIGINT or SIGTERM.
-async fn shutdown_signal() {
+/// SIGINT or SIGTERM: the handlers are installed when this is called, the
+/// future resolves on the first signal.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut int), Ok(mut term)) = (
+    let handlers = (
         signal(SignalKind::interrupt()),
         signal(SignalKind::terminate()),
-    ) else {
-        // Without signal handlers there is nothing to wait for.
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = int.recv() => {}
-        _ = term.recv() => {}
+    );
+    async move {
+        let (Ok(mut int), Ok(mut term)) = handlers else {
+            // Without signal handlers there is nothing to wait for.
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
     }
 }

@@ -5,7 +5,13 @@
 //! across reads (a 10 MiB payload arriving in 1 KiB pieces is looked at
 //! once, not re-parsed per piece). Every length a client claims is checked
 //! against a limit before anything is allocated for it, and payloads are
-//! handed out as slices of the read buffer, without copying.
+//! handed out as slices of the read buffer, without copying. The arguments
+//! of a request not yet complete are counted ([`RequestParser::held_bytes`])
+//! so that the connection can bound them with its query buffer.
+//!
+//! Error texts are Redis' own (`networking.c`), so that clients and tools
+//! matching them keep working; where a configured limit is the reason, the
+//! numbers follow Redis' words.
 
 use bytes::{Buf, Bytes, BytesMut};
 
@@ -36,6 +42,21 @@ impl Default for Limits {
 #[error("Protocol error: {0}")]
 pub struct ProtocolError(pub String);
 
+/// Bulk strings at least this long get a buffer of their exact size (as
+/// Redis does from `PROTO_MBULK_BIG_ARG`): no doubling past what was
+/// claimed, and the argument is handed out without a copy.
+const BIG_ARG_BYTES: usize = 32 << 10;
+
+/// What one argument costs beyond its bytes: its `Bytes` handle in the
+/// request's vector and the `$len\r\n…\r\n` framing its slice keeps alive.
+pub const ARG_OVERHEAD_BYTES: usize = 48;
+
+/// Before authentication (with a password configured) Redis allows only
+/// tiny requests; so do we, with the same numbers.
+pub const UNAUTHENTICATED_MAX_ARGS: usize = 10;
+/// See [`UNAUTHENTICATED_MAX_ARGS`].
+pub const UNAUTHENTICATED_MAX_BULK_BYTES: usize = 16 << 10;
+
 /// Where a partially received request stands.
 #[derive(Debug, Default)]
 enum State {
@@ -56,6 +77,13 @@ enum State {
 #[derive(Debug, Default)]
 pub struct RequestParser {
     state: State,
+    /// Bytes held by the arguments of the unfinished request (with
+    /// [`ARG_OVERHEAD_BYTES`] each).
+    held: usize,
+    /// Whether the client still has to authenticate: requests are limited
+    /// to [`UNAUTHENTICATED_MAX_ARGS`] and
+    /// [`UNAUTHENTICATED_MAX_BULK_BYTES`].
+    unauthenticated: bool,
     /// Bytes of an unfinished inline line already searched for its `\n`:
     /// searching from there keeps a line that trickles in byte by byte
     /// linear, not quadratic, in its length.
@@ -64,6 +92,21 @@ pub struct RequestParser {
 
 /// One request: the command and its arguments.
 pub type Request = Vec<Bytes>;
+
+/// Whether a request looks like HTTP rather than Redis: a browser made to
+/// post to this port (a cross-protocol attack) sends `POST / HTTP/1.1`
+/// then headers such as `Host: …`, and the body could hold commands. Redis
+/// closes such connections at once (`securityWarningCommand`); so do we,
+/// and `GET /…` too, since this server has no GET.
+pub fn looks_like_http(request: &[Bytes]) -> bool {
+    match request {
+        [cmd, ..] if cmd.eq_ignore_ascii_case(b"POST") || cmd.eq_ignore_ascii_case(b"HOST:") => {
+            true
+        }
+        [cmd, path, ..] => cmd.eq_ignore_ascii_case(b"GET") && path.starts_with(b"/"),
+        _ => false,
+    }
+}
 
 /// Finds `\r\n` in `buf` (from the start); answers the line's length.
 fn line_end(buf: &[u8]) -> Option<usize> {
@@ -102,9 +145,36 @@ impl RequestParser {
         !matches!(self.state, State::Start)
     }
 
+    /// Memory held by the arguments already parsed out of the request not
+    /// yet complete: they no longer sit in the input buffer, yet count as
+    /// much as if they did.
+    pub fn held_bytes(&self) -> usize {
+        self.held
+    }
+
+    /// Limits requests as Redis does before a client authenticates (at
+    /// most 10 arguments, bulk strings of at most 16 KiB), or lifts those
+    /// limits again.
+    pub fn set_unauthenticated(&mut self, unauthenticated: bool) {
+        self.unauthenticated = unauthenticated;
+    }
+
     /// Takes the next whole request from the front of `buf`, consuming its
     /// bytes; `Ok(None)` when more bytes are needed (the progress is kept).
     pub fn next(
+        &mut self,
+        buf: &mut BytesMut,
+        limits: &Limits,
+    ) -> Result<Option<Request>, ProtocolError> {
+        let next = self.parse(buf, limits);
+        if !matches!(next, Ok(None)) {
+            // A request handed out, or the connection ends: nothing is held.
+            self.held = 0;
+        }
+        next
+    }
+
+    fn parse(
         &mut self,
         buf: &mut BytesMut,
         limits: &Limits,
@@ -142,9 +212,13 @@ impl RequestParser {
                     }
                     if n as usize > limits.max_args {
                         return Err(ProtocolError(format!(
-                            "a request of {n} arguments is over the limit of {}",
+                            "invalid multibulk length: {n} arguments is over the limit of {} \
+                             (--max-args)",
                             limits.max_args
                         )));
+                    }
+                    if self.unauthenticated && n as usize > UNAUTHENTICATED_MAX_ARGS {
+                        return Err(ProtocolError("unauthenticated multibulk length".into()));
                     }
                     let expected = n as usize;
                     // Grow as arguments arrive; never trust the count with
@@ -181,9 +255,13 @@ impl RequestParser {
                     }
                     if len as usize > limits.max_bulk_bytes {
                         return Err(ProtocolError(format!(
-                            "a bulk string of {len} bytes is over the limit of {}",
+                            "invalid bulk length: {len} bytes is over the limit of {} \
+                             (--max-bulk-bytes)",
                             limits.max_bulk_bytes
                         )));
+                    }
+                    if self.unauthenticated && len as usize > UNAUTHENTICATED_MAX_BULK_BYTES {
+                        return Err(ProtocolError("unauthenticated bulk length".into()));
                     }
                     buf.advance(end + 2);
                     self.state = State::Bulk {
@@ -198,8 +276,18 @@ impl RequestParser {
                     len,
                 } => {
                     if buf.len() < len + 2 {
-                        // Room for the rest, once: not one growth per read.
-                        buf.reserve(len + 2 - buf.len());
+                        if len >= BIG_ARG_BYTES && buf.capacity() < len + 2 {
+                            // A buffer of exactly the argument's size, once:
+                            // not one growth per read, nor a doubling past
+                            // what the client claimed. The bytes already
+                            // here are the argument's first (its header was
+                            // consumed), so the copy is small.
+                            let mut exact = BytesMut::with_capacity(len + 2);
+                            exact.extend_from_slice(buf);
+                            *buf = exact;
+                        } else {
+                            buf.reserve(len + 2 - buf.len());
+                        }
                         self.state = State::Bulk {
                             expected,
                             args,
@@ -212,6 +300,7 @@ impl RequestParser {
                     }
                     let arg = buf.split_to(len).freeze();
                     buf.advance(2);
+                    self.held += len + ARG_OVERHEAD_BYTES;
                     args.push(arg);
                     self.state = State::Array { expected, args };
                 }
@@ -371,51 +460,246 @@ impl Reply {
         Reply::Bulk(Bytes::from(s.into()))
     }
 
+    /// The length of [`Reply::encode`]'s output, without encoding: what a
+    /// reply will hold in a connection's output buffer.
+    pub fn encoded_len(&self, proto: u8) -> usize {
+        // Digits of a length or integer, with its sign.
+        fn digits(n: i128) -> usize {
+            let mut len = usize::from(n < 0) + 1;
+            let mut n = n.unsigned_abs() / 10;
+            while n > 0 {
+                len += 1;
+                n /= 10;
+            }
+            len
+        }
+        let line = |s: &str| 1 + s.len() + 2;
+        match self {
+            Reply::Simple(s) | Reply::Error(s) => line(s),
+            Reply::Integer(n) => 1 + digits(i128::from(*n)) + 2,
+            Reply::Bulk(b) => 1 + digits(b.len() as i128) + 2 + b.len() + 2,
+            Reply::Verbatim(s) if proto >= 3 => {
+                1 + digits(s.len() as i128 + 4) + 2 + 4 + s.len() + 2
+            }
+            Reply::Verbatim(s) => 1 + digits(s.len() as i128) + 2 + s.len() + 2,
+            Reply::Null if proto >= 3 => 3,
+            Reply::Null => 5,
+            Reply::Array(items) => {
+                1 + digits(items.len() as i128)
+                    + 2
+                    + items.iter().map(|i| i.encoded_len(proto)).sum::<usize>()
+            }
+            Reply::Map(pairs) => {
+                let n = if proto >= 3 {
+                    pairs.len()
+                } else {
+                    pairs.len() * 2
+                };
+                1 + digits(n as i128)
+                    + 2
+                    + pairs
+                        .iter()
+                        .map(|(k, v)| k.encoded_len(proto) + v.encoded_len(proto))
+                        .sum::<usize>()
+            }
+        }
+    }
+
     /// Appends the encoding of this reply for protocol `proto` (2 or 3).
     pub fn encode(&self, proto: u8, out: &mut BytesMut) {
+        self.encode_to(proto, out);
+    }
+
+    /// Appends the encoding to an [`Output`]: payloads of
+    /// [`ZERO_COPY_MIN_BYTES`] or more are kept as the `Bytes` they are,
+    /// not copied.
+    pub fn encode_output(&self, proto: u8, out: &mut Output) {
+        self.encode_to(proto, out);
+    }
+
+    fn encode_to(&self, proto: u8, out: &mut impl Sink) {
         match self {
             Reply::Simple(s) => {
-                out.extend_from_slice(b"+");
-                out.extend_from_slice(clean_line(s).as_bytes());
-                out.extend_from_slice(b"\r\n");
+                out.put(b"+");
+                out.put(clean_line(s).as_bytes());
+                out.put(b"\r\n");
             }
             Reply::Error(s) => {
-                out.extend_from_slice(b"-");
-                out.extend_from_slice(clean_line(s).as_bytes());
-                out.extend_from_slice(b"\r\n");
+                out.put(b"-");
+                out.put(clean_line(s).as_bytes());
+                out.put(b"\r\n");
             }
             Reply::Integer(n) => {
-                out.extend_from_slice(format!(":{n}\r\n").as_bytes());
+                out.put(format!(":{n}\r\n").as_bytes());
             }
             Reply::Bulk(b) => {
-                out.extend_from_slice(format!("${}\r\n", b.len()).as_bytes());
-                out.extend_from_slice(b);
-                out.extend_from_slice(b"\r\n");
+                out.put(format!("${}\r\n", b.len()).as_bytes());
+                out.put_bytes(b);
+                out.put(b"\r\n");
             }
             Reply::Verbatim(s) if proto >= 3 => {
-                out.extend_from_slice(format!("={}\r\ntxt:", s.len() + 4).as_bytes());
-                out.extend_from_slice(s.as_bytes());
-                out.extend_from_slice(b"\r\n");
+                out.put(format!("={}\r\ntxt:", s.len() + 4).as_bytes());
+                out.put(s.as_bytes());
+                out.put(b"\r\n");
             }
-            Reply::Verbatim(s) => Reply::text(s.clone()).encode(proto, out),
-            Reply::Null if proto >= 3 => out.extend_from_slice(b"_\r\n"),
-            Reply::Null => out.extend_from_slice(b"$-1\r\n"),
+            Reply::Verbatim(s) => Reply::text(s.clone()).encode_to(proto, out),
+            Reply::Null if proto >= 3 => out.put(b"_\r\n"),
+            Reply::Null => out.put(b"$-1\r\n"),
             Reply::Array(items) => {
-                out.extend_from_slice(format!("*{}\r\n", items.len()).as_bytes());
+                out.put(format!("*{}\r\n", items.len()).as_bytes());
                 for item in items {
-                    item.encode(proto, out);
+                    item.encode_to(proto, out);
                 }
             }
             Reply::Map(pairs) => {
                 if proto >= 3 {
-                    out.extend_from_slice(format!("%{}\r\n", pairs.len()).as_bytes());
+                    out.put(format!("%{}\r\n", pairs.len()).as_bytes());
                 } else {
-                    out.extend_from_slice(format!("*{}\r\n", pairs.len() * 2).as_bytes());
+                    out.put(format!("*{}\r\n", pairs.len() * 2).as_bytes());
                 }
                 for (k, v) in pairs {
-                    k.encode(proto, out);
-                    v.encode(proto, out);
+                    k.encode_to(proto, out);
+                    v.encode_to(proto, out);
                 }
+            }
+        }
+    }
+}
+
+/// Where an encoding goes.
+trait Sink {
+    fn put(&mut self, bytes: &[u8]);
+    /// A payload: copied by default.
+    fn put_bytes(&mut self, bytes: &Bytes) {
+        self.put(bytes);
+    }
+}
+
+impl Sink for BytesMut {
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+}
+
+/// Payloads at least this long go out as they are, without a copy into
+/// the output buffer.
+pub const ZERO_COPY_MIN_BYTES: usize = 4 << 10;
+
+/// Encoded replies not yet written to a client: small parts gathered in one
+/// buffer, large payloads kept as the `Bytes` the engine handed out (a
+/// 16 MiB read is not copied a second time, nor its memory doubled).
+#[derive(Debug, Default)]
+pub struct Output {
+    /// Parts before `tail`, in order.
+    chunks: std::collections::VecDeque<Bytes>,
+    /// Small parts being gathered, after every chunk.
+    tail: BytesMut,
+    /// Unwritten bytes in `chunks`.
+    chunked: usize,
+}
+
+impl Sink for Output {
+    fn put(&mut self, bytes: &[u8]) {
+        self.tail.extend_from_slice(bytes);
+    }
+
+    fn put_bytes(&mut self, bytes: &Bytes) {
+        if bytes.len() < ZERO_COPY_MIN_BYTES {
+            return self.put(bytes);
+        }
+        if !self.tail.is_empty() {
+            let gathered = self.tail.split().freeze();
+            self.chunked += gathered.len();
+            self.chunks.push_back(gathered);
+        }
+        self.chunked += bytes.len();
+        self.chunks.push_back(bytes.clone());
+    }
+}
+
+impl Output {
+    /// An empty output.
+    pub fn new() -> Output {
+        Output::default()
+    }
+
+    /// Bytes not yet written.
+    pub fn len(&self) -> usize {
+        self.chunked + self.tail.len()
+    }
+
+    /// Whether everything was written.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Memory this output holds: what is unwritten, and the room of its
+    /// gathering buffer. (Payloads the engine maps from its files count as
+    /// well: conservative.)
+    pub fn memory_bytes(&self) -> usize {
+        self.chunked + self.tail.capacity()
+    }
+
+    /// Reserves room for `additional` bytes of small parts.
+    pub fn reserve(&mut self, additional: usize) {
+        self.tail.reserve(additional);
+    }
+
+    /// The unwritten bytes as slices for a vectored write (at most `max`).
+    pub fn slices(&self, max: usize) -> Vec<std::io::IoSlice<'_>> {
+        self.chunks
+            .iter()
+            .map(|c| &c[..])
+            .chain(std::iter::once(&self.tail[..]))
+            .filter(|s| !s.is_empty())
+            .take(max)
+            .map(std::io::IoSlice::new)
+            .collect()
+    }
+
+    /// Fills `slices` with the unwritten bytes, in order, for a vectored
+    /// write; answers how many it filled.
+    pub fn fill_slices<'a>(&'a self, slices: &mut [std::io::IoSlice<'a>]) -> usize {
+        let parts = self
+            .chunks
+            .iter()
+            .map(|c| &c[..])
+            .chain(std::iter::once(&self.tail[..]))
+            .filter(|s| !s.is_empty());
+        let mut n = 0;
+        for (slot, part) in slices.iter_mut().zip(parts) {
+            *slot = std::io::IoSlice::new(part);
+            n += 1;
+        }
+        n
+    }
+
+    /// Marks `n` bytes as written.
+    pub fn advance(&mut self, mut n: usize) {
+        while n > 0 {
+            let Some(front) = self.chunks.front_mut() else {
+                let n = n.min(self.tail.len());
+                self.tail.advance(n);
+                return;
+            };
+            let take = n.min(front.len());
+            front.advance(take);
+            self.chunked -= take;
+            n -= take;
+            if front.is_empty() {
+                self.chunks.pop_front();
+            }
+        }
+    }
+
+    /// Gives back memory once everything is written.
+    pub fn shrink(&mut self, keep_bytes: usize) {
+        if self.is_empty() {
+            self.chunks = std::collections::VecDeque::new();
+            if self.tail.capacity() > keep_bytes {
+                self.tail = BytesMut::new();
+            } else {
+                self.tail.clear();
             }
         }
     }
@@ -494,6 +778,172 @@ mod tests {
         let mut p = RequestParser::new();
         let mut buf = BytesMut::from(&b"*1\r\n$2\r\nabXY"[..]);
         assert!(p.next(&mut buf, &small).is_err());
+    }
+
+    #[test]
+    fn arguments_of_an_unfinished_request_are_counted() {
+        let limits = Limits::default();
+        let mut p = RequestParser::new();
+        let mut buf = BytesMut::from(&b"*4\r\n$3\r\nabc\r\n$5\r\nhello\r\n$10\r\n0123"[..]);
+        assert_eq!(p.next(&mut buf, &limits), Ok(None));
+        // Cut out of the buffer, yet held.
+        assert_eq!(p.held_bytes(), 3 + 5 + 2 * ARG_OVERHEAD_BYTES);
+        assert_eq!(&buf[..], b"0123");
+        buf.extend_from_slice(b"456789\r\n$0\r\n\r\n");
+        assert!(p.next(&mut buf, &limits).unwrap().is_some());
+        assert_eq!(p.held_bytes(), 0);
+        // A broken request holds nothing either.
+        let mut buf = BytesMut::from(&b"*2\r\n$1\r\nx\r\n:1\r\n"[..]);
+        assert!(p.next(&mut buf, &limits).is_err());
+        assert_eq!(p.held_bytes(), 0);
+    }
+
+    #[test]
+    fn a_big_argument_gets_a_buffer_of_its_size() {
+        let limits = Limits::default();
+        let mut p = RequestParser::new();
+        let len = 1 << 20;
+        let mut buf = BytesMut::with_capacity(16 << 10);
+        buf.extend_from_slice(format!("*1\r\n${len}\r\nxyz").as_bytes());
+        assert_eq!(p.next(&mut buf, &limits), Ok(None));
+        assert_eq!(buf.capacity(), len + 2);
+        assert_eq!(&buf[..], b"xyz");
+    }
+
+    #[test]
+    fn before_authentication_requests_are_tiny_as_in_redis() {
+        let limits = Limits::default();
+        let mut p = RequestParser::new();
+        p.set_unauthenticated(true);
+        let mut buf = BytesMut::from(&b"*11\r\n"[..]);
+        assert_eq!(
+            p.next(&mut buf, &limits).unwrap_err().to_string(),
+            "Protocol error: unauthenticated multibulk length"
+        );
+        let mut p = RequestParser::new();
+        p.set_unauthenticated(true);
+        let mut buf = BytesMut::from(&b"*2\r\n$4\r\nAUTH\r\n$16385\r\n"[..]);
+        assert_eq!(
+            p.next(&mut buf, &limits).unwrap_err().to_string(),
+            "Protocol error: unauthenticated bulk length"
+        );
+        // Within those limits, and once authenticated, as usual.
+        let mut buf = BytesMut::from(&b"*10\r\n"[..]);
+        let mut p = RequestParser::new();
+        p.set_unauthenticated(true);
+        assert_eq!(p.next(&mut buf, &limits), Ok(None));
+        p.set_unauthenticated(false);
+        let mut buf = BytesMut::from(&b"*11\r\n$16385\r\n"[..]);
+        let mut p = RequestParser::new();
+        assert_eq!(p.next(&mut buf, &limits), Ok(None));
+    }
+
+    #[test]
+    fn error_texts_are_redis_own() {
+        // unit/protocol.tcl matches these with globs.
+        let cases: &[(&[u8], &str)] = &[
+            (b"*3000000000\r\n", "invalid multibulk length"),
+            (
+                b"*3\r\n$3\r\nSET\r\n$1\r\nx\r\nfooz\r\n",
+                "expected '$', got 'f'",
+            ),
+            (
+                b"*3\r\n$3\r\nSET\r\n$1\r\nx\r\n$-10\r\n",
+                "invalid bulk length",
+            ),
+            (
+                b"*3\r\n$3\r\nSET\r\n$1\r\nx\r\n$2000000000\r\n",
+                "invalid bulk length",
+            ),
+            (
+                b"*3\r\n$3\r\nSET\r\n$1\r\nx\r\n$blabla\r\n",
+                "invalid bulk length",
+            ),
+            (b"*1\r\nfoo\r\n", "expected '$', got 'f'"),
+            (b"set \"\"\"test-key\"\"\" test-value\r\n", "unbalanced"),
+        ];
+        for (input, expected) in cases {
+            let mut p = RequestParser::new();
+            let mut buf = BytesMut::from(&input[..]);
+            let e = p.next(&mut buf, &Limits::default()).unwrap_err();
+            assert!(
+                e.0.contains(expected),
+                "{:?}: {e}",
+                String::from_utf8_lossy(input)
+            );
+        }
+    }
+
+    #[test]
+    fn http_looking_requests() {
+        let req = |args: &[&str]| -> Request {
+            args.iter().map(|a| Bytes::from(a.to_string())).collect()
+        };
+        assert!(looks_like_http(&req(&["POST", "/", "HTTP/1.1"])));
+        assert!(looks_like_http(&req(&["post"])));
+        assert!(looks_like_http(&req(&["Host:", "localhost:7379"])));
+        assert!(looks_like_http(&req(&["GET", "/metrics", "HTTP/1.1"])));
+        assert!(!looks_like_http(&req(&["GET", "key"])));
+        assert!(!looks_like_http(&req(&["LOG.APPEND", "POST", "1", "x"])));
+    }
+
+    #[test]
+    fn output_keeps_large_payloads_without_copying_them() {
+        let big = Bytes::from(vec![b'x'; ZERO_COPY_MIN_BYTES]);
+        let reply = Reply::Array(vec![
+            Reply::Integer(1),
+            Reply::Bulk(big.clone()),
+            Reply::Bulk(Bytes::from_static(b"small")),
+        ]);
+        let mut flat = BytesMut::new();
+        reply.encode(3, &mut flat);
+        let mut out = Output::new();
+        reply.encode_output(3, &mut out);
+        assert_eq!(out.len(), flat.len());
+        let gathered: Vec<u8> = out.slices(64).iter().flat_map(|s| s.to_vec()).collect();
+        assert_eq!(gathered, &flat[..]);
+        // The payload is the engine's own bytes.
+        assert!(out.slices(64).iter().any(|s| s.as_ptr() == big.as_ptr()));
+        // Written in odd pieces, the rest is always what follows.
+        let mut written = 0;
+        for n in [1, 7, 4096, 3, 100_000] {
+            let n = n.min(out.len());
+            out.advance(n);
+            written += n;
+            let rest: Vec<u8> = out.slices(64).iter().flat_map(|s| s.to_vec()).collect();
+            assert_eq!(rest, &flat[written..]);
+        }
+        assert!(out.is_empty());
+        out.shrink(0);
+        assert_eq!(out.memory_bytes(), 0);
+    }
+
+    #[test]
+    fn encoded_lengths_match_the_encoding() {
+        let replies = vec![
+            Reply::ok(),
+            Reply::Error("ERR x".into()),
+            Reply::Integer(0),
+            Reply::Integer(-42),
+            Reply::Integer(i64::MIN),
+            Reply::Integer(i64::MAX),
+            Reply::Bulk(Bytes::from(vec![7u8; 1234])),
+            Reply::Verbatim("info text".into()),
+            Reply::Null,
+            Reply::Array(vec![
+                Reply::Integer(10),
+                Reply::Array(Vec::new()),
+                Reply::Null,
+            ]),
+            Reply::Map(vec![(Reply::text("k"), Reply::Integer(123_456))]),
+        ];
+        for r in replies {
+            for proto in [2, 3] {
+                let mut out = BytesMut::new();
+                r.encode(proto, &mut out);
+                assert_eq!(r.encoded_len(proto), out.len(), "{r:?} in RESP{proto}");
+            }
+        }
     }
 
     #[test]

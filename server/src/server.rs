@@ -1,6 +1,7 @@
 //! The accept loop, connection limits, the metrics endpoint and graceful
-//! shutdown: on SIGINT or SIGTERM the server stops accepting, lets every
-//! connection finish the command it is in, syncs the log and exits.
+//! shutdown: on SIGINT or SIGTERM the server stops accepting, answers the
+//! clients waiting in `BLOCK`/`WAIT`, hands out the answers already
+//! decided, waits for every task it spawned, syncs the log and exits.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -8,13 +9,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
+use crate::budget::ClientMemory;
 use crate::commands::Context;
 use crate::config::ServeConfig;
 use crate::connection;
 use crate::info;
+use crate::shutdown::{self, Shutdown};
 
 /// Counters of the server itself (the engine keeps its own).
 pub struct ServerStats {
@@ -23,11 +26,20 @@ pub struct ServerStats {
     pub connections_refused: AtomicU64,
     pub commands: AtomicU64,
     pub bytes_in: AtomicU64,
+    /// Transactions whose writes were submitted, and those rejected.
+    pub transactions: AtomicU64,
+    pub transactions_aborted: AtomicU64,
+    /// Clients disconnected past `--max-query-buffer`.
+    pub query_buffer_limit_disconnections: AtomicU64,
+    /// Clients disconnected past `--client-output-buffer-limit`.
+    pub output_buffer_limit_disconnections: AtomicU64,
+    /// Connections closed for looking like HTTP.
+    pub http_requests_refused: AtomicU64,
     pub started: std::time::Instant,
 }
 
 impl ServerStats {
-    /// Every counter at zero, the start time now.
+    /// All zero, started now.
     pub fn new() -> Self {
         ServerStats {
             connections_total: AtomicU64::new(0),
@@ -35,6 +47,11 @@ impl ServerStats {
             connections_refused: AtomicU64::new(0),
             commands: AtomicU64::new(0),
             bytes_in: AtomicU64::new(0),
+            transactions: AtomicU64::new(0),
+            transactions_aborted: AtomicU64::new(0),
+            query_buffer_limit_disconnections: AtomicU64::new(0),
+            output_buffer_limit_disconnections: AtomicU64::new(0),
+            http_requests_refused: AtomicU64::new(0),
             started: std::time::Instant::now(),
         }
     }
@@ -56,8 +73,9 @@ pub struct Server {
 impl Server {
     /// Opens the log and binds the addresses: every error a person must fix
     /// (a locked directory, a taken port, an unsafe bind) surfaces here.
-    pub async fn bind(config: ServeConfig) -> Result<Server, String> {
+    pub async fn bind(mut config: ServeConfig) -> Result<Server, String> {
         config.check()?;
+        fit_open_files(&mut config);
         let engine = config.engine.clone();
         let dir = config.dir.clone();
         let log = tokio::task::spawn_blocking(move || fencelog::Log::open(&dir, engine))
@@ -86,8 +104,14 @@ impl Server {
             None => None,
         };
         let stats = ServerStats::new();
+        let clients = Arc::new(ClientMemory::new(config.maxmemory_clients_bytes));
         Ok(Server {
-            ctx: Arc::new(Context { log, config, stats }),
+            ctx: Arc::new(Context {
+                log,
+                config,
+                stats,
+                clients,
+            }),
             listener,
             metrics,
         })
@@ -98,21 +122,25 @@ impl Server {
         self.listener.local_addr()
     }
 
-    /// Serves until `stop` resolves, then shuts down gracefully.
+    /// Serves until `stop` resolves, then shuts down gracefully: stops
+    /// accepting, tells every task (connections answer their waiting
+    /// commands at once and hand out the answers already decided), waits up
+    /// to `--shutdown-grace-secs` for connections, aborts what is left and
+    /// waits for it too, then closes the log (which syncs).
     pub async fn run(self, stop: impl std::future::Future<Output = ()>) -> Result<(), String> {
         let Server {
             ctx,
             listener,
             metrics,
         } = self;
-        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let (trigger, shutdown) = shutdown::channel();
         let permits = Arc::new(Semaphore::new(ctx.config.max_connections));
         let mut connections = JoinSet::new();
-        if let Some(metrics) = metrics {
-            let ctx = Arc::clone(&ctx);
-            let rx = shutdown_rx.clone();
-            tokio::spawn(serve_metrics(ctx, metrics, rx));
-        }
+        // Refusals over the connection limit: short, but tasks all the same.
+        let mut refusals = JoinSet::new();
+        let metrics_task = metrics.map(|metrics| {
+            tokio::spawn(serve_metrics(Arc::clone(&ctx), metrics, shutdown.clone()))
+        });
         tracing::info!(addr = %listener.local_addr().map_err(|e| e.to_string())?, "serving");
         tokio::pin!(stop);
         let mut next_id = 1u64;
@@ -130,30 +158,31 @@ impl Server {
                     };
                     let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
                         ctx.stats.connections_refused.fetch_add(1, Ordering::Relaxed);
-                        tokio::spawn(refuse(stream));
+                        refusals.spawn(refuse(stream));
                         continue;
                     };
                     let id = next_id;
                     next_id += 1;
                     let ctx = Arc::clone(&ctx);
-                    let rx = shutdown_rx.clone();
+                    let shutdown = shutdown.clone();
                     ctx.stats.connections_total.fetch_add(1, Ordering::Relaxed);
                     ctx.stats.connections_now.fetch_add(1, Ordering::Relaxed);
                     connections.spawn(async move {
-                        if let Err(e) = connection::serve(Arc::clone(&ctx), stream, id, rx).await {
+                        // Counted down even if the task is aborted.
+                        let _open = OpenConnection { ctx: Arc::clone(&ctx), _permit: permit };
+                        if let Err(e) = connection::serve(ctx, stream, peer, id, shutdown).await {
                             tracing::debug!(%peer, error = %e, "connection ended");
                         }
-                        ctx.stats.connections_now.fetch_sub(1, Ordering::Relaxed);
-                        drop(permit);
                     });
                 }
                 Some(_) = connections.join_next(), if !connections.is_empty() => {}
+                Some(_) = refusals.join_next(), if !refusals.is_empty() => {}
                 () = &mut stop => break,
             }
         }
-        tracing::info!("shutting down: finishing the commands in progress");
+        tracing::info!("shutting down: answering what was decided");
         drop(listener);
-        let _ = shutdown_tx.send(true);
+        trigger.fire();
         let grace = ctx.config.shutdown_grace;
         if tokio::time::timeout(grace, async {
             while connections.join_next().await.is_some() {}
@@ -163,20 +192,49 @@ impl Server {
         {
             tracing::warn!(
                 ?grace,
+                left = connections.len(),
                 "connections still busy after the grace period; closing them"
             );
             connections.abort_all();
         }
+        // Aborted or not, every task is waited for: each holds the context.
+        while connections.join_next().await.is_some() {}
+        refusals.abort_all();
+        while refusals.join_next().await.is_some() {}
+        if let Some(task) = metrics_task {
+            // It aborts and waits for its own scrapes before it returns.
+            let _ = task.await;
+        }
         // The last handle: dropping it syncs what was submitted and stops
         // the log's threads. Off the runtime: it blocks.
-        let Ok(ctx) = Arc::try_unwrap(ctx) else {
-            return Err("internal error: the server's context is still shared".into());
-        };
+        let ctx = Arc::try_unwrap(ctx).map_err(|ctx| {
+            format!(
+                "internal error: {} tasks still hold the server's context after every task \
+                 was awaited",
+                Arc::strong_count(&ctx) - 1
+            )
+        })?;
         tokio::task::spawn_blocking(move || drop(ctx))
             .await
             .map_err(|e| e.to_string())?;
         tracing::info!("stopped");
         Ok(())
+    }
+}
+
+/// A connection being served: counted in `connections_now` and holding its
+/// permit until its task ends, however it ends.
+struct OpenConnection {
+    ctx: Arc<Context>,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.ctx
+            .stats
+            .connections_now
+            .fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -189,24 +247,31 @@ async fn refuse(mut stream: TcpStream) {
 }
 
 /// A minimal HTTP endpoint: `GET /metrics` in Prometheus' text format.
-async fn serve_metrics(
-    ctx: Arc<Context>,
-    listener: TcpListener,
-    mut shutdown: watch::Receiver<bool>,
-) {
+/// Each scrape is a task of its own, aborted and waited for at shutdown (a
+/// scraper that connects and sends nothing must not hold the server).
+async fn serve_metrics(ctx: Arc<Context>, listener: TcpListener, mut shutdown: Shutdown) {
+    let mut scrapes = JoinSet::new();
     loop {
-        let stream = tokio::select! {
+        tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((s, _)) => s,
-                Err(_) => continue,
+                Ok((stream, _)) => {
+                    let ctx = Arc::clone(&ctx);
+                    scrapes.spawn(async move {
+                        let _ = metrics_request(&ctx, stream).await;
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
             },
-            _ = shutdown.changed() => return,
-        };
-        let ctx = Arc::clone(&ctx);
-        tokio::spawn(async move {
-            let _ = metrics_request(&ctx, stream).await;
-        });
+            Some(_) = scrapes.join_next(), if !scrapes.is_empty() => {}
+            () = shutdown.recv() => break,
+        }
     }
+    drop(listener);
+    scrapes.abort_all();
+    while scrapes.join_next().await.is_some() {}
 }
 
 async fn metrics_request(ctx: &Context, mut stream: TcpStream) -> std::io::Result<()> {
@@ -247,4 +312,34 @@ async fn metrics_request(ctx: &Context, mut stream: TcpStream) -> std::io::Resul
     stream.write_all(head.as_bytes()).await?;
     stream.write_all(body.as_bytes()).await?;
     stream.shutdown().await
+}
+
+/// Raises the open-file limit as far as allowed, and keeps the connection
+/// limit within what is left after the log's files; says so in the log.
+fn fit_open_files(config: &mut ServeConfig) {
+    use crate::fds;
+    let reserved = fds::reserved_for_log(config.engine.wal.max_open_segments);
+    match fds::raise_open_files_limit() {
+        Ok(limit) => {
+            if limit.now != limit.before {
+                tracing::info!(
+                    before = limit.before,
+                    now = limit.now,
+                    "raised the open-file limit to the hard limit"
+                );
+            }
+            let fit = fds::connections_that_fit(config.max_connections, limit.now, reserved);
+            if fit < config.max_connections {
+                tracing::warn!(
+                    max_connections = config.max_connections,
+                    now = fit,
+                    open_file_limit = limit.now,
+                    reserved_for_log = reserved,
+                    "--max-connections lowered to what the open-file limit leaves"
+                );
+                config.max_connections = fit;
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot read or raise the open-file limit"),
+    }
 }

@@ -166,6 +166,7 @@ impl Damage {
         let what = match e.kind {
             EntryKind::Checkpoint => "a checkpoint",
             EntryKind::Record => "an entry",
+            EntryKind::Link => "a link",
         };
         Damage {
             file: dir.join(format::segment_file_name(e.segment)),
@@ -240,6 +241,8 @@ pub struct OpCounts {
     pub releases: u64,
     /// Lease renewals that were logged.
     pub renewals: u64,
+    /// Transactions (their ops are counted above too).
+    pub transactions: u64,
 }
 
 /// Everything `fencelog verify` found.
@@ -465,6 +468,12 @@ impl<'d> Replay<'d> {
             }
             EntryView::Release { .. } => self.ops.releases += 1,
             EntryView::Renew { .. } => self.ops.renewals += 1,
+            EntryView::Transaction { ops } => {
+                self.ops.transactions += 1;
+                for op in ops {
+                    problems.extend(self.apply(e, op, contiguous));
+                }
+            }
             // A kind added after this tool: it decoded, so it is not
             // damage, but it changes nothing the report shows.
             _ => {}
@@ -794,7 +803,7 @@ fn render_into(o: &mut String, s: &Summary, r: &VerifyReport, all: bool) -> std:
     let ops = &s.ops;
     writeln!(
         o,
-        "entries   {}: {}, {}, {}, {}, {}, {}, {}, {}",
+        "entries   {}: {}, {}, {}, {}, {}, {}, {}, {}, {}",
         r.entries,
         plural(s.checkpoints, "checkpoint", "checkpoints"),
         plural(ops.appends, "append", "appends"),
@@ -804,6 +813,7 @@ fn render_into(o: &mut String, s: &Summary, r: &VerifyReport, all: bool) -> std:
         plural(ops.acquires, "lease acquisition", "lease acquisitions"),
         plural(ops.releases, "release", "releases"),
         plural(ops.renewals, "logged renewal", "logged renewals"),
+        plural(ops.transactions, "transaction", "transactions"),
     )?;
     match s.lsns {
         Some((first, last)) => {

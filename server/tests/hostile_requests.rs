@@ -37,8 +37,10 @@ fn config_get_with_huge_or_backtracking_patterns_is_answered_and_the_server_keep
     assert_eq!(c.cmd(&["PING"]), Value::Simple("PONG".into()));
 
     // At the limit, all stars: every setting.
+    let every = c.cmd(&["CONFIG", "GET", "*"]).array().len();
+    assert!(every >= 2 * 12, "{every}");
     let (reply, took) = config_get(&mut c, &vec![b'*'; 1024]);
-    assert_eq!(reply.array().len(), 2 * 12, "{reply:?}");
+    assert_eq!(reply.array().len(), every, "{reply:?}");
     assert!(took < FAST, "{took:?}");
 
     // The backtracking patterns: nothing matches, at once.
@@ -47,7 +49,8 @@ fn config_get_with_huge_or_backtracking_patterns_is_answered_and_the_server_keep
     for pattern in [
         stars_z,
         [b"*a".repeat(511), b"*z".to_vec()].concat(),
-        [vec![b'*'; 990], b"?".repeat(26)].concat(),
+        // More single-byte tokens than the longest name has bytes.
+        [vec![b'*'; 990], b"?".repeat(27)].concat(),
     ] {
         let (reply, took) = config_get(&mut c, &pattern);
         assert_eq!(reply.array().len(), 0, "{reply:?}");

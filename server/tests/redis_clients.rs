@@ -2,8 +2,10 @@
 //! unmodified: redis-cli (RESP2 and RESP3), redis-benchmark with and without
 //! pipelining, and redis-py, which opens every connection with HELLO 3.
 //!
-//! CI installs them (`.ci/run`: redis-tools from Debian, redis from PyPI);
-//! a missing one fails the test with a message saying what to install.
+//! CI installs them (`.ci/run`: redis-tools from Debian, redis-py from PyPI
+//! into a virtual environment under the target directory); a missing one
+//! fails the test with a message saying what to install (redis-py: fails in
+//! CI, skipped with the reason printed elsewhere).
 
 mod common;
 
@@ -78,6 +80,9 @@ fn redis_benchmark_appends_durably_with_and_without_pipelining() {
 
 #[test]
 fn redis_py_with_resp3_and_pipelines() {
+    let Some(python) = python_with_redis_py() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let server = ServerProcess::start(dir.path(), &["--requirepass", "pw"]);
     let script = format!(
@@ -106,15 +111,5 @@ print("ok")
 "#,
         port = server.addr.port()
     );
-    let out = Command::new("python3")
-        .args(["-c", &script])
-        .output()
-        .expect("python3");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !stderr.contains("No module named 'redis'"),
-        "redis-py must be installed (pip install redis)"
-    );
-    assert!(out.status.success(), "{stderr}");
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+    assert_eq!(run_python(&python, &script).trim(), "ok");
 }

@@ -14,6 +14,7 @@ pub fn verify(dir: &Path) -> (VerifyReport, u64, u64) {
         |e| match e.kind {
             EntryKind::Checkpoint => checkpoints += 1,
             EntryKind::Record => records += 1,
+            EntryKind::Link => {}
         },
         |_, _| {},
     )

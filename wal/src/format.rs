@@ -18,8 +18,11 @@ use crc32fast::Hasher;
 pub const SEGMENT_MAGIC: [u8; 8] = *b"FENCELOG";
 /// First bytes of the trailer that marks a segment as sealed.
 pub const TRAILER_MAGIC: [u8; 8] = *b"FLSEALED";
-/// The format version this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The format version this build writes and reads. Version 2 added
+/// [`EntryKind::Link`] (segments that open without a checkpoint) and changed
+/// what the engine stores in checkpoints and footers; version 1 logs are
+/// refused with [`crate::WalError::UnknownVersion`].
+pub const FORMAT_VERSION: u32 = 2;
 
 /// Length of the segment header; the first entry starts here.
 pub const HEADER_LEN: u64 = 64;
@@ -94,20 +97,22 @@ pub fn decode_header(b: &[u8]) -> Result<u64, HeaderError> {
     if b[0..8] != SEGMENT_MAGIC {
         return Err(HeaderError::BadMagic);
     }
-    // The version is checked before the checksum: a future version may
-    // change the header's layout, and "unknown version" is the useful error.
+    // A version this build does not read is reported as such only when the
+    // header's checksum holds: otherwise a damaged version field would pass
+    // for a log from another version instead of damage.
     let version = u32_at(b, 8);
-    if version != FORMAT_VERSION {
-        return Err(HeaderError::UnknownVersion(version));
-    }
     if crc32fast::hash(&b[..60]) != u32_at(b, 60) {
         return Err(HeaderError::Checksum);
+    }
+    if version != FORMAT_VERSION {
+        return Err(HeaderError::UnknownVersion(version));
     }
     Ok(u64_at(b, 16))
 }
 
-/// What an entry is for. The log itself writes checkpoints; everything the
-/// layer above submits is a record.
+/// What an entry is for. The log itself writes the entry that opens each
+/// segment (a checkpoint or a link); everything the layer above submits is
+/// a record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EntryKind {
     /// The state of the layer above at the start of a segment: recovery
@@ -115,6 +120,10 @@ pub enum EntryKind {
     Checkpoint,
     /// An entry submitted by the layer above.
     Record,
+    /// Opens a segment that carries no checkpoint: replay reaches it from
+    /// an older segment's checkpoint. Written when a whole checkpoint in
+    /// every segment would cost too much of it.
+    Link,
 }
 
 impl EntryKind {
@@ -122,6 +131,7 @@ impl EntryKind {
         match self {
             EntryKind::Checkpoint => 1,
             EntryKind::Record => 2,
+            EntryKind::Link => 3,
         }
     }
 
@@ -129,8 +139,15 @@ impl EntryKind {
         match code {
             1 => Some(EntryKind::Checkpoint),
             2 => Some(EntryKind::Record),
+            3 => Some(EntryKind::Link),
             _ => None,
         }
+    }
+
+    /// Whether entries of this kind open a segment (and appear nowhere
+    /// else).
+    pub fn opens_segment(self) -> bool {
+        matches!(self, EntryKind::Checkpoint | EntryKind::Link)
     }
 }
 
@@ -174,14 +191,46 @@ pub fn encode_entry_header(
 ) {
     assert!(lsn >= epoch_first_lsn && lsn - epoch_first_lsn <= u64::from(u32::MAX));
     let len = u32::try_from(payload.len()).expect("entry payload bounded by max_entry_bytes");
+    encode_entry_fields(out, lsn, epoch_first_lsn, kind, len);
     let h = &mut out[..ENTRY_HEADER_LEN];
+    let crc = entry_crc(seq, h, payload);
+    h[0..4].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// Writes an entry header's fields into `out[..ENTRY_HEADER_LEN]`, leaving
+/// the checksum to [`fill_checksums`]: the log computes checksums on its
+/// sync thread, outside the lock where entries are decided.
+pub(crate) fn encode_entry_fields(
+    out: &mut [u8],
+    lsn: u64,
+    epoch_first_lsn: u64,
+    kind: EntryKind,
+    len: u32,
+) {
+    debug_assert!(lsn >= epoch_first_lsn && lsn - epoch_first_lsn <= u64::from(u32::MAX));
+    let h = &mut out[..ENTRY_HEADER_LEN];
+    h[0..4].fill(0);
     h[4..8].copy_from_slice(&len.to_le_bytes());
     h[8..16].copy_from_slice(&lsn.to_le_bytes());
     h[16..20].copy_from_slice(&((lsn - epoch_first_lsn) as u32).to_le_bytes());
     h[20] = kind.code();
     h[21..24].fill(0);
-    let crc = entry_crc(seq, h, payload);
-    h[0..4].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// Computes and stores the checksum of every entry in `buf`, a run of
+/// whole entries of segment `seq` written by [`encode_entry_fields`].
+pub(crate) fn fill_checksums(buf: &mut [u8], seq: u64) {
+    let mut at = 0;
+    while at + ENTRY_HEADER_LEN <= buf.len() {
+        let len = u32_at(buf, at + 4) as usize;
+        let end = (at + ENTRY_HEADER_LEN + len).min(buf.len());
+        let crc = {
+            let (header, payload) = buf[at..end].split_at(ENTRY_HEADER_LEN);
+            entry_crc(seq, header, payload)
+        };
+        buf[at..at + 4].copy_from_slice(&crc.to_le_bytes());
+        at += entry_len(len) as usize;
+    }
 }
 
 fn entry_crc(seq: u64, header: &[u8], payload: &[u8]) -> u32 {
@@ -282,8 +331,20 @@ pub struct FooterHeader {
 // Footer: { crc: u32 | len: u32 | seq: u64 | first_lsn: u64 | last_lsn: u64 | payload: [u8; len] }
 //   crc = CRC-32 of bytes 4..32 of the header and the payload
 /// Encodes a footer (header and payload) for segment `seq`.
-pub fn encode_footer(seq: u64, first_lsn: u64, last_lsn: u64, payload: &[u8]) -> Vec<u8> {
-    let len = u32::try_from(payload.len()).expect("footer payload bounded by the segment size");
+///
+/// # Errors
+///
+/// A payload of 4 GiB or more does not fit the footer's length field.
+pub fn encode_footer(
+    seq: u64,
+    first_lsn: u64,
+    last_lsn: u64,
+    payload: &[u8],
+) -> Result<Vec<u8>, crate::WalError> {
+    let len = u32::try_from(payload.len()).map_err(|_| crate::WalError::TooLarge {
+        len: payload.len() as u64,
+        max: u64::from(u32::MAX),
+    })?;
     let mut b = Vec::with_capacity(FOOTER_HEADER_LEN + payload.len());
     b.extend_from_slice(&[0; 4]);
     b.extend_from_slice(&len.to_le_bytes());
@@ -293,7 +354,7 @@ pub fn encode_footer(seq: u64, first_lsn: u64, last_lsn: u64, payload: &[u8]) ->
     b.extend_from_slice(payload);
     let crc = crc32fast::hash(&b[4..]);
     b[0..4].copy_from_slice(&crc.to_le_bytes());
-    b
+    Ok(b)
 }
 
 /// Decodes the footer at the start of `b` for segment `seq`, answering its
@@ -380,9 +441,12 @@ mod tests {
         let mut bad = h;
         bad[0] ^= 1;
         assert_eq!(decode_header(&bad), Err(HeaderError::BadMagic));
-        let mut v2 = h;
-        v2[8] = 2;
-        assert_eq!(decode_header(&v2), Err(HeaderError::UnknownVersion(2)));
+        let mut v1 = h;
+        v1[8] = 1;
+        assert_eq!(decode_header(&v1), Err(HeaderError::Checksum));
+        let crc = crc32fast::hash(&v1[..60]);
+        v1[60..64].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(decode_header(&v1), Err(HeaderError::UnknownVersion(1)));
         let mut flipped = h;
         flipped[17] ^= 4;
         assert_eq!(decode_header(&flipped), Err(HeaderError::Checksum));
@@ -452,7 +516,7 @@ mod tests {
 
     #[test]
     fn footer_and_trailer_round_trip() {
-        let f = encode_footer(5, 100, 200, b"index");
+        let f = encode_footer(5, 100, 200, b"index").unwrap();
         let h = decode_footer(&f, 5).unwrap();
         assert_eq!((h.len, h.first_lsn, h.last_lsn), (5, 100, 200));
         assert!(decode_footer(&f, 6).is_none());

@@ -1,8 +1,8 @@
 //! # fencelog-wal
 //!
-//! The write-ahead log under [fencelog](https://docs.rs/fencelog): segment
-//! files, entry encoding, group commit, recovery and memory-mapped reads. It
-//! knows bytes and entries, not streams or tokens.
+//! The write-ahead log under fencelog: segment files, entry encoding, group
+//! commit, recovery, and reads through bounded caches of open files and
+//! footers. It knows bytes and entries, not streams or tokens.
 //!
 //! - **Group commit.** Any number of threads and async tasks call
 //!   [`Wal::submit`]. Inside, under one lock, the caller's [`Sequencer`]
@@ -13,8 +13,9 @@
 //!   the current one is on its way to the disk.
 //! - **Segments** are preallocated, named so they sort, and carry a magic
 //!   number, a format version and their sequence number. Each opens with a
-//!   checkpoint of the caller's state; a sealed one ends with a footer the
-//!   caller fills (an index, say), so that opening the log reads only the tail.
+//!   checkpoint of the caller's state (or, when checkpoints are large, a
+//!   link back to an older one); a sealed one ends with a footer the caller
+//!   fills (an index, say), so that opening the log reads only the tail.
 //! - **Recovery** checks every checksum of the tail, cuts a torn tail,
 //!   refuses damage to acknowledged entries (see [`RecoveryMode`]).
 //! - **Failure latch.** After a failed write or sync, every write fails until
@@ -28,7 +29,9 @@
 #![warn(missing_docs)]
 
 mod error;
+mod files;
 pub mod format;
+pub mod marks;
 mod options;
 mod recovery;
 mod segment;
@@ -40,8 +43,9 @@ mod wal;
 
 pub use error::WalError;
 pub use format::EntryKind;
+pub use marks::Marks;
 pub use options::{Preallocation, RecoveryMode, WalOptions};
-pub use recovery::{Cut, CutKind, RecoveryReport};
+pub use recovery::{Cut, CutKind, RecoveryReport, plan_recovery};
 pub use segment::Entry;
 pub use stats::{Histogram, HistogramSnapshot, WalStats, WalStatsSnapshot};
 pub use storage::{CrashMode, DirLock, Faults, FsStorage, SimStorage, Storage, StorageFile};

@@ -59,6 +59,20 @@ pub struct WalOptions {
     /// What to do with damage found at open. Default
     /// [`RecoveryMode::TolerateTornTail`].
     pub recovery: RecoveryMode,
+    /// Most segment files kept open for reading at once (the file being
+    /// written is extra). Default 64; at least 1. Reads of other segments
+    /// open (and later close) their file.
+    pub max_open_segments: usize,
+    /// Most bytes of sealed segments' footers (their indexes) kept in
+    /// memory. Default 32 MiB. A footer larger than this is read again
+    /// at each use.
+    pub footer_cache_bytes: usize,
+    /// Sync every batch before it is acknowledged. Default true: an
+    /// acknowledged entry is durable. False only where something else makes
+    /// entries durable (a replica's state machine, whose replicated log
+    /// does): batches are then acknowledged once written, and made durable
+    /// by `Wal::sync_all`, by seals, and when the log closes.
+    pub sync_every_batch: bool,
 }
 
 impl Default for WalOptions {
@@ -69,6 +83,9 @@ impl Default for WalOptions {
             max_batch_bytes: 4 << 20,
             preallocation: Preallocation::default(),
             recovery: RecoveryMode::default(),
+            max_open_segments: 64,
+            footer_cache_bytes: 32 << 20,
+            sync_every_batch: true,
         }
     }
 }
@@ -83,11 +100,16 @@ impl WalOptions {
                 format!("{} is below the minimum of 65536", self.segment_bytes),
             );
         }
-        if self.segment_bytes > 1 << 40 {
+        // A footer indexes a segment's entries: kept well below the 4 GiB
+        // its length field can say.
+        if self.segment_bytes > 1 << 30 {
             return invalid(
                 "segment_bytes",
-                format!("{} is above the maximum of 2^40", self.segment_bytes),
+                format!("{} is above the maximum of 1 GiB", self.segment_bytes),
             );
+        }
+        if self.max_open_segments == 0 {
+            return invalid("max_open_segments", "must be at least 1".into());
         }
         if self.max_entry_bytes == 0 {
             return invalid("max_entry_bytes", "must be at least 1".into());

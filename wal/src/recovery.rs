@@ -1,4 +1,5 @@
-//! Recovery: find where replay starts, scan the tail, classify damage.
+//! Recovery: find where replay starts, scan the tail, classify damage, then
+//! (and only then) change anything on disk.
 //!
 //! Writes reach the disk in sync epochs: the sync thread writes every entry
 //! of an epoch, then issues one `fdatasync`, and only then writes the next
@@ -11,24 +12,32 @@
 //! - non-zero bytes, and every valid entry among them belongs to the same
 //!   epoch as the stop: a **torn tail**, an epoch that never finished its
 //!   sync and so was never acknowledged; it is cut off;
-//! - a valid entry of a *later* epoch: the stop's epoch was synced (a later
-//!   one was written after it), so acknowledged data is damaged:
-//!   **corruption**, and open refuses unless asked to salvage.
+//! - a valid entry of a *later* epoch, or a later segment (readable or
+//!   not): the stop's epoch was synced (a later one was written after it),
+//!   so acknowledged data is damaged: **corruption**, and open refuses
+//!   unless asked to salvage.
 //!
-//! Replay starts at the newest segment whose first entry (always a
-//! checkpoint) is valid, so open time depends on the tail, not on history.
+//! The work is done in two phases. [`plan`] reads and classifies, and
+//! changes nothing (`fencelog repair` shows it before asking). Applying the
+//! plan first raises the token floor ([`crate::marks`]) when anything is
+//! cut, then copies a damaged segment aside before anything is sealed over
+//! or removed, and only then renames and removes files.
+//!
+//! Replay starts at the newest segment that opens with a checkpoint (some
+//! segments open with a link instead, see [`EntryKind::Link`]), so open time
+//! depends on the tail, not on history.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use bytes::Bytes;
 
 use crate::error::WalError;
 use crate::format::{self, ALIGN, EntryKind, HEADER_LEN, Invalid, Probe, TRAILER_LEN};
+use crate::marks::{Marks, MarksFile};
 use crate::options::{RecoveryMode, WalOptions};
-use crate::segment::{self, SealedView, SegmentHandle};
-use crate::storage::{Storage, StorageFile};
+use crate::segment::{self, SealedInfo, SegmentHandle};
+use crate::storage::{self, Storage, StorageFile};
 
 /// What recovery found and did.
 #[derive(Debug, Clone, Default)]
@@ -45,9 +54,12 @@ pub struct RecoveryReport {
     pub next_lsn: u64,
     /// What was cut off the end of the log, if anything.
     pub cut: Option<Cut>,
+    /// The token marks after recovery (see [`Marks`]): after a cut, the
+    /// floor is at or above every value that may have been acknowledged.
+    pub marks: Marks,
 }
 
-/// A part of the log that recovery cut off.
+/// A part of the log that recovery cut off (or, in a plan, would cut).
 #[derive(Debug, Clone)]
 pub struct Cut {
     /// Why: a torn tail (never acknowledged) or salvage of damage.
@@ -58,8 +70,17 @@ pub struct Cut {
     pub position: u64,
     /// What was found there.
     pub reason: String,
-    /// Files moved aside (`*.damaged`) by salvage.
+    /// Bytes cut from `file` (from `position` to the end of what was
+    /// written there, as far as it can be told).
+    pub bytes_cut: u64,
+    /// Valid entries found after `position` that were cut with it (in that
+    /// file and in later ones).
+    pub entries_cut: u64,
+    /// Files kept aside (`*.damaged`): a copy of `file` when acknowledged
+    /// data was cut there, and every later segment, renamed.
     pub moved_aside: Vec<PathBuf>,
+    /// Later segment files removed because they held no valid entry.
+    pub removed: Vec<PathBuf>,
 }
 
 /// The kind of a [`Cut`].
@@ -69,10 +90,11 @@ pub enum CutKind {
     /// a write torn by a crash before its sync returned, so never
     /// acknowledged. Damage at rest to the very last synced epoch looks the
     /// same (no later entry proves it was synced), which is why the cut is
-    /// always reported.
+    /// always reported and raises the token floor.
     TornTail,
     /// Damage to acknowledged entries, cut because the caller asked for
-    /// [`RecoveryMode::Salvage`]; entries after the damage were dropped.
+    /// [`RecoveryMode::Salvage`]; entries after the damage were dropped
+    /// (kept in `*.damaged` files).
     Salvaged,
 }
 
@@ -110,10 +132,11 @@ pub(crate) enum Tail {
 pub(crate) struct Recovered {
     /// Every segment kept, in order; the tail's file is in `tail`.
     pub segments: Vec<u64>,
-    /// Sealed segments already mapped during the scan.
-    pub sealed: HashMap<u64, Arc<SealedView>>,
+    /// Sealed segments read during the scan, with their footers.
+    pub sealed: HashMap<u64, (SealedInfo, Bytes)>,
     pub entries: Vec<Scanned>,
-    pub maps: HashMap<u64, Bytes>,
+    /// The scanned segments' bytes (their entries), for replay.
+    pub data: HashMap<u64, Bytes>,
     pub tail: Tail,
     /// The sequence number the next new segment gets.
     pub next_seq: u64,
@@ -126,7 +149,9 @@ struct Seg {
     path: PathBuf,
     file: Box<dyn StorageFile>,
     len: u64,
-    sealed: Option<Arc<SealedView>>,
+    sealed: Option<(SealedInfo, Bytes)>,
+    /// The file's bytes: up to the footer of a sealed segment, all of an
+    /// unsealed one.
     data: Bytes,
 }
 
@@ -138,27 +163,28 @@ impl Seg {
             .map_err(|e| WalError::io("open", &path, e))?;
         segment::check_header(file.as_ref(), &path, seq)?;
         let len = file.len().map_err(|e| WalError::io("stat", &path, e))?;
-        let sealed = segment::load_sealed(file.as_ref(), &path, seq, len)?.map(Arc::new);
-        let data = file
-            .map_readonly(len)
-            .map_err(|e| WalError::io("mmap", &path, e))?;
+        let sealed = segment::load_sealed(file.as_ref(), &path, seq, len)?;
+        let end = sealed.as_ref().map_or(len, |(v, _)| v.footer_pos);
+        let data =
+            storage::read_prefix(file.as_ref(), end).map_err(|e| WalError::io("read", &path, e))?;
         Ok(Seg {
             seq,
             path,
             file,
             len,
             sealed,
-            data,
+            data: Bytes::from(data),
         })
     }
 
     /// Where this segment's entries end: its footer if sealed, else its end.
     fn entries_end(&self) -> u64 {
-        self.sealed.as_ref().map_or(self.len, |v| v.footer_pos)
+        self.sealed.as_ref().map_or(self.len, |(v, _)| v.footer_pos)
     }
 
-    fn first_entry_is_checkpoint(&self) -> bool {
-        let end = self.entries_end();
+    /// Whether replay can start here: the first entry is a checkpoint.
+    fn opens_with_checkpoint(&self) -> bool {
+        let end = self.entries_end().min(self.data.len() as u64);
         if end <= HEADER_LEN {
             return false;
         }
@@ -167,6 +193,13 @@ impl Seg {
             Probe::Entry(h) if h.kind == EntryKind::Checkpoint
         )
     }
+}
+
+/// A segment salvage could not read at all (damaged header or footer).
+struct Unreadable {
+    seq: u64,
+    path: PathBuf,
+    error: WalError,
 }
 
 /// A valid entry found beyond the stop.
@@ -217,6 +250,33 @@ pub(crate) fn first_valid_after(
     (first, nonzero)
 }
 
+/// Counts the valid entries (LSN at or above `expected`) at aligned
+/// positions of `data[from..end]`: what a cut takes with it, for the report.
+fn count_valid(data: &[u8], seq: u64, from: u64, end: u64, expected: u64) -> u64 {
+    let end = end.min(data.len() as u64);
+    let mut n = 0;
+    let mut pos = from;
+    while pos + ALIGN <= end {
+        match format::probe_entry(&data[pos as usize..end as usize], seq, u32::MAX) {
+            Probe::Entry(h) if h.lsn >= expected => {
+                n += 1;
+                pos += h.encoded_len();
+            }
+            _ => pos += ALIGN,
+        }
+    }
+    n
+}
+
+/// Where the non-zero bytes of `data[from..]` end (what a cut takes).
+fn written_end(data: &[u8], from: u64) -> u64 {
+    let from = (from as usize).min(data.len());
+    data[from..]
+        .iter()
+        .rposition(|&b| b != 0)
+        .map_or(from as u64, |i| (from + i + 1) as u64)
+}
+
 /// Looks at everything after the stop: the first valid entry (with an LSN
 /// at or above `expected`), and whether any non-zero byte follows the stop in
 /// its own segment.
@@ -237,14 +297,12 @@ fn look_beyond(
         } else {
             HEADER_LEN
         };
-        let end = seg
-            .len
-            .saturating_sub(if seg.sealed.is_some() { TRAILER_LEN } else { 0 });
+        let end = seg.entries_end();
         let (found, nonzero) = first_valid_after(&seg.data, seg.seq, from, end, expected);
         if i == stop_index {
             let at_stop = seg
                 .data
-                .get(stop_pos as usize..(stop_pos + ALIGN).min(seg.len) as usize);
+                .get(stop_pos as usize..(stop_pos + ALIGN).min(seg.data.len() as u64) as usize);
             nonzero_here = nonzero || at_stop.is_some_and(|b| b.iter().any(|&x| x != 0));
         }
         if let Some((pos, h)) = found {
@@ -274,11 +332,11 @@ fn describe(probe: Probe, expected: Option<u64>, at_start: bool) -> String {
         }
         Probe::Invalid(Invalid::BadHeader) => "an invalid entry header".into(),
         Probe::Invalid(Invalid::Checksum) => "an entry whose checksum does not match".into(),
-        Probe::Entry(h) if at_start && h.kind != EntryKind::Checkpoint => {
-            "a segment that does not open with a checkpoint".into()
+        Probe::Entry(h) if at_start && !h.kind.opens_segment() => {
+            "a segment that does not open with a checkpoint or a link".into()
         }
-        Probe::Entry(h) if !at_start && h.kind == EntryKind::Checkpoint => {
-            "a checkpoint in the middle of a segment".into()
+        Probe::Entry(h) if !at_start && h.kind.opens_segment() => {
+            "a checkpoint or link in the middle of a segment".into()
         }
         Probe::Entry(h) => format!(
             "an entry with LSN {} where LSN {} was expected",
@@ -288,104 +346,124 @@ fn describe(probe: Probe, expected: Option<u64>, at_start: bool) -> String {
     }
 }
 
-/// Moves a file aside as `<name>.damaged`, copying it when it must stay.
-fn set_aside(storage: &dyn Storage, seg: &Seg, copy: bool) -> Result<PathBuf, WalError> {
-    let mut aside = seg.path.clone().into_os_string();
+fn aside_path(path: &Path) -> PathBuf {
+    let mut aside = path.to_path_buf().into_os_string();
     aside.push(".damaged");
-    let aside = PathBuf::from(aside);
-    if copy {
-        let _ = storage.remove(&aside);
-        let f = storage
-            .create_new(&aside)
-            .map_err(|e| WalError::io("create", &aside, e))?;
-        f.write_all_at(&seg.data, 0)
-            .map_err(|e| WalError::io("write", &aside, e))?;
-        f.sync_data()
-            .map_err(|e| WalError::io("fdatasync", &aside, e))?;
-    } else {
-        storage
-            .rename(&seg.path, &aside)
-            .map_err(|e| WalError::io("rename", &seg.path, e))?;
-    }
-    Ok(aside)
+    PathBuf::from(aside)
 }
 
-pub(crate) fn recover(
+/// What recovery will do, decided before anything on disk changes.
+struct Plan {
+    tmp_files: Vec<PathBuf>,
+    /// Readable tail segments kept, in order.
+    keep: Vec<Seg>,
+    /// The stop segment, copied aside (acknowledged data is cut in it).
+    copy_aside: Option<usize>,
+    /// Renamed aside: later readable segments after a salvage cut.
+    rename_aside: Vec<PathBuf>,
+    /// Removed: later segments holding no valid entry.
+    remove: Vec<PathBuf>,
+    cut: Option<Cut>,
+    /// The segment the log ends in holds junk past its last entry, so it
+    /// must be sealed rather than appended to.
+    rotate_after_junk: bool,
+    entries: Vec<Scanned>,
+    expected: Option<u64>,
+    older: Vec<u64>,
+    next_seq: u64,
+    report: RecoveryReport,
+}
+
+/// Reads the log in `dir` and decides what opening it in `opts.recovery`
+/// mode would cut, without changing anything. `fencelog repair` shows this
+/// before it asks.
+pub fn plan_recovery(
     storage: &dyn Storage,
     dir: &Path,
     opts: &WalOptions,
-) -> Result<Recovered, WalError> {
+) -> Result<RecoveryReport, WalError> {
+    let p = plan(storage, dir, opts)?;
+    let mut report = p.report;
+    report.cut = p.cut;
+    report.next_lsn = p.expected.unwrap_or(1);
+    report.entries_replayed = p.entries.len() as u64;
+    report.segments = p.older.len() + p.keep.len();
+    Ok(report)
+}
+
+fn plan(storage: &dyn Storage, dir: &Path, opts: &WalOptions) -> Result<Plan, WalError> {
     let names = storage
         .list(dir)
         .map_err(|e| WalError::io("list", dir, e))?;
     let mut seqs = Vec::new();
-    let mut dir_changed = false;
+    let mut tmp_files = Vec::new();
     for name in names {
         if let Some(seq) = format::parse_segment_file_name(&name) {
             seqs.push(seq);
         } else if name.ends_with(".wal.tmp") {
             // A segment whose creation never finished: it was never renamed
             // into place, so it holds nothing.
-            let path = dir.join(&name);
-            storage
-                .remove(&path)
-                .map_err(|e| WalError::io("remove", &path, e))?;
-            dir_changed = true;
+            tmp_files.push(dir.join(&name));
         }
     }
     seqs.sort_unstable();
     let next_seq = seqs.last().map_or(1, |s| s + 1);
 
     // Open segments from the newest back to the newest one that opens with
-    // a valid checkpoint: replay starts there.
-    let mut tail_segs: Vec<Seg> = Vec::new();
+    // a valid checkpoint: replay starts there. Salvage notes segments it
+    // cannot read at all and carries on with older ones; nothing is moved
+    // before the whole picture is known.
+    let mut tail: Vec<Seg> = Vec::new();
+    let mut unreadable: Vec<Unreadable> = Vec::new();
     let mut first_opened = seqs.len();
-    // Segments salvage set aside whole (unreadable header or footer), with
-    // the damage that made it.
-    let mut set_aside_whole: Vec<(PathBuf, WalError)> = Vec::new();
     for (i, &seq) in seqs.iter().enumerate().rev() {
-        let seg = match Seg::open(storage, dir, seq) {
-            Ok(seg) => seg,
-            Err(e) if opts.recovery != RecoveryMode::Salvage || !e.is_corruption() => {
-                return Err(e);
-            }
-            Err(e) => {
-                // Salvage: a segment whose header or footer is damaged cannot
-                // be read at all; set it aside and carry on with the older
-                // ones. The report says so.
-                let path = dir.join(format::segment_file_name(seq));
-                let mut aside = path.clone().into_os_string();
-                aside.push(".damaged");
-                let aside = PathBuf::from(aside);
-                storage
-                    .rename(&path, &aside)
-                    .map_err(|e| WalError::io("rename", &path, e))?;
-                dir_changed = true;
-                first_opened = i;
-                set_aside_whole.push((aside, e));
-                continue;
-            }
-        };
-        let is_start = seg.first_entry_is_checkpoint();
-        tail_segs.push(seg);
         first_opened = i;
-        if is_start {
-            break;
+        match Seg::open(storage, dir, seq) {
+            Ok(seg) => {
+                let is_start = seg.opens_with_checkpoint();
+                tail.push(seg);
+                if is_start {
+                    break;
+                }
+            }
+            Err(e) if opts.recovery == RecoveryMode::Salvage && e.is_corruption() => {
+                unreadable.push(Unreadable {
+                    seq,
+                    path: dir.join(format::segment_file_name(seq)),
+                    error: e,
+                });
+            }
+            Err(e) => return Err(e),
         }
     }
-    tail_segs.reverse();
+    tail.reverse();
+    unreadable.reverse();
     // Older segments are sealed and are read only on demand: open reads the
-    // tail only. Their format version is that of the tail or older (a build
-    // writes its own version, and versions only grow), so a tail this build
-    // can read means older segments it can read too.
+    // tail only.
     let older: Vec<u64> = seqs[..first_opened].to_vec();
-
     let mut report = RecoveryReport::default();
     let mut entries: Vec<Scanned> = Vec::new();
     let mut expected: Option<u64> = None;
-    // (segment index in tail_segs, position, description)
+    // (segment index in tail, position, description)
     let mut stop: Option<(usize, u64, String)> = None;
-    for (i, seg) in tail_segs.iter().enumerate() {
+    // The stop is where an unreadable segment begins (not damage found
+    // inside the stop segment itself).
+    let mut stop_at_unreadable = false;
+    for (i, seg) in tail.iter().enumerate() {
+        if let Some(u) = unreadable.iter().find(|u| u.seq < seg.seq) {
+            // Scanning stops before the first segment that cannot be read.
+            let (at_index, at) = match i.checked_sub(1) {
+                Some(p) => (p, tail[p].entries_end()),
+                None => (0, HEADER_LEN),
+            };
+            stop = Some((
+                at_index,
+                at,
+                format!("segment {} cannot be read ({})", u.seq, u.error),
+            ));
+            stop_at_unreadable = true;
+            break;
+        }
         report.scanned_segments += 1;
         let end = seg.entries_end();
         let mut pos = HEADER_LEN;
@@ -396,8 +474,10 @@ pub(crate) fn recover(
             let at_start = pos == HEADER_LEN;
             match probe {
                 Probe::Entry(h)
-                    if (h.kind == EntryKind::Checkpoint) == at_start
-                        && expected.is_none_or(|e| h.lsn == e) =>
+                    if h.kind.opens_segment() == at_start
+                        && expected.is_none_or(|e| h.lsn == e)
+                        // Replay starts with a checkpoint, never a link.
+                        && (expected.is_some() || h.kind == EntryKind::Checkpoint) =>
                 {
                     entries.push(Scanned {
                         seq: seg.seq,
@@ -420,7 +500,7 @@ pub(crate) fn recover(
             break;
         }
         match &seg.sealed {
-            Some(view) => {
+            Some((view, _)) => {
                 let (first, last) = match (entries.get(first_in_seg), entries.last()) {
                     (Some(f), Some(l)) if entries.len() > first_in_seg => (f.lsn, l.lsn),
                     _ => (0, 0),
@@ -444,15 +524,35 @@ pub(crate) fn recover(
             }
         }
     }
+    if stop.is_none()
+        && let Some(last) = tail.len().checked_sub(1)
+        && let Some(u) = unreadable.iter().find(|u| u.seq > tail[last].seq)
+    {
+        stop = Some((
+            last,
+            tail[last].entries_end(),
+            format!("segment {} cannot be read ({})", u.seq, u.error),
+        ));
+        stop_at_unreadable = true;
+    }
 
     let mut cut: Option<Cut> = None;
-    // Whether the segment the log ends in holds junk past its last entry, so
-    // that it must be sealed rather than appended to.
+    let mut copy_aside = None;
+    let mut rename_aside = Vec::new();
+    let mut remove = Vec::new();
     let mut rotate_after_junk = false;
+    // How many readable tail segments are kept (the rest are cut).
+    let mut keep_len = tail.len();
     if let Some((stop_index, stop_pos, reason)) = stop {
-        let seg = &tail_segs[stop_index];
+        let seg = &tail[stop_index];
         let exp = expected.unwrap_or(1);
-        if seg.sealed.is_some() {
+        // An unreadable segment anywhere in the tail: a later segment
+        // exists, so the stop's epoch was synced and something is lost.
+        let unreadable_after = unreadable.first();
+        if let Some((view, _)) = &seg.sealed
+            && stop_pos < view.footer_pos
+            && !stop_at_unreadable
+        {
             // A sealed segment's entries were all synced before its footer.
             return Err(WalError::Corrupt {
                 file: seg.path.clone(),
@@ -468,27 +568,54 @@ pub(crate) fn recover(
             .data
             .get(stop_pos as usize..)
             .and_then(|rest| format::decode_footer(rest, seg.seq));
-        let interrupted_seal = footer_at_stop
-            .is_some_and(|f| expected.is_some_and(|e| f.last_lsn.checked_add(1) == Some(e)));
-        let (beyond, nonzero) = if interrupted_seal {
+        let interrupted_seal = seg.sealed.is_none()
+            && footer_at_stop
+                .is_some_and(|f| expected.is_some_and(|e| f.last_lsn.checked_add(1) == Some(e)));
+        let (beyond, nonzero) = if stop_at_unreadable {
+            // Damage whatever follows: nothing more to learn from it.
+            (None, true)
+        } else if interrupted_seal {
             let footer_len =
                 footer_at_stop.map_or(0, |f| format::FOOTER_HEADER_LEN as u64 + u64::from(f.len));
             let after = format::align_up(stop_pos + footer_len);
-            let (b, _) = look_beyond(&tail_segs, stop_index, after.saturating_sub(ALIGN), exp);
+            let (b, _) = look_beyond(&tail, stop_index, after.saturating_sub(ALIGN), exp);
             (b, true)
         } else {
-            look_beyond(&tail_segs, stop_index, stop_pos, exp)
+            look_beyond(&tail, stop_index, stop_pos, exp)
         };
-        let damage = match &beyond {
+        let damage = match (&beyond, unreadable_after) {
             // A valid entry of an epoch that began after the stop: the stop's
             // epoch had been synced, so acknowledged data is damaged.
-            Some(b) if b.epoch_first_lsn > exp || b.seg_index != stop_index => Some(format!(
+            (Some(b), _) if b.epoch_first_lsn > exp || b.seg_index != stop_index => Some(format!(
                 "{reason}, yet a valid entry (LSN {}) of a later sync follows at byte {} of {}",
                 b.lsn,
                 b.pos,
-                tail_segs[b.seg_index].path.display()
+                tail[b.seg_index].path.display()
+            )),
+            (_, Some(u)) => Some(format!(
+                "{reason}, and the later segment {} cannot be read ({})",
+                u.path.display(),
+                u.error
             )),
             _ => None,
+        };
+        let stop_written_end = match &seg.sealed {
+            Some((view, _)) if stop_pos >= view.footer_pos => stop_pos,
+            _ => written_end(&seg.data, stop_pos),
+        };
+        let entries_cut = |from_index: usize| -> u64 {
+            tail.iter()
+                .enumerate()
+                .skip(from_index)
+                .map(|(i, s)| {
+                    let from = if i == stop_index {
+                        stop_pos
+                    } else {
+                        HEADER_LEN
+                    };
+                    count_valid(&s.data, s.seq, from, s.entries_end(), exp)
+                })
+                .sum()
         };
         if let Some(damage) = damage {
             if opts.recovery != RecoveryMode::Salvage {
@@ -498,59 +625,191 @@ pub(crate) fn recover(
                     reason: damage,
                 });
             }
-            let mut moved = vec![set_aside(storage, seg, true)?];
-            for later in tail_segs.drain(stop_index + 1..) {
-                moved.push(set_aside(storage, &later, false)?);
+            let mut moved = Vec::new();
+            if stop_written_end > stop_pos {
+                copy_aside = Some(stop_index);
+                moved.push(aside_path(&seg.path));
             }
-            dir_changed = true;
+            for later in &tail[stop_index + 1..] {
+                moved.push(aside_path(&later.path));
+                rename_aside.push(later.path.clone());
+            }
+            for u in &unreadable {
+                moved.push(aside_path(&u.path));
+                rename_aside.push(u.path.clone());
+            }
             cut = Some(Cut {
                 kind: CutKind::Salvaged,
-                file: tail_segs[stop_index].path.clone(),
+                file: seg.path.clone(),
                 position: stop_pos,
                 reason: damage,
+                bytes_cut: stop_written_end - stop_pos,
+                entries_cut: entries_cut(stop_index),
                 moved_aside: moved,
+                removed: Vec::new(),
             });
             rotate_after_junk = true;
+            keep_len = stop_index + 1;
         } else if interrupted_seal && beyond.is_none() {
             // Not damage: the seal is redone after recovery.
             rotate_after_junk = true;
-        } else if beyond.is_some() || nonzero {
-            if opts.recovery == RecoveryMode::AbsoluteConsistency {
-                return Err(WalError::Corrupt {
+            keep_len = stop_index + 1;
+            for later in &tail[stop_index + 1..] {
+                remove.push(later.path.clone());
+            }
+        } else {
+            if beyond.is_some() || nonzero {
+                if opts.recovery == RecoveryMode::AbsoluteConsistency {
+                    return Err(WalError::Corrupt {
+                        file: seg.path.clone(),
+                        position: stop_pos,
+                        reason: format!("{reason}: a torn tail, refused by AbsoluteConsistency"),
+                    });
+                }
+                cut = Some(Cut {
+                    kind: CutKind::TornTail,
                     file: seg.path.clone(),
                     position: stop_pos,
-                    reason: format!("{reason}: a torn tail, refused by AbsoluteConsistency"),
+                    reason: format!("{reason}: the last sync never completed"),
+                    bytes_cut: stop_written_end - stop_pos,
+                    entries_cut: entries_cut(stop_index),
+                    moved_aside: Vec::new(),
+                    removed: Vec::new(),
                 });
+                rotate_after_junk = true;
             }
-            cut = Some(Cut {
-                kind: CutKind::TornTail,
-                file: seg.path.clone(),
-                position: stop_pos,
-                reason: format!("{reason}: the last sync never completed"),
-                moved_aside: Vec::new(),
-            });
-            rotate_after_junk = true;
-        }
-        // Segments after the one the log ends in hold no valid entry.
-        for later in tail_segs.drain(stop_index + 1..) {
-            storage
-                .remove(&later.path)
-                .map_err(|e| WalError::io("remove", &later.path, e))?;
-            dir_changed = true;
+            keep_len = stop_index + 1;
+            // Segments after the one the log ends in hold no valid entry.
+            for later in &tail[stop_index + 1..] {
+                remove.push(later.path.clone());
+            }
         }
     }
+    if tail.is_empty() && !unreadable.is_empty() {
+        // Salvage found no segment it could read at all.
+        let first = &unreadable[0];
+        let moved: Vec<PathBuf> = unreadable.iter().map(|u| aside_path(&u.path)).collect();
+        rename_aside.extend(unreadable.iter().map(|u| u.path.clone()));
+        cut = Some(Cut {
+            kind: CutKind::Salvaged,
+            file: first.path.clone(),
+            position: 0,
+            reason: format!("no segment can be read ({})", first.error),
+            bytes_cut: 0,
+            entries_cut: 0,
+            moved_aside: moved,
+            removed: Vec::new(),
+        });
+    }
+    tail.truncate(keep_len);
     // A trailing segment without a single valid entry holds nothing (a
-    // pre-created segment, or one whose first sync was torn): drop it.
-    while let Some(last) = tail_segs.last() {
+    // pre-created segment, or one whose first sync was torn): drop it. A
+    // salvaged stop segment with nothing valid was copied aside first.
+    while let Some(last) = tail.last() {
         if entries.iter().any(|e| e.seq == last.seq) {
             break;
         }
-        storage
-            .remove(&last.path)
-            .map_err(|e| WalError::io("remove", &last.path, e))?;
-        dir_changed = true;
-        tail_segs.pop();
+        if copy_aside == Some(tail.len() - 1) {
+            copy_aside = None;
+            // Renaming keeps every byte: no copy needed.
+            rename_aside.push(last.path.clone());
+            if let Some(c) = &mut cut
+                && !c.moved_aside.contains(&aside_path(&last.path))
+            {
+                c.moved_aside.push(aside_path(&last.path));
+            }
+        } else {
+            remove.push(last.path.clone());
+        }
+        tail.pop();
         rotate_after_junk = false;
+    }
+    if let Some(c) = &mut cut {
+        c.removed = remove.clone();
+    }
+    Ok(Plan {
+        tmp_files,
+        keep: tail,
+        copy_aside,
+        rename_aside,
+        remove,
+        cut,
+        rotate_after_junk,
+        entries,
+        expected,
+        older,
+        next_seq,
+        report,
+    })
+}
+
+/// Recovers the log in `dir`: plans, raises the token floor if anything is
+/// cut, then carries the plan out.
+pub(crate) fn recover(
+    storage: &dyn Storage,
+    dir: &Path,
+    opts: &WalOptions,
+    marks: &mut MarksFile,
+) -> Result<Recovered, WalError> {
+    let Plan {
+        tmp_files,
+        keep,
+        copy_aside,
+        rename_aside,
+        remove,
+        cut,
+        rotate_after_junk,
+        entries,
+        expected,
+        older,
+        next_seq,
+        mut report,
+    } = plan(storage, dir, opts)?;
+
+    // Whatever is cut may have held acknowledged values up to the ceiling:
+    // the floor rises before the first byte of it is gone.
+    if cut.is_some() {
+        let m = marks.get();
+        if m.floor < m.ceiling {
+            marks
+                .set(Marks {
+                    ceiling: m.ceiling,
+                    floor: m.ceiling,
+                })
+                .map_err(|e| WalError::io("write token marks in", dir, e))?;
+        }
+    }
+    let mut dir_changed = false;
+    // A copy of the damaged segment, durable before anything is sealed
+    // over or removed.
+    if let Some(i) = copy_aside {
+        let seg = &keep[i];
+        let aside = aside_path(&seg.path);
+        let _ = storage.remove(&aside);
+        let f = storage
+            .create_new(&aside)
+            .map_err(|e| WalError::io("create", &aside, e))?;
+        // The whole file, footer area included: what was there is kept.
+        let whole = storage::read_prefix(seg.file.as_ref(), seg.len)
+            .map_err(|e| WalError::io("read", &seg.path, e))?;
+        f.write_all_at(&whole, 0)
+            .map_err(|e| WalError::io("write", &aside, e))?;
+        f.sync_data()
+            .map_err(|e| WalError::io("fdatasync", &aside, e))?;
+        dir_changed = true;
+    }
+    for path in &rename_aside {
+        let aside = aside_path(path);
+        storage
+            .rename(path, &aside)
+            .map_err(|e| WalError::io("rename", path, e))?;
+        dir_changed = true;
+    }
+    for path in remove.iter().chain(&tmp_files) {
+        storage
+            .remove(path)
+            .map_err(|e| WalError::io("remove", path, e))?;
+        dir_changed = true;
     }
     if dir_changed {
         storage
@@ -558,30 +817,13 @@ pub(crate) fn recover(
             .map_err(|e| WalError::io("sync directory", dir, e))?;
     }
 
-    if !set_aside_whole.is_empty() && cut.is_none() {
-        let reason = set_aside_whole
-            .iter()
-            .map(|(_, e)| e.to_string())
-            .collect::<Vec<_>>()
-            .join("; ");
-        let last_kept = tail_segs.last().map(|s| (s.path.clone(), s.entries_end()));
-        cut = Some(Cut {
-            kind: CutKind::Salvaged,
-            file: last_kept
-                .as_ref()
-                .map_or_else(|| dir.to_path_buf(), |k| k.0.clone()),
-            position: last_kept.map_or(0, |k| k.1),
-            reason,
-            moved_aside: set_aside_whole.into_iter().map(|(p, _)| p).collect(),
-        });
-    }
     let next_lsn = expected.unwrap_or(1);
-    let mut maps = HashMap::new();
+    let mut data = HashMap::new();
     let mut sealed = HashMap::new();
     let mut segments = older;
     let mut tail = Tail::Rotate;
-    let count = tail_segs.len();
-    for (i, seg) in tail_segs.into_iter().enumerate() {
+    let count = keep.len();
+    for (i, seg) in keep.into_iter().enumerate() {
         // After a killed process the page cache may hold what recovery just
         // read (entries, a footer, a trailer) without any sync having covered
         // it: make it durable before anything is decided on top of it.
@@ -589,11 +831,11 @@ pub(crate) fn recover(
             .sync_data()
             .map_err(|e| WalError::io("fdatasync", &seg.path, e))?;
         segments.push(seg.seq);
-        maps.insert(seg.seq, seg.data.clone());
+        data.insert(seg.seq, seg.data.clone());
         let last = i + 1 == count;
-        match (&seg.sealed, last) {
+        match (seg.sealed, last) {
             (Some(view), _) => {
-                sealed.insert(seg.seq, Arc::clone(view));
+                sealed.insert(seg.seq, view);
             }
             (None, true) => {
                 let pos = entries
@@ -634,11 +876,12 @@ pub(crate) fn recover(
     report.entries_replayed = entries.len() as u64;
     report.next_lsn = next_lsn;
     report.cut = cut;
+    report.marks = marks.get();
     Ok(Recovered {
         segments,
         sealed,
         entries,
-        maps,
+        data,
         tail,
         next_seq,
         next_lsn,
@@ -647,15 +890,15 @@ pub(crate) fn recover(
 }
 
 impl Recovered {
-    pub(crate) fn handles(&self, dir: &Path) -> Vec<Arc<SegmentHandle>> {
+    pub(crate) fn handles(&self, dir: &Path) -> Vec<std::sync::Arc<SegmentHandle>> {
         self.segments
             .iter()
             .map(|&seq| {
                 let h = SegmentHandle::new(seq, dir);
-                if let Some(view) = self.sealed.get(&seq) {
-                    h.set_sealed(Arc::clone(view));
+                if let Some((view, _)) = self.sealed.get(&seq) {
+                    h.set_sealed(*view);
                 }
-                Arc::new(h)
+                std::sync::Arc::new(h)
             })
             .collect()
     }

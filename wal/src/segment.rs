@@ -1,39 +1,41 @@
-//! Segment files as the reader sees them: opened lazily, sealed ones mapped.
+//! Segment files as the reader sees them: a header, entries, and for a
+//! sealed segment a footer and a trailer. Everything is read with
+//! positional reads into memory the reader owns: no memory maps, so a disk
+//! that fails or a file cut short behind the log's back answers an error
+//! for that read instead of killing the process.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 use bytes::Bytes;
-use parking_lot::Mutex;
 
 use crate::error::WalError;
 use crate::format::{
-    self, ENTRY_HEADER_LEN, EntryHeader, EntryKind, FOOTER_HEADER_LEN, HEADER_LEN, HeaderError,
-    Probe, TRAILER_LEN,
+    self, ENTRY_HEADER_LEN, EntryKind, FOOTER_HEADER_LEN, HEADER_LEN, HeaderError, Probe,
+    TRAILER_LEN,
 };
-use crate::storage::{Storage, StorageFile};
+use crate::storage::StorageFile;
 
-/// A sealed segment, mapped: its entries, and its footer's payload.
-pub(crate) struct SealedView {
-    /// Bytes `[0, footer end)` of the file.
-    pub data: Bytes,
+/// Where a sealed segment's footer is, and the LSNs it covers. Small and
+/// kept for every segment once known; the footer's payload is read on
+/// demand (and cached by the log, within a budget).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SealedInfo {
     /// Where the entries end and the footer begins.
     pub footer_pos: u64,
-    /// The footer's payload (what the layer above stored there).
-    pub footer: Bytes,
+    /// The footer's payload length.
+    pub footer_payload_len: u32,
     pub first_lsn: u64,
     pub last_lsn: u64,
 }
 
-/// One segment file. Files of old sealed segments are opened on first use,
-/// so that opening a log touches only its tail.
+/// One segment known to the log. Its file is opened through the log's file
+/// cache, so that the number of open files does not grow with the number
+/// of segments.
 pub(crate) struct SegmentHandle {
     pub seq: u64,
     pub path: PathBuf,
-    file: OnceLock<Box<dyn StorageFile>>,
-    sealed: OnceLock<Arc<SealedView>>,
-    /// Serializes the lazy open-and-map so that two readers do not map twice.
-    loading: Mutex<()>,
+    sealed: OnceLock<SealedInfo>,
 }
 
 impl SegmentHandle {
@@ -41,61 +43,16 @@ impl SegmentHandle {
         SegmentHandle {
             seq,
             path: dir.join(format::segment_file_name(seq)),
-            file: OnceLock::new(),
             sealed: OnceLock::new(),
-            loading: Mutex::new(()),
         }
     }
 
-    pub(crate) fn with_file(seq: u64, dir: &Path, file: Box<dyn StorageFile>) -> SegmentHandle {
-        let handle = SegmentHandle::new(seq, dir);
-        let _ = handle.file.set(file);
-        handle
+    pub(crate) fn set_sealed(&self, info: SealedInfo) {
+        let _ = self.sealed.set(info);
     }
 
-    pub(crate) fn file(&self, storage: &dyn Storage) -> Result<&dyn StorageFile, WalError> {
-        if let Some(f) = self.file.get() {
-            return Ok(f.as_ref());
-        }
-        let _guard = self.loading.lock();
-        if let Some(f) = self.file.get() {
-            return Ok(f.as_ref());
-        }
-        let f = storage
-            .open(&self.path)
-            .map_err(|e| WalError::io("open", &self.path, e))?;
-        check_header(f.as_ref(), &self.path, self.seq)?;
-        Ok(self.file.get_or_init(|| f).as_ref())
-    }
-
-    pub(crate) fn set_sealed(&self, view: Arc<SealedView>) {
-        let _ = self.sealed.set(view);
-    }
-
-    pub(crate) fn sealed_now(&self) -> Option<&Arc<SealedView>> {
-        self.sealed.get()
-    }
-
-    /// The mapped view of a segment known to be sealed, loading it if needed.
-    pub(crate) fn sealed_view(&self, storage: &dyn Storage) -> Result<&Arc<SealedView>, WalError> {
-        if let Some(v) = self.sealed.get() {
-            return Ok(v);
-        }
-        let file = self.file(storage)?;
-        let _guard = self.loading.lock();
-        if let Some(v) = self.sealed.get() {
-            return Ok(v);
-        }
-        let len = file
-            .len()
-            .map_err(|e| WalError::io("stat", &self.path, e))?;
-        let view =
-            load_sealed(file, &self.path, self.seq, len)?.ok_or_else(|| WalError::Corrupt {
-                file: self.path.clone(),
-                position: len.saturating_sub(TRAILER_LEN),
-                reason: "a segment older than the log's tail has no valid trailer".into(),
-            })?;
-        Ok(self.sealed.get_or_init(|| Arc::new(view)))
+    pub(crate) fn sealed_now(&self) -> Option<SealedInfo> {
+        self.sealed.get().copied()
     }
 }
 
@@ -114,7 +71,17 @@ pub(crate) fn check_header(file: &dyn StorageFile, path: &Path, seq: u64) -> Res
             WalError::io("read", path, e)
         }
     })?;
-    match format::decode_header(&header) {
+    check_header_bytes(&header, path, seq)
+}
+
+/// Checks the 64 header bytes of segment `seq`.
+pub(crate) fn check_header_bytes(header: &[u8], path: &Path, seq: u64) -> Result<(), WalError> {
+    let corrupt = |reason: &str| WalError::Corrupt {
+        file: path.to_path_buf(),
+        position: 0,
+        reason: reason.to_string(),
+    };
+    match format::decode_header(header) {
         Ok(found) if found == seq => Ok(()),
         Ok(found) => Err(corrupt(&format!(
             "the header names segment {found}, the file name segment {seq}"
@@ -125,7 +92,9 @@ pub(crate) fn check_header(file: &dyn StorageFile, path: &Path, seq: u64) -> Res
             supported: format::FORMAT_VERSION,
         }),
         Err(HeaderError::BadMagic) => Err(corrupt("not a fencelog segment (bad magic number)")),
-        Err(HeaderError::Short) => Err(corrupt("the segment header is truncated")),
+        Err(HeaderError::Short) => Err(corrupt(
+            "the segment header is missing (file shorter than 64 bytes)",
+        )),
         Err(HeaderError::Checksum) => Err(corrupt("the segment header's checksum does not match")),
     }
 }
@@ -133,13 +102,14 @@ pub(crate) fn check_header(file: &dyn StorageFile, path: &Path, seq: u64) -> Res
 /// Reads a segment's trailer and footer. `Ok(None)` when there is no valid
 /// trailer (the segment is not sealed); an error when a valid trailer points
 /// at a footer that does not check out (the trailer is written only after the
-/// footer is durable, so that is damage, not a crash).
+/// footer is durable, so that is damage, not a crash). Answers the footer's
+/// payload too.
 pub(crate) fn load_sealed(
     file: &dyn StorageFile,
     path: &Path,
     seq: u64,
     len: u64,
-) -> Result<Option<SealedView>, WalError> {
+) -> Result<Option<(SealedInfo, Bytes)>, WalError> {
     if len < HEADER_LEN + FOOTER_HEADER_LEN as u64 + TRAILER_LEN {
         return Ok(None);
     }
@@ -154,12 +124,13 @@ pub(crate) fn load_sealed(
         position,
         reason,
     };
-    let footer_end = trailer
+    trailer
         .footer_pos
         .checked_add(u64::from(trailer.footer_len))
         .filter(|&end| {
             trailer.footer_pos >= HEADER_LEN
                 && trailer.footer_pos % format::ALIGN == 0
+                && u64::from(trailer.footer_len) >= FOOTER_HEADER_LEN as u64
                 && end <= len - TRAILER_LEN
         })
         .ok_or_else(|| {
@@ -171,11 +142,11 @@ pub(crate) fn load_sealed(
                 ),
             )
         })?;
-    let data = file
-        .map_readonly(footer_end)
-        .map_err(|e| WalError::io("mmap", path, e))?;
-    let footer_bytes = &data[trailer.footer_pos as usize..];
-    let header = format::decode_footer(footer_bytes, seq)
+    // Bounded by the file's length, checked just above.
+    let mut footer = vec![0u8; trailer.footer_len as usize];
+    file.read_exact_at(&mut footer, trailer.footer_pos)
+        .map_err(|e| WalError::io("read", path, e))?;
+    let header = format::decode_footer(&footer, seq)
         .filter(|h| FOOTER_HEADER_LEN as u64 + u64::from(h.len) == u64::from(trailer.footer_len))
         .ok_or_else(|| {
             corrupt(
@@ -183,15 +154,40 @@ pub(crate) fn load_sealed(
                 "the footer's checksum or length does not match its trailer".into(),
             )
         })?;
-    let footer_start = trailer.footer_pos as usize + FOOTER_HEADER_LEN;
-    let footer = data.slice(footer_start..footer_start + header.len as usize);
-    Ok(Some(SealedView {
-        data,
-        footer_pos: trailer.footer_pos,
-        footer,
-        first_lsn: header.first_lsn,
-        last_lsn: header.last_lsn,
-    }))
+    let payload = Bytes::from(footer).slice(FOOTER_HEADER_LEN..);
+    Ok(Some((
+        SealedInfo {
+            footer_pos: trailer.footer_pos,
+            footer_payload_len: header.len,
+            first_lsn: header.first_lsn,
+            last_lsn: header.last_lsn,
+        },
+        payload,
+    )))
+}
+
+/// Reads a sealed segment's footer payload (its trailer was checked when
+/// `info` was made), checking its checksum again: the bytes come from disk.
+pub(crate) fn read_footer(
+    file: &dyn StorageFile,
+    path: &Path,
+    seq: u64,
+    info: SealedInfo,
+) -> Result<Bytes, WalError> {
+    let mut footer = vec![0u8; FOOTER_HEADER_LEN + info.footer_payload_len as usize];
+    file.read_exact_at(&mut footer, info.footer_pos)
+        .map_err(|e| WalError::io("read", path, e))?;
+    match format::decode_footer(&footer, seq) {
+        Some(h) if h.len == info.footer_payload_len => {
+            Ok(Bytes::from(footer).slice(FOOTER_HEADER_LEN..))
+        }
+        _ => Err(WalError::Corrupt {
+            file: path.to_path_buf(),
+            position: info.footer_pos,
+            reason: "the footer's checksum does not match (it did when the segment was opened)"
+                .into(),
+        }),
+    }
 }
 
 /// An entry read back from the log.
@@ -201,63 +197,66 @@ pub struct Entry {
     pub lsn: u64,
     /// What it is for.
     pub kind: EntryKind,
-    /// Its payload; a slice of a memory map for sealed segments.
+    /// Its payload: a slice of a buffer read for this entry (slices of it
+    /// never copy).
     pub payload: Bytes,
 }
 
-/// Decodes the entry at `pos` of a mapped sealed segment, without copying.
-pub(crate) fn entry_in_view(view: &SealedView, seq: u64, pos: u64) -> Option<Entry> {
-    if pos < HEADER_LEN || pos >= view.footer_pos || !pos.is_multiple_of(format::ALIGN) {
-        return None;
-    }
-    let bytes = &view.data[pos as usize..view.footer_pos as usize];
-    match format::probe_entry(bytes, seq, u32::MAX) {
-        Probe::Entry(h) => Some(Entry {
-            lsn: h.lsn,
-            kind: h.kind,
-            payload: payload_of(&view.data, pos, &h),
-        }),
-        _ => None,
-    }
-}
+/// How much a first read of an entry takes: most entries fit, so most
+/// reads are one system call.
+const FIRST_READ: usize = 4096;
 
-fn payload_of(data: &Bytes, pos: u64, h: &EntryHeader) -> Bytes {
-    let start = pos as usize + ENTRY_HEADER_LEN;
-    data.slice(start..start + h.len as usize)
-}
-
-/// Reads and checks the entry at `pos` of an unsealed segment by positional
-/// reads (never a map: the tail may still be sealed over or grow).
+/// Reads and checks the entry at `pos` of segment `seq`, whose entries end
+/// at `end` (a sealed segment's footer, or the file's end), with a payload
+/// of at most `max_len` bytes. `Ok(None)` when there is no valid entry
+/// there; an error only when the file cannot be read.
 pub(crate) fn read_entry_at(
     file: &dyn StorageFile,
     path: &Path,
     seq: u64,
     pos: u64,
+    end: u64,
     max_len: u32,
 ) -> Result<Option<Entry>, WalError> {
-    let mut header = [0u8; ENTRY_HEADER_LEN];
-    match file.read_exact_at(&mut header, pos) {
-        Ok(()) => {}
-        // Past the end of the file: there is no entry there.
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(WalError::io("read", path, e)),
+    if pos < HEADER_LEN || !pos.is_multiple_of(format::ALIGN) || pos + ENTRY_HEADER_LEN as u64 > end
+    {
+        return Ok(None);
     }
-    let len = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
+    let avail = end - pos;
+    let first = (FIRST_READ as u64).min(avail) as usize;
+    let mut buf = vec![0u8; first];
+    file.read_exact_at(&mut buf, pos).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            WalError::Corrupt {
+                file: path.to_path_buf(),
+                position: pos,
+                reason: format!("the file ends before byte {}", pos + first as u64),
+            }
+        } else {
+            WalError::io("read", path, e)
+        }
+    })?;
+    let len = format::u32_at(&buf, 4);
     if len > max_len {
         return Ok(None);
     }
-    let mut buf = vec![0u8; ENTRY_HEADER_LEN + len as usize];
-    file.read_exact_at(&mut buf, pos)
-        .map_err(|e| WalError::io("read", path, e))?;
+    let whole = ENTRY_HEADER_LEN as u64 + u64::from(len);
+    if whole > avail {
+        return Ok(None);
+    }
+    if whole as usize > buf.len() {
+        let have = buf.len();
+        buf.resize(whole as usize, 0);
+        file.read_exact_at(&mut buf[have..], pos + have as u64)
+            .map_err(|e| WalError::io("read", path, e))?;
+    }
+    buf.truncate(whole as usize);
     match format::probe_entry(&buf, seq, max_len) {
-        Probe::Entry(h) => {
-            let data = Bytes::from(buf);
-            Ok(Some(Entry {
-                lsn: h.lsn,
-                kind: h.kind,
-                payload: data.slice(ENTRY_HEADER_LEN..),
-            }))
-        }
+        Probe::Entry(h) => Ok(Some(Entry {
+            lsn: h.lsn,
+            kind: h.kind,
+            payload: Bytes::from(buf).slice(ENTRY_HEADER_LEN..),
+        })),
         _ => Ok(None),
     }
 }

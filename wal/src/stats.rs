@@ -100,6 +100,11 @@ pub struct WalStats {
     pub(crate) segments_created: AtomicU64,
     pub(crate) segments_sealed: AtomicU64,
     pub(crate) segments_removed: AtomicU64,
+    pub(crate) checkpoints: AtomicU64,
+    pub(crate) links: AtomicU64,
+    pub(crate) last_checkpoint_bytes: AtomicU64,
+    pub(crate) marks_writes: AtomicU64,
+    pub(crate) oversized_checkpoints: AtomicU64,
     pub(crate) sync_micros: Histogram,
     pub(crate) batch_entries: Histogram,
 }
@@ -120,6 +125,22 @@ pub struct WalStatsSnapshot {
     pub segments_sealed: u64,
     /// Segments removed by garbage collection.
     pub segments_removed: u64,
+    /// Segments opened with a checkpoint (replay can start there).
+    pub checkpoints: u64,
+    /// Segments opened with a link instead (see [`crate::EntryKind::Link`]).
+    pub links: u64,
+    /// Bytes of the last checkpoint written.
+    pub last_checkpoint_bytes: u64,
+    /// Durable writes of the token marks (see `MARKS` in `docs/FORMAT.md`).
+    pub marks_writes: u64,
+    /// Checkpoints too large for one entry, written as links instead.
+    pub oversized_checkpoints: u64,
+    /// Segment files open now for reading (within the file budget).
+    pub open_segment_files: u64,
+    /// Segment files opened for reading so far.
+    pub segment_files_opened: u64,
+    /// Bytes of footers held in memory now (within their budget).
+    pub footer_cache_bytes: u64,
     /// Latency of each group commit's write + sync, in microseconds.
     pub sync_micros: HistogramSnapshot,
     /// Entries per group commit.
@@ -136,6 +157,14 @@ impl WalStats {
             segments_created: self.segments_created.load(Ordering::Relaxed),
             segments_sealed: self.segments_sealed.load(Ordering::Relaxed),
             segments_removed: self.segments_removed.load(Ordering::Relaxed),
+            checkpoints: self.checkpoints.load(Ordering::Relaxed),
+            links: self.links.load(Ordering::Relaxed),
+            last_checkpoint_bytes: self.last_checkpoint_bytes.load(Ordering::Relaxed),
+            marks_writes: self.marks_writes.load(Ordering::Relaxed),
+            oversized_checkpoints: self.oversized_checkpoints.load(Ordering::Relaxed),
+            open_segment_files: 0,
+            segment_files_opened: 0,
+            footer_cache_bytes: 0,
             sync_micros: self.sync_micros.snapshot(),
             batch_entries: self.batch_entries.snapshot(),
         }

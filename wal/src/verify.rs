@@ -6,6 +6,7 @@ use crate::error::WalError;
 use crate::format::{self, EntryKind, HEADER_LEN, Probe};
 use crate::recovery::first_valid_after;
 use crate::segment;
+use crate::storage;
 use crate::storage::Storage;
 
 /// What verification found in one segment.
@@ -92,16 +93,15 @@ pub fn verify(
         .collect();
     seqs.sort_unstable();
 
-    let mut files = Vec::new();
+    // Sizes first, for the progress report: one file open at a time.
     let mut total = 0;
     for &seq in &seqs {
         let path = dir.join(format::segment_file_name(seq));
-        let file = storage
+        let len = storage
             .open(&path)
+            .and_then(|f| f.len())
             .map_err(|e| WalError::io("open", &path, e))?;
-        let len = file.len().map_err(|e| WalError::io("stat", &path, e))?;
         total += len;
-        files.push((seq, path, file, len));
     }
 
     let mut report = VerifyReport {
@@ -110,7 +110,13 @@ pub fn verify(
     };
     let mut done = 0;
     let mut expected: Option<u64> = None;
-    for (seq, path, file, len) in files {
+    for &seq in &seqs {
+        let path = dir.join(format::segment_file_name(seq));
+        // One segment open and in memory at a time, whatever the log's size.
+        let file = storage
+            .open(&path)
+            .map_err(|e| WalError::io("open", &path, e))?;
+        let len = file.len().map_err(|e| WalError::io("stat", &path, e))?;
         let mut seg = SegmentReport {
             seq,
             path: path.clone(),
@@ -131,29 +137,30 @@ pub fn verify(
             continue;
         }
         let sealed = match segment::load_sealed(file.as_ref(), &path, seq, len) {
-            Ok(v) => v,
+            Ok(v) => v.map(|(info, _)| info),
             Err(e) => {
                 seg.damage = Some((len.saturating_sub(format::TRAILER_LEN), e.to_string()));
                 None
             }
         };
         seg.sealed = sealed.is_some();
-        let data = file
-            .map_readonly(len)
-            .map_err(|e| WalError::io("mmap", &path, e))?;
+        let data =
+            storage::read_prefix(file.as_ref(), len).map_err(|e| WalError::io("read", &path, e))?;
+        drop(file);
         let end = sealed.as_ref().map_or(len, |v| v.footer_pos);
         let mut pos = HEADER_LEN;
         let mut stop: Option<(u64, String)> = None;
         while pos < end {
             match format::probe_entry(&data[pos as usize..end as usize], seq, u32::MAX) {
-                // Every segment opens with a checkpoint, and only there.
-                Probe::Entry(h) if (h.kind == EntryKind::Checkpoint) != (pos == HEADER_LEN) => {
+                // Every segment opens with a checkpoint or a link, and only
+                // there.
+                Probe::Entry(h) if h.kind.opens_segment() != (pos == HEADER_LEN) => {
                     stop = Some((
                         pos,
                         if pos == HEADER_LEN {
-                            "a segment that does not open with a checkpoint".into()
+                            "a segment that does not open with a checkpoint or a link".into()
                         } else {
-                            "a checkpoint in the middle of a segment".into()
+                            "a checkpoint or link in the middle of a segment".into()
                         },
                     ));
                     break;

@@ -27,12 +27,14 @@ use event_listener::{Event, Listener};
 use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 
 use crate::error::WalError;
+use crate::files::{FileCache, FooterCache};
 use crate::format::{
     self, ENTRY_HEADER_LEN, EntryKind, FOOTER_HEADER_LEN, HEADER_LEN, TRAILER_LEN, Trailer,
 };
+use crate::marks::{Marks, MarksFile};
 use crate::options::{Preallocation, WalOptions};
 use crate::recovery::{self, RecoveryReport, Scanned, Tail};
-use crate::segment::{self, Entry, SegmentHandle};
+use crate::segment::{self, Entry, SealedInfo, SegmentHandle};
 use crate::stats::{WalStats, WalStatsSnapshot};
 use crate::storage::{DirLock, Storage, StorageFile};
 use crate::ticket::{Batch, Ticket};
@@ -46,10 +48,13 @@ pub trait Sequencer: Send + 'static {
     /// thread, before any waiter of that batch wakes).
     type Effect: Durable;
 
-    /// The checkpoint that opens segment `segment`: everything recovery
-    /// needs to rebuild the state as of this point. Recovery replays from the
-    /// newest checkpoint that is intact.
-    fn checkpoint(&mut self, segment: u64) -> Vec<u8>;
+    /// What opens segment `segment`: a checkpoint (`Some`: everything
+    /// recovery needs to rebuild the state as of this point; recovery
+    /// replays from the newest intact one), or `None` for a link (replay
+    /// reaches this segment from an older checkpoint). `since_checkpoint`
+    /// is how many bytes the log has written since the last checkpoint, so
+    /// the layer above can keep checkpoints a small share of the log.
+    fn checkpoint(&mut self, segment: u64, since_checkpoint: u64) -> Option<Vec<u8>>;
 
     /// The footer payload of segment `segment`, sealed now: its last entry
     /// has been appended. The effect, if any, runs once the footer is
@@ -74,8 +79,8 @@ pub trait Durable: Send + 'static {
 /// appends, as in benchmarks and examples).
 impl Sequencer for () {
     type Effect = ();
-    fn checkpoint(&mut self, _segment: u64) -> Vec<u8> {
-        Vec::new()
+    fn checkpoint(&mut self, _segment: u64, _since: u64) -> Option<Vec<u8>> {
+        Some(Vec::new())
     }
     fn seal(&mut self, _segment: u64) -> (Vec<u8>, Option<()>) {
         (Vec::new(), None)
@@ -140,9 +145,10 @@ impl ReplayEntry {
 pub struct Replay<'a> {
     dir: &'a Path,
     entries: &'a [Scanned],
-    maps: &'a std::collections::HashMap<u64, Bytes>,
+    data: &'a std::collections::HashMap<u64, Bytes>,
     segments: &'a [u64],
-    sealed: &'a std::collections::HashMap<u64, Arc<crate::segment::SealedView>>,
+    sealed: &'a std::collections::HashMap<u64, (SealedInfo, Bytes)>,
+    report: &'a RecoveryReport,
 }
 
 impl Replay<'_> {
@@ -150,14 +156,14 @@ impl Replay<'_> {
     /// is a checkpoint unless the log is empty.
     pub fn entries(&self) -> impl Iterator<Item = ReplayEntry> + '_ {
         self.entries.iter().filter_map(|e| {
-            let map = self.maps.get(&e.seq)?;
+            let data = self.data.get(&e.seq)?;
             let start = e.pos as usize + ENTRY_HEADER_LEN;
             Some(ReplayEntry {
                 lsn: e.lsn,
                 kind: e.kind,
                 segment: e.seq,
                 position: e.pos,
-                payload: map.slice(start..start + e.len as usize),
+                payload: data.slice(start..start + e.len as usize),
                 path: self.dir.join(format::segment_file_name(e.seq)),
             })
         })
@@ -175,6 +181,12 @@ impl Replay<'_> {
         // Segments older than the first replayed one are sealed too.
         self.sealed.contains_key(&segment) || self.entries.first().is_some_and(|e| segment < e.seq)
     }
+
+    /// What recovery found and did so far: in particular whether it cut
+    /// anything, and the token marks after it.
+    pub fn report(&self) -> &RecoveryReport {
+        self.report
+    }
 }
 
 /// One pending write: bytes for one segment at one position.
@@ -184,6 +196,8 @@ struct Chunk {
     buf: Vec<u8>,
     /// The segment must be created before this chunk is written.
     create: bool,
+    /// The segment opens with a checkpoint (replay can start there).
+    opens_checkpoint: bool,
     /// Seal the segment after this chunk: the encoded footer.
     seal: Option<Vec<u8>>,
 }
@@ -196,6 +210,9 @@ struct Pending<E> {
     first_lsn: Option<u64>,
     bytes: u64,
     entries: u64,
+    /// The ceiling this batch needs durable before it is acknowledged, and
+    /// what to raise it to (see [`Writer::reserve`]).
+    reserve: Option<(u64, u64)>,
 }
 
 impl<E> Pending<E> {
@@ -207,6 +224,7 @@ impl<E> Pending<E> {
             first_lsn: None,
             bytes: 0,
             entries: 0,
+            reserve: None,
         }
     }
 
@@ -223,7 +241,7 @@ struct Alloc {
     /// A creation is under way.
     creating: bool,
     /// A created segment, ready to be written.
-    ready: Option<Arc<SegmentHandle>>,
+    ready: Option<(Arc<SegmentHandle>, Arc<dyn StorageFile>)>,
     shutdown: bool,
 }
 
@@ -234,8 +252,12 @@ struct Locked<S: Sequencer> {
     /// The segment new entries go to, and where.
     seg_seq: u64,
     seg_pos: u64,
-    /// LSN of the current segment's first entry (its checkpoint).
+    /// LSN of the current segment's first entry (its checkpoint or link).
     seg_first_lsn: u64,
+    /// Where the current segment's records start (after its opening entry).
+    seg_records_start: u64,
+    /// Bytes written since the last checkpoint.
+    since_checkpoint: u64,
     /// First LSN of the epoch being filled in the current segment.
     epoch_first_lsn: Option<u64>,
     pending: Pending<S::Effect>,
@@ -245,20 +267,23 @@ struct Locked<S: Sequencer> {
     spare: Vec<Vec<u8>>,
     sync_thread_waiting: bool,
     shutdown: bool,
+    /// Set inside the lock when writing cannot go on (a footer that cannot
+    /// be encoded); the log latches as failed once the lock is released.
+    broken: Option<String>,
 }
 
 struct Shared<S: Sequencer> {
     dir: PathBuf,
     storage: Arc<dyn Storage>,
-    opts: WalOptions,
     locked: Mutex<Locked<S>>,
     work: Condvar,
     /// Signalled whenever the pending batch is taken: submitters held back
     /// by `max_batch_bytes` retry.
     space: Event,
     durable_lsn: AtomicU64,
-    /// Segment whose checkpoint is durable and newest: older sealed segments
-    /// are not needed by recovery.
+    /// The newest segment whose opening checkpoint is durable: replay
+    /// starts there or later, so older sealed segments are not needed by
+    /// recovery.
     durable_checkpoint_seq: AtomicU64,
     /// The segment the sync thread writes to.
     active_seq: AtomicU64,
@@ -269,6 +294,16 @@ struct Shared<S: Sequencer> {
     alloc_ready: Condvar,
     /// Held by whoever writes and syncs a batch (see [`FlushState`]).
     flush: Mutex<FlushState>,
+    /// Open files of segments being read, within a budget.
+    files: FileCache,
+    /// Footers of sealed segments, within a budget.
+    footers: FooterCache,
+    /// The token marks file (written by whoever flushes, or by
+    /// [`Wal::raise_marks`]).
+    marks: Mutex<MarksFile>,
+    /// A copy of the marks' ceiling, readable without the lock.
+    ceiling: AtomicU64,
+    opts: WalOptions,
     stats: WalStats,
     _lock: Box<dyn DirLock>,
 }
@@ -344,6 +379,31 @@ impl<S: Sequencer> Writer<'_, S> {
         Ok(self.locked.append_entry(EntryKind::Record, len, fill))
     }
 
+    /// Promises that no entry of the pending batch is acknowledged before
+    /// the marks' ceiling is at least `needed`: if it is below, the flush
+    /// raises it to `target` (durably, in the marks file) before it
+    /// completes the batch. The layer above calls this for every value it
+    /// must never see lowered by a cut (the engine: tokens).
+    pub fn reserve(&mut self, needed: u64, target: u64) {
+        if needed <= self.shared.ceiling.load(Ordering::Acquire) {
+            return;
+        }
+        if self.locked.pending.is_empty() {
+            // Nothing pending: an empty chunk makes the next batch exist.
+            self.locked.current_chunk();
+        }
+        let r = &mut self.locked.pending.reserve;
+        *r = Some(match *r {
+            Some((n, t)) => (n.max(needed), t.max(target)),
+            None => (needed, target.max(needed)),
+        });
+    }
+
+    /// The marks' ceiling as last made durable.
+    pub fn ceiling(&self) -> u64 {
+        self.shared.ceiling.load(Ordering::Acquire)
+    }
+
     /// Runs `effect` once everything appended so far is durable: at once if
     /// it is already, else on the sync thread after the batch's sync.
     pub fn on_durable(&mut self, effect: S::Effect) {
@@ -384,6 +444,7 @@ impl<S: Sequencer> Locked<S> {
                 pos: self.seg_pos,
                 buf,
                 create: false,
+                opens_checkpoint: false,
                 seal: None,
             });
         }
@@ -409,8 +470,12 @@ impl<S: Sequencer> Locked<S> {
         let entry = &mut chunk.buf[at..at + ENTRY_HEADER_LEN + len];
         let (header, payload) = entry.split_at_mut(ENTRY_HEADER_LEN);
         fill(payload);
-        format::encode_entry_header(header, seq, lsn, epoch, kind, payload);
+        // The checksum is computed by whoever flushes, outside this lock.
+        // `len` fits: entries are bounded by max_entry_bytes (u32), and
+        // the opening entry by the check in `start_segment`.
+        format::encode_entry_fields(header, lsn, epoch, kind, len as u32);
         self.next_lsn += 1;
+        self.since_checkpoint += total as u64;
         self.seg_pos += total as u64;
         self.pending.first_lsn.get_or_insert(lsn);
         self.pending.bytes += total as u64;
@@ -423,57 +488,77 @@ impl<S: Sequencer> Locked<S> {
     }
 
     fn ticket_for(&self, lsn: u64, shared: &Arc<Shared<S>>) -> Ticket {
-        if let Some(cause) = shared.failure.get() {
-            return Ticket::failed(Arc::clone(cause));
-        }
-        if lsn <= shared.durable_lsn.load(Ordering::Acquire) {
-            return Ticket::ready();
-        }
-        let flush: Arc<dyn InlineFlush> = Arc::clone(shared) as Arc<dyn InlineFlush>;
-        match (self.pending.first_lsn, &self.inflight) {
-            (Some(first), _) if lsn >= first => {
-                Ticket::on(Arc::clone(&self.pending.batch), Some(flush))
-            }
-            (_, Some(inflight)) => Ticket::on(Arc::clone(inflight), Some(flush)),
-            // Not durable, not in flight: it can only be in the pending batch.
-            _ => Ticket::on(Arc::clone(&self.pending.batch), Some(flush)),
-        }
+        locked_ticket(&self.pending, &self.inflight, lsn, shared)
     }
 
     /// Seals the current segment after its last entry and opens `next` (the
     /// next number, except after recovery removed junk segments) with a
-    /// checkpoint.
-    fn rotate_to(&mut self, next: u64) {
+    /// checkpoint or a link.
+    fn rotate_to(&mut self, next: u64, stats: &WalStats) {
         let seq = self.seg_seq;
         let (footer, effect) = self.state.seal(seq);
         let last_lsn = self.next_lsn - 1;
-        let encoded = format::encode_footer(seq, self.seg_first_lsn, last_lsn, &footer);
-        self.current_chunk().seal = Some(encoded);
+        match format::encode_footer(seq, self.seg_first_lsn, last_lsn, &footer) {
+            Ok(encoded) => self.current_chunk().seal = Some(encoded),
+            // A footer this size cannot come from a segment of at most
+            // 1 GiB; sealed without one, the segment would be refused by
+            // recovery, so stop writing instead.
+            Err(e) => {
+                self.broken = Some(format!("segment {seq}'s footer: {e}"));
+                return;
+            }
+        }
         self.pending.effects.extend(effect);
-        self.start_segment(next);
+        self.start_segment(next, stats);
     }
 
     /// Starts segment `seq` (to be created by the sync thread) with a
-    /// checkpoint of the state.
-    fn start_segment(&mut self, seq: u64) {
+    /// checkpoint of the state, or a link.
+    fn start_segment(&mut self, seq: u64, stats: &WalStats) {
         self.seg_seq = seq;
         self.seg_pos = HEADER_LEN;
         self.seg_first_lsn = self.next_lsn;
         self.epoch_first_lsn = None;
         let buf = self.spare.pop().unwrap_or_default();
+        let checkpoint = match self.state.checkpoint(seq, self.since_checkpoint) {
+            // An entry's length is a u32: a checkpoint that does not fit
+            // becomes a link (replay then starts further back), counted.
+            Some(c) if c.len() > MAX_CHECKPOINT_BYTES => {
+                stats.oversized_checkpoints.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+            other => other,
+        };
         self.pending.chunks.push(Chunk {
             seq,
             pos: HEADER_LEN,
             buf,
             create: true,
+            opens_checkpoint: checkpoint.is_some(),
             seal: None,
         });
-        let checkpoint = self.state.checkpoint(seq);
-        self.append_entry(EntryKind::Checkpoint, checkpoint.len(), |buf| {
-            buf.copy_from_slice(&checkpoint)
-        });
+        match checkpoint {
+            Some(c) => {
+                stats.checkpoints.fetch_add(1, Ordering::Relaxed);
+                stats
+                    .last_checkpoint_bytes
+                    .store(c.len() as u64, Ordering::Relaxed);
+                self.append_entry(EntryKind::Checkpoint, c.len(), |buf| {
+                    buf.copy_from_slice(&c)
+                });
+                self.since_checkpoint = 0;
+            }
+            None => {
+                stats.links.fetch_add(1, Ordering::Relaxed);
+                self.append_entry(EntryKind::Link, 0, |_| {});
+            }
+        }
+        self.seg_records_start = self.seg_pos;
     }
 }
+
+/// The largest checkpoint written as one entry.
+const MAX_CHECKPOINT_BYTES: usize = (u32::MAX - 64) as usize;
 
 impl<S: Sequencer> Wal<S> {
     /// Opens (or creates) the log in `dir`, recovers its tail, and rebuilds
@@ -501,32 +586,62 @@ impl<S: Sequencer> Wal<S> {
                 WalError::io("lock", dir.join("LOCK"), e)
             }
         })?;
-        let recovered = recovery::recover(storage.as_ref(), dir, &opts)?;
+        let mut marks = MarksFile::open(storage.as_ref(), dir)?;
+        let recovered = recovery::recover(storage.as_ref(), dir, &opts, &mut marks)?;
         let state = build(Replay {
             dir,
             entries: &recovered.entries,
-            maps: &recovered.maps,
+            data: &recovered.data,
             segments: &recovered.segments,
             sealed: &recovered.sealed,
+            report: &recovered.report,
         })?;
 
-        let mut handles = recovered.handles(dir);
+        let handles = recovered.handles(dir);
         let next_lsn = recovered.next_lsn;
+        // Replay started at the newest checkpoint: its segment is needed.
+        let checkpoint_seq = recovered.entries.first().map_or(0, |e| e.seq);
+        let since_checkpoint: u64 = recovered
+            .entries
+            .iter()
+            .skip(1)
+            .map(|e| format::entry_len(e.len as usize))
+            .sum();
+        // Where the records of each replayed segment start: after its
+        // opening entry.
+        let records_start = |seq: u64| {
+            recovered
+                .entries
+                .iter()
+                .find(|e| e.seq == seq)
+                .map_or(HEADER_LEN, |e| e.pos + format::entry_len(e.len as usize))
+        };
+        let footers = FooterCache::new(opts.footer_cache_bytes);
+        for (&seq, (_, footer)) in &recovered.sealed {
+            footers.put(seq, footer.clone());
+        }
+        let stats = WalStats::default();
         let mut locked = Locked {
             state,
             next_lsn,
             seg_seq: 0,
             seg_pos: 0,
             seg_first_lsn: next_lsn,
+            seg_records_start: HEADER_LEN,
+            since_checkpoint,
             epoch_first_lsn: None,
             pending: Pending::new(),
             inflight: None,
             spare: Vec::new(),
             sync_thread_waiting: false,
             shutdown: false,
+            broken: None,
         };
-        let mut checkpoint_seq = 0;
         let mut active_seq = 0;
+        // The recovered tail segment and its file: the first flush writes
+        // (or seals) it.
+        let mut tail_file: Option<(u64, Arc<dyn StorageFile>)> = None;
+        let next_seq = recovered.next_seq;
         match recovered.tail {
             Tail::Continue {
                 seq,
@@ -534,11 +649,11 @@ impl<S: Sequencer> Wal<S> {
                 first_lsn,
                 file,
             } => {
-                replace_handle(&mut handles, SegmentHandle::with_file(seq, dir, file));
+                tail_file = Some((seq, Arc::from(file)));
                 locked.seg_seq = seq;
                 locked.seg_pos = pos;
                 locked.seg_first_lsn = first_lsn;
-                checkpoint_seq = seq;
+                locked.seg_records_start = records_start(seq);
                 active_seq = seq;
             }
             Tail::SealThenRotate {
@@ -547,30 +662,41 @@ impl<S: Sequencer> Wal<S> {
                 first_lsn,
                 file,
             } => {
-                replace_handle(&mut handles, SegmentHandle::with_file(seq, dir, file));
+                tail_file = Some((seq, Arc::from(file)));
                 locked.seg_seq = seq;
                 locked.seg_pos = pos;
                 locked.seg_first_lsn = first_lsn;
-                checkpoint_seq = seq;
+                locked.seg_records_start = records_start(seq);
                 active_seq = seq;
-                locked.rotate_to(recovered.next_seq);
+                locked.rotate_to(next_seq, &stats);
             }
             Tail::Rotate => {
                 if let Some(last) = handles.last() {
-                    checkpoint_seq = last.seq;
                     active_seq = last.seq + 1;
                 }
-                locked.start_segment(recovered.next_seq);
+                locked.start_segment(next_seq, &stats);
             }
+        }
+        if let Some(why) = locked.broken.take() {
+            return Err(WalError::io(
+                "seal the recovered tail of",
+                dir,
+                io::Error::other(why),
+            ));
         }
 
         // The segment the first flush writes to, if it exists already.
-        let flush_current = handles.iter().find(|h| h.seq == locked.seg_seq).cloned();
+        let flush_current = tail_file.and_then(|(seq, file)| {
+            handles
+                .iter()
+                .find(|h| h.seq == seq)
+                .map(|h| (Arc::clone(h), file))
+        });
         let flush_written_to = locked.seg_pos;
+        let ceiling = marks.get().ceiling;
         let shared = Arc::new(Shared {
             dir: dir.to_path_buf(),
             storage,
-            opts,
             locked: Mutex::new(locked),
             work: Condvar::new(),
             space: Event::new(),
@@ -584,10 +710,17 @@ impl<S: Sequencer> Wal<S> {
             alloc_ready: Condvar::new(),
             flush: Mutex::new(FlushState {
                 current: flush_current,
+                current_opens_checkpoint: false,
                 written_to: flush_written_to,
                 next_requested: false,
+                unsynced: false,
             }),
-            stats: WalStats::default(),
+            files: FileCache::new(opts.max_open_segments),
+            footers,
+            marks: Mutex::new(marks),
+            ceiling: AtomicU64::new(ceiling),
+            opts,
+            stats,
             _lock: lock,
         });
         let thread_shared = Arc::clone(&shared);
@@ -617,7 +750,12 @@ impl<S: Sequencer> Wal<S> {
             locked.ticket_for(lsn, &wal.shared)
         };
         ticket.wait()?;
-        Ok((wal, recovered.report))
+        let report = {
+            let mut r = recovered.report;
+            r.marks = wal.marks();
+            r
+        };
+        Ok((wal, report))
     }
 
     /// Runs `f` inside the serialized section, blocking while the pending
@@ -654,6 +792,15 @@ impl<S: Sequencer> Wal<S> {
         }
     }
 
+    /// As [`Wal::submit`], but never waits for room: for small bookkeeping
+    /// entries that must not block (a release from a destructor, say). The
+    /// batch may pass `max_batch_bytes` by what `f` appends.
+    pub fn submit_now<R>(&self, f: impl FnOnce(&mut Writer<'_, S>) -> R) -> Result<R, WalError> {
+        let locked = self.shared.locked.lock();
+        self.shared.check_usable(&locked)?;
+        Ok(self.shared.run(locked, f))
+    }
+
     /// Runs `f` on the state inside the serialized section without writing
     /// (for reads that must see every decision so far). Works after a
     /// failure too.
@@ -662,9 +809,14 @@ impl<S: Sequencer> Wal<S> {
     }
 
     /// Runs `f` on the state inside the serialized section, for changes
-    /// that need no entry (in-memory bookkeeping). Works after a failure too.
-    pub fn with_state_mut<R>(&self, f: impl FnOnce(&mut S) -> R) -> R {
-        f(&mut self.shared.locked.lock().state)
+    /// that need no entry (in-memory bookkeeping), with the means to wait
+    /// for what it saw to be durable. Works after a failure too.
+    pub fn with_state_mut<R>(&self, f: impl FnOnce(&mut S, &dyn Fn(u64) -> Ticket) -> R) -> R {
+        let mut locked = self.shared.locked.lock();
+        let locked = &mut *locked;
+        let ticket_for =
+            |lsn: u64| locked_ticket(&locked.pending, &locked.inflight, lsn, &self.shared);
+        f(&mut locked.state, &ticket_for)
     }
 
     /// The highest LSN known durable.
@@ -687,34 +839,71 @@ impl<S: Sequencer> Wal<S> {
         &self.shared.dir
     }
 
-    /// Counters and histograms.
-    pub fn stats(&self) -> WalStatsSnapshot {
-        self.shared.stats.snapshot()
+    /// The options the log was opened with.
+    pub fn options(&self) -> &WalOptions {
+        &self.shared.opts
     }
 
-    /// Reads the durable record entry at `position` of `segment`, checking
-    /// its checksum. Sealed segments hand out a slice of a memory map.
+    /// Counters and histograms.
+    pub fn stats(&self) -> WalStatsSnapshot {
+        let mut s = self.shared.stats.snapshot();
+        s.open_segment_files = self.shared.files.len() as u64;
+        s.segment_files_opened = self.shared.files.opened.load(Ordering::Relaxed);
+        s.footer_cache_bytes = self.shared.footers.bytes() as u64;
+        s
+    }
+
+    /// The token marks as last made durable (see [`Marks`]).
+    pub fn marks(&self) -> Marks {
+        self.shared.marks.lock().get()
+    }
+
+    /// Raises the marks to at least `marks` (each field separately),
+    /// durably, before it returns.
+    pub fn raise_marks(&self, marks: Marks) -> Result<Marks, WalError> {
+        let mut file = self.shared.marks.lock();
+        let old = file.get();
+        let new = Marks {
+            ceiling: old.ceiling.max(marks.ceiling),
+            floor: old.floor.max(marks.floor),
+        };
+        if new != old {
+            file.set(new)
+                .map_err(|e| WalError::io("write token marks in", &self.shared.dir, e))?;
+            self.shared
+                .stats
+                .marks_writes
+                .fetch_add(1, Ordering::Relaxed);
+            self.shared.ceiling.fetch_max(new.ceiling, Ordering::AcqRel);
+        }
+        Ok(new)
+    }
+
+    /// Reads the durable entry at `position` of `segment`, checking its
+    /// checksum. The payload is read into memory the caller then owns
+    /// (slices of it never copy); a failing disk answers an error.
     pub fn read_entry(&self, segment: u64, position: u64) -> Result<Entry, WalError> {
         let handle = self.shared.handle(segment)?;
         let no_entry = || WalError::NoEntry { segment, position };
-        let entry = match handle.sealed_now() {
-            Some(view) => segment::entry_in_view(view, segment, position),
-            None if self.is_sealed_older(segment) => {
-                let view = handle.sealed_view(self.shared.storage.as_ref())?;
-                segment::entry_in_view(view, segment, position)
-            }
-            None => {
-                let file = handle.file(self.shared.storage.as_ref())?;
-                segment::read_entry_at(
-                    file,
-                    &handle.path,
-                    segment,
-                    position,
-                    self.shared.opts.max_entry_bytes,
-                )?
-            }
+        let file = self
+            .shared
+            .files
+            .get(self.shared.storage.as_ref(), &handle)?;
+        let end = match self.sealed_info(&handle, file.as_ref())? {
+            Some(info) => info.footer_pos,
+            None => file
+                .len()
+                .map_err(|e| WalError::io("stat", &handle.path, e))?,
         };
-        let entry = entry.ok_or_else(no_entry)?;
+        let entry = segment::read_entry_at(
+            file.as_ref(),
+            &handle.path,
+            segment,
+            position,
+            end,
+            u32::MAX,
+        )?
+        .ok_or_else(no_entry)?;
         if entry.lsn > self.durable_lsn() {
             return Err(no_entry());
         }
@@ -724,23 +913,93 @@ impl<S: Sequencer> Wal<S> {
     /// The footer payload of a sealed segment, or `None` while it is not
     /// sealed (or does not exist).
     pub fn footer(&self, segment: u64) -> Result<Option<Bytes>, WalError> {
+        if let Some(f) = self.shared.footers.get(segment) {
+            return Ok(Some(f));
+        }
         let handle = match self.shared.handle(segment) {
             Ok(h) => h,
             Err(_) => return Ok(None),
         };
-        if let Some(view) = handle.sealed_now() {
-            return Ok(Some(view.footer.clone()));
+        if handle.sealed_now().is_none() && !self.is_sealed_older(segment) {
+            return Ok(None);
         }
-        if self.is_sealed_older(segment) {
-            let view = handle.sealed_view(self.shared.storage.as_ref())?;
-            return Ok(Some(view.footer.clone()));
+        let file = self
+            .shared
+            .files
+            .get(self.shared.storage.as_ref(), &handle)?;
+        let Some(info) = self.sealed_info(&handle, file.as_ref())? else {
+            return Ok(None);
+        };
+        let footer = segment::read_footer(file.as_ref(), &handle.path, segment, info)?;
+        self.shared.footers.put(segment, footer.clone());
+        Ok(Some(footer))
+    }
+
+    /// Where a segment's footer is, if the segment is sealed: known for
+    /// segments sealed or scanned since open, read from the trailer for
+    /// older ones (their footer goes to the cache on the way).
+    fn sealed_info(
+        &self,
+        handle: &SegmentHandle,
+        file: &dyn StorageFile,
+    ) -> Result<Option<SealedInfo>, WalError> {
+        if let Some(info) = handle.sealed_now() {
+            return Ok(Some(info));
         }
-        Ok(None)
+        if !self.is_sealed_older(handle.seq) {
+            return Ok(None);
+        }
+        let len = file
+            .len()
+            .map_err(|e| WalError::io("stat", &handle.path, e))?;
+        match segment::load_sealed(file, &handle.path, handle.seq, len)? {
+            Some((info, footer)) => {
+                handle.set_sealed(info);
+                self.shared.footers.put(handle.seq, footer);
+                Ok(Some(info))
+            }
+            None => Err(WalError::Corrupt {
+                file: handle.path.clone(),
+                position: len.saturating_sub(TRAILER_LEN),
+                reason: "a segment older than the log's tail has no valid trailer".into(),
+            }),
+        }
     }
 
     /// Sequence numbers of the segments in the log, oldest first.
     pub fn segments(&self) -> Vec<u64> {
         self.shared.segments.read().keys().copied().collect()
+    }
+
+    /// How many segments the log has.
+    pub fn segment_count(&self) -> usize {
+        self.shared.segments.read().len()
+    }
+
+    /// The oldest segment.
+    pub fn first_segment(&self) -> Option<u64> {
+        self.shared.segments.read().keys().next().copied()
+    }
+
+    /// The newest segment numbered `seq` or less.
+    pub fn segment_at_or_before(&self, seq: u64) -> Option<u64> {
+        self.shared
+            .segments
+            .read()
+            .range(..=seq)
+            .next_back()
+            .map(|(&k, _)| k)
+    }
+
+    /// The oldest segment numbered above `seq`.
+    pub fn segment_after(&self, seq: u64) -> Option<u64> {
+        let next = seq.checked_add(1)?;
+        self.shared
+            .segments
+            .read()
+            .range(next..)
+            .next()
+            .map(|(&k, _)| k)
     }
 
     /// Removes sealed segment `segment`, whose entries the layer above no
@@ -757,6 +1016,8 @@ impl<S: Sequencer> Wal<S> {
                 None => return Ok(Removal::Absent),
             }
         };
+        self.shared.files.forget(segment);
+        self.shared.footers.forget(segment);
         let storage = self.shared.storage.as_ref();
         if let Err(e) = storage.remove(&handle.path) {
             // Still there: keep it known, so that a later call tries again.
@@ -772,6 +1033,32 @@ impl<S: Sequencer> Wal<S> {
             .segments_removed
             .fetch_add(1, Ordering::Relaxed);
         Ok(Removal::Removed)
+    }
+
+    /// Writes what is pending and syncs the segment being written: with
+    /// `sync_every_batch` off, everything acknowledged so far is durable
+    /// when this returns.
+    pub fn sync_all(&self) -> Result<(), WalError> {
+        let mut fs = self.shared.flush.lock();
+        if self.shared.flush_pending(&mut fs) == Flushed::Failed {
+            return Err(self.failed_error());
+        }
+        if fs.unsynced
+            && let Some((seg, file)) = &fs.current
+        {
+            if let Err(e) = file.sync_data() {
+                let e = annotate(e, "fdatasync", &seg.path);
+                drop(fs);
+                self.shared.fail_with(Arc::new(e));
+                return Err(self.failed_error());
+            }
+            fs.unsynced = false;
+        }
+        Ok(())
+    }
+
+    fn failed_error(&self) -> WalError {
+        crate::ticket::failed(self.shared.failure.get())
     }
 
     /// Waits until everything submitted so far is durable, then stops the
@@ -792,6 +1079,9 @@ impl<S: Sequencer> Wal<S> {
         }
         if let Some(t) = self.sync_thread.take() {
             let _ = t.join();
+        }
+        if !self.shared.opts.sync_every_batch && !self.shared.failed.load(Ordering::Acquire) {
+            let _ = self.sync_all();
         }
         {
             let mut alloc = self.shared.alloc.lock();
@@ -816,9 +1106,26 @@ impl<S: Sequencer> Drop for Wal<S> {
     }
 }
 
-fn replace_handle(handles: &mut [Arc<SegmentHandle>], handle: SegmentHandle) {
-    if let Some(h) = handles.iter_mut().find(|h| h.seq == handle.seq) {
-        *h = Arc::new(handle);
+/// A ticket for entry `lsn` given what is pending and in flight (see
+/// [`Locked::ticket_for`]).
+fn locked_ticket<S: Sequencer>(
+    pending: &Pending<S::Effect>,
+    inflight: &Option<Arc<Batch>>,
+    lsn: u64,
+    shared: &Arc<Shared<S>>,
+) -> Ticket {
+    if let Some(cause) = shared.failure.get() {
+        return Ticket::failed(Arc::clone(cause));
+    }
+    if lsn <= shared.durable_lsn.load(Ordering::Acquire) {
+        return Ticket::ready();
+    }
+    let flush: Arc<dyn InlineFlush> = Arc::clone(shared) as Arc<dyn InlineFlush>;
+    match (pending.first_lsn, inflight) {
+        (Some(first), _) if lsn >= first => Ticket::on(Arc::clone(&pending.batch), Some(flush)),
+        (_, Some(inflight)) => Ticket::on(Arc::clone(inflight), Some(flush)),
+        // Not durable, not in flight: it can only be in the pending batch.
+        _ => Ticket::on(Arc::clone(&pending.batch), Some(flush)),
     }
 }
 
@@ -842,10 +1149,23 @@ impl<S: Sequencer> Shared<S> {
             locked: &mut locked,
             shared: self,
         });
+        // A segment is full when its records (not what opens it: a large
+        // checkpoint) fill it; at least half of every segment is records.
         let reserve = locked.state.seal_len_hint() + (FOOTER_HEADER_LEN as u64) + TRAILER_LEN;
-        if locked.seg_pos + reserve >= self.opts.segment_bytes {
+        let records = locked.seg_pos - locked.seg_records_start;
+        let room = self
+            .opts
+            .segment_bytes
+            .saturating_sub(locked.seg_records_start)
+            .max(self.opts.segment_bytes / 2);
+        if records + reserve >= room {
             let next = locked.seg_seq + 1;
-            locked.rotate_to(next);
+            locked.rotate_to(next, &self.stats);
+        }
+        if let Some(why) = locked.broken.take() {
+            drop(locked);
+            self.fail_with(Arc::new(io::Error::other(why)));
+            return result;
         }
         self.wake_sync_thread(&mut locked);
         result
@@ -879,12 +1199,16 @@ const FILL_SYNC_BYTES: u64 = 4 << 20;
 /// when the sync thread is idle (it then writes and syncs the batch itself,
 /// sparing a thread switch each way).
 struct FlushState {
-    /// The segment being written.
-    current: Option<Arc<SegmentHandle>>,
+    /// The segment being written, and its file.
+    current: Option<(Arc<SegmentHandle>, Arc<dyn StorageFile>)>,
+    /// Whether it opens with a checkpoint.
+    current_opens_checkpoint: bool,
     /// Where the entries written to it end.
     written_to: u64,
     /// Whether the allocator was asked for the segment after it.
     next_requested: bool,
+    /// Written and not synced (only without `sync_every_batch`).
+    unsynced: bool,
 }
 
 /// Lets a blocked [`Ticket`] flush its own batch when nobody else is.
@@ -953,13 +1277,19 @@ impl<S: Sequencer> Shared<S> {
 
         let started = Instant::now();
         let Pending {
-            chunks,
+            mut chunks,
             effects,
             batch,
             entries,
+            reserve,
             ..
         } = pending;
-        match self.write_and_sync(fs, &chunks) {
+        // The marks first: a failure there leaves none of the batch written,
+        // so a failed batch never turns up after a restart because of them.
+        let result = self
+            .raise_ceiling(reserve)
+            .and_then(|()| self.write_and_sync(fs, &mut chunks));
+        match result {
             Ok(()) => {
                 let stats = &self.stats;
                 stats
@@ -989,11 +1319,33 @@ impl<S: Sequencer> Shared<S> {
         }
     }
 
+    /// Makes the marks' ceiling cover what the batch needs, before the
+    /// batch is acknowledged.
+    fn raise_ceiling(&self, reserve: Option<(u64, u64)>) -> io::Result<()> {
+        let Some((needed, target)) = reserve else {
+            return Ok(());
+        };
+        let mut file = self.marks.lock();
+        let m = file.get();
+        if m.ceiling >= needed {
+            return Ok(());
+        }
+        file.set(Marks {
+            ceiling: target.max(needed),
+            floor: m.floor,
+        })?;
+        self.stats.marks_writes.fetch_add(1, Ordering::Relaxed);
+        self.ceiling.fetch_max(target.max(needed), Ordering::AcqRel);
+        Ok(())
+    }
+
     /// Asks the allocator for the next segment once the current one is half
     /// full: early enough that rotation finds it ready, late enough that a
     /// short-lived or idle log never writes a segment it will not use.
     fn maybe_request_next(&self, fs: &mut FlushState) {
-        let Some(current) = &fs.current else { return };
+        let Some((current, _)) = &fs.current else {
+            return;
+        };
         if fs.next_requested || fs.written_to < self.opts.segment_bytes / 2 {
             return;
         }
@@ -1038,62 +1390,78 @@ impl<S: Sequencer> Shared<S> {
         self.space.notify(usize::MAX);
     }
 
-    fn write_and_sync(&self, fs: &mut FlushState, chunks: &[Chunk]) -> io::Result<()> {
+    fn write_and_sync(&self, fs: &mut FlushState, chunks: &mut [Chunk]) -> io::Result<()> {
         // The segment written to since its last sync, if any.
-        let mut unsynced: Option<Arc<SegmentHandle>> = None;
-        for chunk in chunks {
+        let mut unsynced: Option<Arc<dyn StorageFile>> = None;
+        for chunk in chunks.iter_mut() {
             if chunk.create {
                 if let Some(prev) = unsynced.take() {
-                    self.sync(&prev)?;
+                    self.sync(prev.as_ref(), fs)?;
                 }
                 fs.current = Some(self.take_or_create(fs, chunk.seq)?);
+                fs.current_opens_checkpoint = chunk.opens_checkpoint;
                 self.active_seq.store(chunk.seq, Ordering::Release);
             }
-            let seg = match &fs.current {
-                Some(seg) if seg.seq == chunk.seq => Arc::clone(seg),
-                // The tail segment recovery handed over.
+            let (seg, file) = match &fs.current {
+                Some((seg, file)) if seg.seq == chunk.seq => (Arc::clone(seg), Arc::clone(file)),
                 _ => {
-                    let seg = self.handle(chunk.seq).map_err(io::Error::other)?;
-                    fs.current = Some(Arc::clone(&seg));
-                    seg
+                    return Err(io::Error::other(format!(
+                        "internal error: no open file for segment {}",
+                        chunk.seq
+                    )));
                 }
             };
             fs.written_to = chunk.pos + chunk.buf.len() as u64;
             if !chunk.buf.is_empty() {
-                self.file_of(&seg)?
-                    .write_all_at(&chunk.buf, chunk.pos)
+                // Checksums here, outside the lock where entries were
+                // decided and encoded.
+                format::fill_checksums(&mut chunk.buf, chunk.seq);
+                file.write_all_at(&chunk.buf, chunk.pos)
                     .map_err(|e| annotate(e, "write", &seg.path))?;
                 self.stats
                     .bytes_written
                     .fetch_add(chunk.buf.len() as u64, Ordering::Relaxed);
-                unsynced = Some(Arc::clone(&seg));
+                unsynced = Some(Arc::clone(&file));
             }
             if let Some(footer) = &chunk.seal {
-                self.seal(&seg, chunk.pos + chunk.buf.len() as u64, footer)?;
+                self.seal(
+                    &seg,
+                    file.as_ref(),
+                    chunk.pos + chunk.buf.len() as u64,
+                    footer,
+                )?;
                 unsynced = None;
             }
         }
-        if let Some(seg) = unsynced {
-            self.sync(&seg)?;
+        if let Some(file) = unsynced {
+            if self.opts.sync_every_batch {
+                self.sync(file.as_ref(), fs)?;
+            } else {
+                fs.unsynced = true;
+            }
         }
         Ok(())
     }
 
-    fn sync(&self, seg: &SegmentHandle) -> io::Result<()> {
-        self.file_of(seg)?
-            .sync_data()
-            .map_err(|e| annotate(e, "fdatasync", &seg.path))
-    }
-
-    fn file_of<'a>(&self, seg: &'a SegmentHandle) -> io::Result<&'a dyn StorageFile> {
-        seg.file(self.storage.as_ref())
-            .map_err(|e| io::Error::other(e.to_string()))
+    fn sync(&self, file: &dyn StorageFile, fs: &FlushState) -> io::Result<()> {
+        file.sync_data().map_err(|e| {
+            let path = fs
+                .current
+                .as_ref()
+                .map_or_else(|| self.dir.clone(), |(h, _)| h.path.clone());
+            annotate(e, "fdatasync", &path)
+        })
     }
 
     /// Writes the footer, syncs, then writes the trailer that points at it
     /// and syncs again: a valid trailer always means a durable footer.
-    fn seal(&self, seg: &Arc<SegmentHandle>, entries_end: u64, footer: &[u8]) -> io::Result<()> {
-        let file = self.file_of(seg)?;
+    fn seal(
+        &self,
+        seg: &Arc<SegmentHandle>,
+        file: &dyn StorageFile,
+        entries_end: u64,
+        footer: &[u8],
+    ) -> io::Result<()> {
         let footer_pos = format::align_up(entries_end);
         file.write_all_at(footer, footer_pos)
             .map_err(|e| annotate(e, "write footer", &seg.path))?;
@@ -1102,8 +1470,8 @@ impl<S: Sequencer> Shared<S> {
         let footer_end = footer_pos + footer.len() as u64;
         let len = file.len().map_err(|e| annotate(e, "stat", &seg.path))?;
         let trailer_pos = format::align_up(footer_end).max(len.saturating_sub(TRAILER_LEN));
-        let footer_len =
-            u32::try_from(footer.len()).map_err(|_| io::Error::other("footer over 4 GiB"))?;
+        let footer_len = u32::try_from(footer.len())
+            .map_err(|_| io::Error::other("a footer of 4 GiB or more"))?;
         let trailer = format::encode_trailer(
             seg.seq,
             Trailer {
@@ -1122,7 +1490,10 @@ impl<S: Sequencer> Shared<S> {
         stats.segments_sealed.fetch_add(1, Ordering::Relaxed);
         let len = trailer_pos + TRAILER_LEN;
         match segment::load_sealed(file, &seg.path, seg.seq, len) {
-            Ok(Some(view)) => seg.set_sealed(Arc::new(view)),
+            Ok(Some((info, payload))) => {
+                seg.set_sealed(info);
+                self.footers.put(seg.seq, payload);
+            }
             Ok(None) => {
                 return Err(io::Error::other(
                     "a freshly written trailer does not read back",
@@ -1136,7 +1507,11 @@ impl<S: Sequencer> Shared<S> {
     /// The file of new segment `seq`: the allocator's, if it made that one,
     /// else created here (the allocator is asked for the one after once
     /// this one is half full).
-    fn take_or_create(&self, fs: &mut FlushState, seq: u64) -> io::Result<Arc<SegmentHandle>> {
+    fn take_or_create(
+        &self,
+        fs: &mut FlushState,
+        seq: u64,
+    ) -> io::Result<(Arc<SegmentHandle>, Arc<dyn StorageFile>)> {
         let ready = {
             let mut alloc = self.alloc.lock();
             while alloc.creating {
@@ -1148,10 +1523,10 @@ impl<S: Sequencer> Shared<S> {
             alloc.wanted = None;
             alloc.ready.take()
         };
-        let handle = match ready {
-            Some(h) if h.seq == seq => h,
+        let created = match ready {
+            Some((h, f)) if h.seq == seq => (h, f),
             stale => {
-                if let Some(h) = stale {
+                if let Some((h, _)) = stale {
                     // Cannot happen (rotation always takes the next number);
                     // remove it rather than leave an orphan.
                     self.segments.write().remove(&h.seq);
@@ -1161,13 +1536,15 @@ impl<S: Sequencer> Shared<S> {
             }
         };
         fs.next_requested = false;
-        Ok(handle)
+        Ok(created)
     }
 
     /// After a batch: note which checkpoint is durable, so that segments
     /// before it may be removed.
     fn note_durable_checkpoint(&self, fs: &FlushState) {
-        if let Some(current) = &fs.current {
+        if let Some((current, _)) = &fs.current
+            && fs.current_opens_checkpoint
+        {
             self.durable_checkpoint_seq
                 .fetch_max(current.seq, Ordering::AcqRel);
         }
@@ -1206,7 +1583,11 @@ impl<S: Sequencer> Shared<S> {
     ///
     /// An `abortable` creation (the allocator's) gives up as soon as the log
     /// shuts down, so that closing never waits for a segment nobody needs.
-    fn create_segment(&self, seq: u64, abortable: bool) -> io::Result<Arc<SegmentHandle>> {
+    fn create_segment(
+        &self,
+        seq: u64,
+        abortable: bool,
+    ) -> io::Result<(Arc<SegmentHandle>, Arc<dyn StorageFile>)> {
         let storage = self.storage.as_ref();
         let path = self.dir.join(format::segment_file_name(seq));
         let mut tmp = path.clone().into_os_string();
@@ -1271,9 +1652,9 @@ impl<S: Sequencer> Shared<S> {
             .sync_dir(&self.dir)
             .map_err(|e| annotate(e, "sync directory", &self.dir))?;
         self.stats.segments_created.fetch_add(1, Ordering::Relaxed);
-        let handle = Arc::new(SegmentHandle::with_file(seq, &self.dir, file));
+        let handle = Arc::new(SegmentHandle::new(seq, &self.dir));
         self.segments.write().insert(seq, Arc::clone(&handle));
-        Ok(handle)
+        Ok((handle, Arc::from(file)))
     }
 }
 

@@ -30,7 +30,10 @@ fn base() -> &'static Base {
         let storage: Arc<dyn Storage> = Arc::new(image.clone());
         let (wal, _) = open(&storage, Path::new(DIR), &small_opts()).unwrap();
         let mut records = Vec::new();
-        for n in 0..300u32 {
+        // Enough segments that the oldest lie before the newest checkpoint
+        // (the test log writes one every third segment): open does not read
+        // them.
+        for n in 0..1200u32 {
             let p = payload(1, n, 50 + (n as usize * 13) % 400);
             let (at, t) = append(&wal, &p).unwrap();
             t.wait().unwrap();
@@ -372,4 +375,77 @@ fn a_valid_entry_in_a_later_segment_proves_the_damage_was_acknowledged() {
         open(&storage, Path::new(DIR), &small_opts()),
         Err(WalError::Corrupt { .. })
     ));
+}
+
+/// Found by the fuzzer (issue 11: `AAAAAAACABABAQEBAAAAAAMA/3RlcgE=` fed to
+/// `segment_recover`): segment 1 holds one record and no checkpoint,
+/// segment 2 a checkpoint and a trailer pointing beside its footer.
+/// Salvage used to set segment 2 aside before looking at the rest, then
+/// called what stopped in segment 1 a harmless torn tail, left segment 2
+/// out of its report and sealed over segment 1 without a copy. Now: the
+/// unreadable later segment makes it damage, the report names every file
+/// set aside, and the damaged segment is kept before anything is removed.
+#[test]
+fn salvage_classifies_before_setting_aside_and_names_every_file() {
+    let one = segment(1, &[(1, 1, REC, &[1])]);
+    let mut two = segment(2, &[(2, 2, CKPT, &[0, 255, 116])]);
+    // A footer, then a trailer that points 8 bytes past it.
+    let entries_end = format::HEADER_LEN as usize + format::entry_len(3) as usize;
+    let footer = format::encode_footer(2, 2, 2, b"footer of segment 2").unwrap();
+    two[entries_end..entries_end + footer.len()].copy_from_slice(&footer);
+    let trailer = format::encode_trailer(
+        2,
+        format::Trailer {
+            footer_pos: entries_end as u64 + 8,
+            footer_len: footer.len() as u32,
+        },
+    );
+    let len = two.len();
+    two[len - 32..].copy_from_slice(&trailer);
+    let storage = write_log(&[(1, one.clone()), (2, two.clone())]);
+    // Damage to what was acknowledged: refused by the ordinary modes.
+    for mode in [
+        RecoveryMode::AbsoluteConsistency,
+        RecoveryMode::TolerateTornTail,
+    ] {
+        let mut opts = small_opts();
+        opts.recovery = mode;
+        assert!(
+            matches!(open(&storage, Path::new(DIR), &opts), Err(e) if e.is_corruption()),
+            "{mode:?} opened a log whose later segment is unreadable"
+        );
+    }
+    // The plan says what salvage will do, and changes nothing.
+    let mut opts = small_opts();
+    opts.recovery = RecoveryMode::Salvage;
+    let plan = fencelog_wal::plan_recovery(storage.as_ref(), Path::new(DIR), &opts).unwrap();
+    let planned = plan.cut.expect("the plan names a cut");
+    assert_eq!(planned.kind, CutKind::Salvaged);
+    assert!(storage.open(&seg_path(2)).is_ok(), "planning moved a file");
+    let (_wal, report) = open(&storage, Path::new(DIR), &opts).unwrap();
+    let cut = report.cut.expect("salvage reports its cut");
+    assert_eq!(cut.kind, CutKind::Salvaged, "{cut:?}");
+    for seq in [1, 2] {
+        let aside = PathBuf::from(format!("{}.damaged", seg_path(seq).display()));
+        assert!(
+            cut.moved_aside.contains(&aside),
+            "segment {seq} is not among what was set aside: {cut:?}"
+        );
+        assert!(
+            storage.open(&aside).is_ok(),
+            "{} is missing",
+            aside.display()
+        );
+    }
+    assert_eq!(
+        cut.moved_aside, planned.moved_aside,
+        "the plan and the deed differ"
+    );
+    // Every byte of both files is kept.
+    let sim = storage
+        .open(&PathBuf::from(format!("{}.damaged", seg_path(1).display())))
+        .unwrap();
+    let mut kept = vec![0u8; one.len()];
+    sim.read_exact_at(&mut kept, 0).unwrap();
+    assert_eq!(kept, one);
 }

@@ -34,7 +34,8 @@ fn append_read_reopen_on_real_files() {
     }
     let (wal, report) = open(&storage, dir.path(), &opts).unwrap();
     assert!(report.cut.is_none(), "{report:?}");
-    assert!(report.scanned_segments <= 2, "{report:?}");
+    // Back to the newest checkpoint: at most three segments in the test log.
+    assert!(report.scanned_segments <= 3, "{report:?}");
     wal.with_state(|c| assert_eq!(c.records, 2000));
     for (at, p) in &written {
         let e = wal.read_entry(at.segment, at.position).unwrap();

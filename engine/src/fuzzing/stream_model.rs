@@ -92,15 +92,28 @@ struct MStream {
 #[derive(Debug, Clone, Default)]
 struct Model {
     streams: BTreeMap<usize, MStream>,
+    /// The token floor: after recovery cut entries, every stream's highest
+    /// token is at least this (it covers every token acknowledged before).
+    floor: u64,
 }
 
 impl Model {
+    /// A stream as the engine shows it: its highest token at least the floor.
     fn get(&self, s: usize) -> MStream {
-        self.streams.get(&s).cloned().unwrap_or_default()
+        let mut st = self.streams.get(&s).cloned().unwrap_or_default();
+        st.highest = st.highest.max(self.floor);
+        st
+    }
+
+    fn stream(&mut self, s: usize) -> &mut MStream {
+        let floor = self.floor;
+        let st = self.streams.entry(s).or_default();
+        st.highest = st.highest.max(floor);
+        st
     }
 
     fn append(&mut self, s: usize, t: u64, ps: &[Vec<u8>]) -> Answer {
-        let st = self.streams.entry(s).or_default();
+        let st = self.stream(s);
         if t < st.highest {
             return Answer::Stale(t, st.highest);
         }
@@ -134,7 +147,7 @@ impl Model {
     }
 
     fn fence(&mut self, s: usize, t: u64) -> Answer {
-        let st = self.streams.entry(s).or_default();
+        let st = self.stream(s);
         if t < st.highest {
             return Answer::Stale(t, st.highest);
         }
@@ -150,7 +163,7 @@ impl Model {
         if before > st.next {
             return Answer::Beyond(before, st.next);
         }
-        let st = self.streams.entry(s).or_default();
+        let st = self.stream(s);
         st.highest = t;
         if before > st.start {
             st.start = before;
@@ -160,7 +173,7 @@ impl Model {
     }
 
     fn delete(&mut self, s: usize, t: u64) -> Answer {
-        let st = self.streams.entry(s).or_default();
+        let st = self.stream(s);
         if t < st.highest {
             return Answer::Stale(t, st.highest);
         }
@@ -330,13 +343,17 @@ pub fn run(actions: Vec<Action>) {
     );
     for action in actions {
         trace.1.push(brief(&action));
+        // Tokens are relative to the floor: after a cut raised it, the
+        // actions go on with tokens above it.
+        let base = model.floor;
         // Each write: what the engine answered, and the model's other
         // possible world in case the operation was cut short.
         let (before, result, expect) = match &action {
             Action::Append { s, t, payloads } => {
                 let before = model.clone();
-                let r = world.log().append(STREAMS[*s], tok(*t), payloads);
-                (before, answer(r), model.append(*s, *t, payloads))
+                let t = base + *t;
+                let r = world.log().append(STREAMS[*s], tok(t), payloads);
+                (before, answer(r), model.append(*s, t, payloads))
             }
             Action::AppendAt {
                 s,
@@ -344,17 +361,18 @@ pub fn run(actions: Vec<Action>) {
                 delta,
                 payloads,
             } => {
+                let t = base + *t;
                 let next = model.get(*s).next;
                 let expected = (next as i64 + delta).max(0) as u64;
-                last_at = Some((*s, *t, expected, payloads.clone()));
+                last_at = Some((*s, t, expected, payloads.clone()));
                 let before = model.clone();
                 let r = world
                     .log()
-                    .append_at(STREAMS[*s], tok(*t), expected, payloads);
+                    .append_at(STREAMS[*s], tok(t), expected, payloads);
                 (
                     before,
                     answer(r),
-                    model.append_at(*s, *t, expected, payloads),
+                    model.append_at(*s, t, expected, payloads),
                 )
             }
             Action::Retry => {
@@ -373,19 +391,22 @@ pub fn run(actions: Vec<Action>) {
             }
             Action::Fence { s, t } => {
                 let before = model.clone();
-                let r = world.log().fence(STREAMS[*s], tok(*t)).map(|t| t.get());
-                (before, answer(r), model.fence(*s, *t))
+                let t = base + *t;
+                let r = world.log().fence(STREAMS[*s], tok(t)).map(|t| t.get());
+                (before, answer(r), model.fence(*s, t))
             }
             Action::Trim { s, t, frac } => {
                 let before_off = (model.get(*s).next as f64 * frac) as u64;
                 let before = model.clone();
-                let r = world.log().trim(STREAMS[*s], tok(*t), before_off);
-                (before, answer(r), model.trim(*s, *t, before_off))
+                let t = base + *t;
+                let r = world.log().trim(STREAMS[*s], tok(t), before_off);
+                (before, answer(r), model.trim(*s, t, before_off))
             }
             Action::Delete { s, t } => {
                 let before = model.clone();
-                let r = world.log().delete(STREAMS[*s], tok(*t));
-                (before, answer(r), model.delete(*s, *t))
+                let t = base + *t;
+                let r = world.log().delete(STREAMS[*s], tok(t));
+                (before, answer(r), model.delete(*s, t))
             }
             Action::Read { s, frac, max } => {
                 let m = model.get(*s);
@@ -396,6 +417,7 @@ pub fn run(actions: Vec<Action>) {
                     // background, between operations): recover.
                     let mode = armed.take().unwrap();
                     world.recover(mode);
+                    sync_floor(&world, &mut model, None);
                     check_all(world.log(), &model);
                     continue;
                 }
@@ -415,6 +437,7 @@ pub fn run(actions: Vec<Action>) {
             }
             Action::Cut { mode } => {
                 world.recover(armed.take().unwrap_or(*mode));
+                sync_floor(&world, &mut model, None);
                 check_all(world.log(), &model);
                 continue;
             }
@@ -431,6 +454,7 @@ pub fn run(actions: Vec<Action>) {
                 } else {
                     world.reopen();
                 }
+                sync_floor(&world, &mut model, None);
                 check_all(world.log(), &model);
                 continue;
             }
@@ -445,6 +469,10 @@ pub fn run(actions: Vec<Action>) {
                 // allowed.
                 let mode = armed.take().unwrap();
                 world.recover(mode);
+                // What was acknowledged is what `before` holds.
+                sync_floor(&world, &mut model, Some(&before));
+                let mut before = before;
+                before.floor = model.floor;
                 let happened = model.clone();
                 let s = match &action {
                     Action::Append { s, .. }
@@ -482,7 +510,27 @@ pub fn run(actions: Vec<Action>) {
     } else {
         world.recover(CrashMode::LoseUnsynced);
     }
+    sync_floor(&world, &mut model, None);
     check_all(world.log(), &model);
+}
+
+/// After a recovery: takes the engine's token floor into the model,
+/// checking that it never went down and that, after a cut, it covers every
+/// token acknowledged before (`acked`, or the model itself).
+fn sync_floor(world: &World, model: &mut Model, acked: Option<&Model>) {
+    let floor = world.log().metrics().token_floor;
+    assert!(floor >= model.floor, "the token floor went down");
+    if world.log().recovery_report().cut.is_some() {
+        let acked = acked.unwrap_or(model);
+        for (s, name) in STREAMS.iter().enumerate() {
+            let h = acked.get(s).highest;
+            assert!(
+                floor >= h,
+                "a cut left the floor at {floor}, below token {h} acknowledged on {name}"
+            );
+        }
+    }
+    model.floor = floor;
 }
 
 /// Actions decoded from fuzz input, at most `max` of them: one byte picks

@@ -84,6 +84,24 @@ impl ServerProcess {
         assert!(status.success());
     }
 
+    /// Waits until the server's log holds `needle` (events are written as
+    /// they happen, and read by another thread); answers the log. Panics
+    /// with the log after 5 s.
+    pub fn wait_for_log(&self, needle: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let log = self.stderr.lock().unwrap().clone();
+            if log.contains(needle) {
+                return log;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the server's log never said {needle:?}:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Waits for the process to exit, up to `timeout`.
     pub fn wait(&mut self, timeout: Duration) -> std::process::ExitStatus {
         let deadline = Instant::now() + timeout;
@@ -246,5 +264,99 @@ pub fn redis_cli(addr: SocketAddr, args: &[&str]) -> String {
         .output()
         .expect("redis-cli must be installed (apt-get install redis-tools)");
     assert!(out.status.success(), "redis-cli {args:?}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// Where `.ci/run` installs the client libraries the tests drive: under
+/// the cargo target directory (`ci-venv` for redis-py, `ci-node` for
+/// ioredis).
+pub fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"),
+    }
+}
+
+/// A tool a test needs is missing: in CI (`CI=true`) the test fails
+/// loudly; elsewhere it is skipped with the reason printed.
+pub fn missing(what: &str, how: &str) {
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{what} is needed and missing in CI: {how}");
+    }
+    eprintln!("SKIPPED: {what} is not installed ({how})");
+}
+
+/// A Python with redis-py 5 or newer: `$FENCELOG_PYTHON`, the virtual
+/// environment `.ci/run` makes (`<target>/ci-venv`), or `python3`.
+pub fn python_with_redis_py() -> Option<PathBuf> {
+    let mut candidates = Vec::new();
+    if let Some(p) = std::env::var_os("FENCELOG_PYTHON") {
+        candidates.push(PathBuf::from(p));
+    }
+    candidates.push(target_dir().join("ci-venv/bin/python"));
+    candidates.push(PathBuf::from("python3"));
+    let found = candidates.into_iter().find(|python| {
+        Command::new(python)
+            .args([
+                "-c",
+                "import redis, sys; sys.exit(0 if int(redis.__version__.split('.')[0]) >= 5 else 1)",
+            ])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    });
+    if found.is_none() {
+        missing(
+            "redis-py >= 5",
+            "bash .ci/run installs it into <target>/ci-venv; or set FENCELOG_PYTHON",
+        );
+    }
+    found
+}
+
+/// Runs a Python script with redis-py; answers its stdout, panics with its
+/// stderr if it fails.
+pub fn run_python(python: &Path, script: &str) -> String {
+    let out = Command::new(python)
+        .args(["-c", script])
+        .output()
+        .expect("python runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the Python client failed:\n{stderr}");
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// The `node_modules` directory holding ioredis: `$FENCELOG_NODE_PATH`, or
+/// where `.ci/run` installs it (`<target>/ci-node/node_modules`).
+pub fn node_with_ioredis() -> Option<PathBuf> {
+    let dir = std::env::var_os("FENCELOG_NODE_PATH")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| target_dir().join("ci-node/node_modules"));
+    let works = Command::new("node")
+        .args(["-e", "require('ioredis')"])
+        .env("NODE_PATH", &dir)
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !works {
+        missing(
+            "node with ioredis",
+            "bash .ci/run installs it with npm into <target>/ci-node; or set FENCELOG_NODE_PATH",
+        );
+        return None;
+    }
+    Some(dir)
+}
+
+/// Runs a Node script with `NODE_PATH` set; answers its stdout, panics with
+/// its stderr if it fails.
+pub fn run_node(node_path: &Path, script: &str) -> String {
+    let out = Command::new("node")
+        .args(["-e", script])
+        .env("NODE_PATH", node_path)
+        .output()
+        .expect("node runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the Node client failed:\n{stderr}");
     String::from_utf8_lossy(&out.stdout).to_string()
 }

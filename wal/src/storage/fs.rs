@@ -1,12 +1,10 @@
-//! Real files: positional I/O, `fallocate`, `fdatasync`, `flock`, `mmap`.
+//! Real files: positional I/O, `fallocate`, `fdatasync`, `flock`.
 
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-
-use bytes::Bytes;
 
 use super::{DirLock, Storage, StorageFile};
 
@@ -141,18 +139,5 @@ impl StorageFile for FsFile {
 
     fn sync_data(&self) -> io::Result<()> {
         self.file.sync_data()
-    }
-
-    fn map_readonly(&self, len: u64) -> io::Result<Bytes> {
-        if len == 0 {
-            return Ok(Bytes::new());
-        }
-        let len_usize = usize::try_from(len)
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "mapping too large"))?;
-        // SAFETY: the mapping is read-only, and the log only maps the prefix
-        // of a sealed segment, which it never writes or truncates again;
-        // removing the file leaves the mapping valid (the inode lives on).
-        let map = unsafe { memmap2::MmapOptions::new().len(len_usize).map(&self.file)? };
-        Ok(Bytes::from_owner(map))
     }
 }

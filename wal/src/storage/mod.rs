@@ -7,15 +7,15 @@
 //!
 //! The trait is deliberately small, after redb's `StorageBackend`: the log
 //! needs positional reads and writes, `set_len`, preallocation, `sync_data`,
-//! directory listing and syncing, and a read-only view of a file's prefix.
+//! directory listing and syncing. There are no memory maps: a mapped read
+//! of a file that a dead disk or an outside truncation took away kills the
+//! process with SIGBUS, where a positional read answers an error.
 
 mod fs;
 mod sim;
 
 use std::io;
 use std::path::Path;
-
-use bytes::Bytes;
 
 pub use fs::FsStorage;
 pub use sim::{CrashMode, Faults, SimStorage};
@@ -77,12 +77,13 @@ pub trait StorageFile: Send + Sync {
 
     /// `fdatasync`: makes written data and the length durable.
     fn sync_data(&self) -> io::Result<()>;
+}
 
-    /// A read-only view of bytes `[0, len)` that lives as long as the
-    /// returned [`Bytes`] (or any slice of it), even after the file is closed
-    /// or removed. Real files hand out a memory map, so slicing never copies.
-    ///
-    /// The caller promises that `[0, len)` will never be truncated or written
-    /// again: a truncated mapping faults the process.
-    fn map_readonly(&self, len: u64) -> io::Result<Bytes>;
+/// Reads bytes `[0, len)` of `file` into memory.
+pub(crate) fn read_prefix(file: &dyn StorageFile, len: u64) -> io::Result<Vec<u8>> {
+    let len = usize::try_from(len)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "file too large to read"))?;
+    let mut buf = vec![0u8; len];
+    file.read_exact_at(&mut buf, 0)?;
+    Ok(buf)
 }

@@ -15,7 +15,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use bytes::Bytes;
 use parking_lot::Mutex;
 
 use super::{DirLock, Storage, StorageFile};
@@ -54,6 +53,8 @@ pub struct Faults {
     only_on: Mutex<Option<String>>,
     /// Every `sync_data` of a file faults apply to first sleeps this long.
     sync_delay_micros: AtomicU64,
+    /// Every read of a file faults apply to fails (a dying disk).
+    fail_reads: std::sync::atomic::AtomicBool,
 }
 
 const DISARMED: u64 = u64::MAX;
@@ -67,6 +68,7 @@ impl Default for Faults {
             writes: AtomicU64::new(0),
             only_on: Mutex::new(None),
             sync_delay_micros: AtomicU64::new(0),
+            fail_reads: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
@@ -110,8 +112,15 @@ impl Faults {
             .store(delay.as_micros() as u64, Ordering::SeqCst);
     }
 
+    /// While `on`, every read of a file faults apply to fails with EIO: a
+    /// medium that went bad under the log.
+    pub fn fail_reads(&self, on: bool) {
+        self.fail_reads.store(on, Ordering::SeqCst);
+    }
+
     /// Disarms every pending fault.
     pub fn clear(&self) {
+        self.fail_reads.store(false, Ordering::SeqCst);
         self.fail_sync_in.store(DISARMED, Ordering::SeqCst);
         self.fail_write_in.store(DISARMED, Ordering::SeqCst);
         self.sync_delay_micros.store(0, Ordering::SeqCst);
@@ -574,6 +583,11 @@ impl StorageFile for SimFile {
 
     fn read_exact_at(&self, buf: &mut [u8], pos: u64) -> io::Result<()> {
         self.alive()?;
+        if self.faults.fail_reads.load(Ordering::SeqCst)
+            && self.faults.applies_to(&self.fs.lock(), self.ino)
+        {
+            return Err(eio("read"));
+        }
         let inode = self.inode.lock();
         let start = usize::try_from(pos).map_err(|_| io::Error::other("position too large"))?;
         let end = start
@@ -655,15 +669,5 @@ impl StorageFile for SimFile {
         durable.resize(data.len(), 0);
         drop(fs);
         Ok(())
-    }
-
-    fn map_readonly(&self, len: u64) -> io::Result<Bytes> {
-        self.alive()?;
-        let inode = self.inode.lock();
-        let end = usize::try_from(len)
-            .ok()
-            .filter(|&end| end <= inode.data.len())
-            .ok_or_else(|| io::Error::new(io::ErrorKind::UnexpectedEof, "map past the end"))?;
-        Ok(Bytes::copy_from_slice(&inode.data[..end]))
     }
 }

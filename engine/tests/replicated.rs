@@ -1,0 +1,259 @@
+//! The engine as a replica's state machine (cluster mode): what could break
+//! is divergence. Every replica applies the same entries of the replicated
+//! log in the same order; they must reach the same highest tokens, offsets,
+//! records and lease counter, answer the same, and a replica that crashed
+//! (its own log is not synced per batch) must recover what reached its disk,
+//! say up to where, and reach the same state once the rest is applied
+//! again. Lease time follows the leader's clock carried by the entries.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use fencelog::wal::{CrashMode, SimStorage, Storage};
+use fencelog::{Applied, Command, Error, Log, LogPosition, ManualClock, Options, Token, TxOp};
+
+fn t(n: u64) -> Token {
+    Token::new(n).unwrap()
+}
+
+fn b(s: &str) -> Bytes {
+    Bytes::copy_from_slice(s.as_bytes())
+}
+
+fn opts() -> Options {
+    let mut o = Options {
+        replicated: true,
+        ..Options::default()
+    };
+    o.wal.sync_every_batch = false;
+    o.wal.segment_bytes = 64 << 10;
+    o.wal.max_entry_bytes = 32 << 10;
+    o.max_payload_bytes = 16 << 10;
+    o
+}
+
+fn open(sim: &SimStorage) -> Log {
+    let storage: Arc<dyn Storage> = Arc::new(sim.clone());
+    Log::open_on(
+        storage,
+        Arc::new(ManualClock::default()),
+        Path::new("/db"),
+        opts(),
+    )
+    .unwrap()
+}
+
+/// A deterministic stream of commands, with its entries' positions and
+/// leader clocks: two terms, the second led by a node whose clock is far
+/// behind the first's.
+fn entries() -> Vec<(LogPosition, u64, Command)> {
+    let mut out = Vec::new();
+    let mut index = 0;
+    let mut push = |term: u64, time: u64, cmd: Command| {
+        index += 1;
+        out.push((
+            LogPosition {
+                term,
+                node: term,
+                index,
+            },
+            time,
+            cmd,
+        ));
+    };
+    push(1, 1_000_000, Command::TakeOver);
+    push(
+        1,
+        1_000_010,
+        Command::Acquire {
+            name: b("job"),
+            owner: b("a"),
+            ttl_ms: 5_000,
+            fence: true,
+        },
+    );
+    for i in 0..300u64 {
+        push(
+            1,
+            1_000_020 + i,
+            Command::Append {
+                stream: b(&format!("s{}", i % 7)),
+                token: t(1 + i % 3),
+                payloads: vec![Bytes::from(vec![i as u8; 200])],
+            },
+        );
+    }
+    push(
+        1,
+        1_000_400,
+        Command::Fence {
+            stream: b("s1"),
+            token: t(50),
+        },
+    );
+    // Stale now: rejected alike everywhere.
+    push(
+        1,
+        1_000_401,
+        Command::Append {
+            stream: b("s1"),
+            token: t(49),
+            payloads: vec![b("late")],
+        },
+    );
+    push(
+        1,
+        1_000_402,
+        Command::Transact(vec![
+            TxOp::Append {
+                stream: b("s2"),
+                token: t(9),
+                payloads: vec![b("x")],
+            },
+            TxOp::Trim {
+                stream: b("s3"),
+                token: t(9),
+                before: 10,
+            },
+        ]),
+    );
+    // Term 2: a leader whose clock reads 40 where the old one read 1e6.
+    push(2, 40, Command::TakeOver);
+    push(
+        2,
+        41,
+        Command::Acquire {
+            name: b("job"),
+            owner: b("b"),
+            ttl_ms: 1_000,
+            fence: false,
+        },
+    );
+    // 5 s later on the new leader's clock: the old lease (restarted at the
+    // take-over, 5 s ttl) has just expired.
+    push(
+        2,
+        40 + 5_001,
+        Command::Acquire {
+            name: b("job"),
+            owner: b("b"),
+            ttl_ms: 1_000,
+            fence: true,
+        },
+    );
+    push(
+        2,
+        5_100,
+        Command::Renew {
+            name: b("job"),
+            owner: b("b"),
+            token: t(2),
+            ttl_ms: 9_000,
+        },
+    );
+    out
+}
+
+fn answer(a: &Applied) -> String {
+    match a {
+        Applied::Rejected(e) => format!("rejected: {e}"),
+        other => format!("{other:?}"),
+    }
+}
+
+async fn apply_all(log: &Log, entries: &[(LogPosition, u64, Command)]) -> Vec<String> {
+    let mut answers = Vec::new();
+    for (at, time, cmd) in entries {
+        answers.push(answer(
+            &log.apply_replicated(*at, *time, cmd).await.unwrap(),
+        ));
+    }
+    answers
+}
+
+fn state(log: &Log) -> Vec<String> {
+    let mut out = Vec::new();
+    for s in log.streams() {
+        let st = log.stat(&s).unwrap();
+        let records: Vec<(u64, u64, Vec<u8>)> = log
+            .read(&s, st.start_offset, 10_000)
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.offset, r.token.get(), r.payload.to_vec()))
+            .collect();
+        out.push(format!("{s:?} {st:?} {records:?}"));
+    }
+    out.push(format!(
+        "{:?}",
+        log.lease_info("job").unwrap().map(|l| (l.owner, l.token))
+    ));
+    out
+}
+
+#[tokio::test]
+async fn replicas_applying_the_same_entries_agree() {
+    let entries = entries();
+    let (a, b_) = (open(&SimStorage::new()), open(&SimStorage::new()));
+    let answers_a = apply_all(&a, &entries).await;
+    let answers_b = apply_all(&b_, &entries).await;
+    assert_eq!(answers_a, answers_b);
+    assert_eq!(state(&a), state(&b_));
+    // What the entries decided.
+    let stale = answers_a
+        .iter()
+        .filter(|x| x.contains("below the highest accepted token 50"))
+        .count();
+    assert_eq!(stale, 1, "{answers_a:#?}");
+    let n = entries.len();
+    assert!(
+        answers_a[n - 3].contains("held by another owner"),
+        "{}",
+        answers_a[n - 3]
+    );
+    assert!(
+        answers_a[n - 2].starts_with("Grant"),
+        "{}",
+        answers_a[n - 2]
+    );
+    assert_eq!(a.applied().map(|p| p.index), Some(n as u64));
+    // Writes that do not come through the replicated log are refused.
+    assert!(matches!(
+        a.append("s1", t(99), &["x"]),
+        Err(Error::Invalid { .. })
+    ));
+}
+
+#[tokio::test]
+async fn a_crashed_replica_recovers_what_reached_its_disk_and_catches_up() {
+    let entries = entries();
+    let reference = open(&SimStorage::new());
+    let answers = apply_all(&reference, &entries).await;
+    // Rejected entries write nothing: a replica knows it applied up to its
+    // last accepted one, and applies the rejected ones after it again.
+    let last_written_by = |n: usize| {
+        (0..n)
+            .rev()
+            .find(|&i| !answers[i].starts_with("rejected"))
+            .map_or(0, |i| i + 1)
+    };
+    for cut_after in [50usize, 150, 300, entries.len()] {
+        let sim = SimStorage::new();
+        let log = open(&sim);
+        apply_all(&log, &entries[..cut_after]).await;
+        if cut_after == 150 {
+            log.sync().unwrap();
+        }
+        drop(log);
+        // The machine dies: only what was synced survives.
+        let log = open(&sim.cut_power(CrashMode::LoseUnsynced));
+        let applied = log.applied().map_or(0, |p| p.index) as usize;
+        assert!(applied <= cut_after);
+        if cut_after == 150 {
+            assert_eq!(applied, last_written_by(150), "synced entries were lost");
+        }
+        // The replicated log applies the rest again.
+        apply_all(&log, &entries[applied..]).await;
+        assert_eq!(state(&log), state(&reference), "after a cut at {cut_after}");
+    }
+}
