@@ -456,10 +456,11 @@ pub(crate) fn decode(b: &[u8]) -> Result<Op<'_>, String> {
             for _ in 0..count {
                 let len = walk.u32()? as usize;
                 let sub = walk.bytes(len)?;
-                // Checked before decoding: a batch inside a batch would make
+                // Checked before decoding: a batch inside a batch, or a
+                // replicated entry holding a batch inside a batch, would make
                 // decoding recurse as deep as the bytes nest.
-                if sub.first() == Some(&BATCH) {
-                    return Err("a batch inside a batch".into());
+                if !matches!(sub.first(), Some(&(APPEND | FENCE | TRIM | DELETE))) {
+                    return Err("a batch may hold only appends, fences, trims and deletes".into());
                 }
                 match decode(sub)? {
                     Op::Append { .. } | Op::Fence { .. } | Op::Trim { .. } | Op::Delete { .. } => {}
@@ -649,5 +650,45 @@ mod tests {
         let n = buf.len();
         buf[n - 7] = 200;
         assert!(decode(&buf).is_err());
+    }
+
+    /// A batch inside a replicated entry inside a batch, and so on: each
+    /// wrapper refused only what nested directly in itself, so decoding
+    /// recursed once per level, as deep as a crafted entry nests (a 16 MiB
+    /// entry holds 400 000 levels: a stack overflow on bytes from disk).
+    #[test]
+    fn alternating_wrappers_do_not_recurse() {
+        const LEVELS: usize = 100_000;
+        let fence = encode(&Op::Fence {
+            stream: b"s",
+            token: 1,
+        });
+        // Level i wraps level i - 1: a batch of one op at even levels, a
+        // replicated entry at odd ones. Written outside in, in one pass.
+        let mut sizes = vec![fence.len()];
+        for level in 0..LEVELS {
+            let inner = sizes[level];
+            sizes.push(if level % 2 == 0 {
+                9 + inner
+            } else {
+                REPLICATED_HEADER + inner
+            });
+        }
+        let mut op = Vec::with_capacity(sizes[LEVELS]);
+        for level in (0..LEVELS).rev() {
+            if level % 2 == 0 {
+                op.push(BATCH);
+                op.extend_from_slice(&1u32.to_le_bytes());
+                op.extend_from_slice(&(sizes[level] as u32).to_le_bytes());
+            } else {
+                op.extend_from_slice(&replicated_header(1, 1, 1, 1));
+            }
+        }
+        op.extend_from_slice(&fence);
+        assert_eq!(op.len(), sizes[LEVELS]);
+        assert!(decode(&op).is_err());
+        // Two levels are what the log writes: a transaction, replicated.
+        let two = &op[op.len() - sizes[2]..];
+        assert!(matches!(decode(two), Ok(Op::Replicated { .. })));
     }
 }
