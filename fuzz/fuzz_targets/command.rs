@@ -1,8 +1,10 @@
 //! The server's command layer (`commands::execute` and its argument
 //! parsing) on a real `fencelog::Log`, as a connection drives it: requests
 //! parsed from the input by the server's own `RequestParser` (RESP arrays or
-//! inline commands), each run through `execute` with one session per input,
-//! each reply encoded as the session's protocol asks.
+//! inline commands, with Redis' smaller limits until the session is
+//! authenticated, as a connection sets them), each run through `execute`
+//! with one session per input (so `MULTI`/`EXEC` transactions too), each
+//! reply encoded as the session's protocol asks.
 //!
 //! Input: `flags: u8 | requests...`. Bit 0 of `flags` picks a server with
 //! a password (`pw`) or without; bit 1 starts the session in RESP3; bit 2
