@@ -569,6 +569,11 @@ impl Log {
         &self.inner.report
     }
 
+    /// The data directory.
+    pub fn dir(&self) -> &Path {
+        self.inner.wal.dir()
+    }
+
     /// The options the log was opened with.
     pub fn options(&self) -> &Options {
         &self.inner.opts
@@ -1546,6 +1551,13 @@ impl Log {
     /// The segments of the log, oldest first (for tests and tools).
     pub fn segments(&self) -> Vec<u64> {
         self.inner.wal.segments()
+    }
+
+    /// The segment being written: every earlier segment is sealed and its
+    /// file never changes again (it may only be removed). Later ones may
+    /// exist already, created ahead of need.
+    pub fn active_segment(&self) -> u64 {
+        self.inner.wal.active_segment()
     }
 
     /// Makes everything written so far durable (useful when the log is
