@@ -1817,6 +1817,7 @@ mod tests {
                 max_pipeline: 1024,
                 max_connections: 1000,
                 shutdown_grace: Duration::from_secs(5),
+                flags: Vec::new(),
             };
             let (addr_tx, addr_rx) = std::sync::mpsc::channel();
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
