@@ -548,7 +548,14 @@ pub async fn execute(ctx: &Arc<Context>, session: &mut Session, args: Vec<Bytes>
     let cmd = upper_cmd.as_str();
     ctx.stats.commands.fetch_add(1, Ordering::Relaxed);
     if let (Some(r), Some(spec)) = (&session.registration, command_table::lookup(cmd)) {
-        r.command(spec.name);
+        // `CLIENT LIST` shows subcommands as Redis does: `client|list`.
+        let sub = args.get(1).and_then(|s| {
+            let s = upper(s);
+            spec.subcommands
+                .iter()
+                .find(|c| c.name.split_once('|').is_some_and(|(_, n)| n == s.as_str()))
+        });
+        r.command(sub.unwrap_or(spec).name);
     }
     if ctx.config.requirepass.is_some() && !session.authenticated && !allowed_unauthenticated(cmd) {
         return err("NOAUTH Authentication required.");

@@ -27,6 +27,10 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve a data directory over the Redis protocol (RESP2 and RESP3).
+    ///
+    /// A flag given twice takes its last value (a wrapper script's
+    /// defaults can be overridden).
+    #[command(args_override_self = true)]
     Serve(ServeArgs),
     /// Check every segment of a data directory offline and report its
     /// streams, records, tokens and damage.

@@ -120,7 +120,8 @@ fn assert_repaired(dir: &Path, top: u64) {
     // The floor is a reserved ceiling, above what was written: new writes
     // go on from it.
     let floor = log.metrics().token_floor;
-    log.append("alpha", t(floor), &["after the repair"]).unwrap();
+    log.append("alpha", t(floor), &["after the repair"])
+        .unwrap();
 }
 
 #[test]
@@ -134,7 +135,10 @@ fn damage_at_rest_in_the_middle_of_the_tail_is_cut_and_kept_aside() {
     // A byte in the payload of an entry with many synced entries after it.
     let victim = in_last[in_last.len() / 2];
     assert_eq!(victim.3, EntryKind::Record);
-    flip(&segment(dir.path(), last_seg), victim.1 + ENTRY_HEADER_LEN as u64 + 5);
+    flip(
+        &segment(dir.path(), last_seg),
+        victim.1 + ENTRY_HEADER_LEN as u64 + 5,
+    );
     let before = fencelog(&["verify", "--no-progress"], dir.path());
     assert_eq!(before.status.code(), Some(1), "{}", text(&before));
 
@@ -149,7 +153,10 @@ fn damage_at_rest_in_the_middle_of_the_tail_is_cut_and_kept_aside() {
     assert_eq!(o.status.code(), Some(0), "{out}");
     // The plan: file, byte, entries, streams touched.
     let file = segment(dir.path(), last_seg);
-    assert!(out.contains(&format!("file:     {}", file.display())), "{out}");
+    assert!(
+        out.contains(&format!("file:     {}", file.display())),
+        "{out}"
+    );
     assert!(out.contains(&format!("byte:     {}", victim.1)), "{out}");
     assert!(out.contains("streams:  \"alpha\", \"beta\""), "{out}");
     assert!(out.contains("Token floor now in force:"), "{out}");
