@@ -897,6 +897,26 @@ mod tests {
         assert_eq!(s("CONFIG|GET"), "CONFIG GET parameter [parameter ...]");
     }
 
+    /// docs/COMMANDS.md documents every command of this table, with the
+    /// syntax line the table (and so redis-cli's hints) gives.
+    #[test]
+    fn the_command_reference_matches_the_table() {
+        let doc = include_str!("../../docs/COMMANDS.md");
+        let mut all: Vec<&CommandSpec> = Vec::new();
+        for c in COMMANDS {
+            if c.subcommands.is_empty() || c.name == "COMMAND" {
+                all.push(c);
+            }
+            all.extend(c.subcommands.iter());
+        }
+        for c in all {
+            let heading = format!("### {}\n", c.name.replace('|', " "));
+            assert!(doc.contains(&heading), "no section {heading:?}");
+            let syntax = format!("```text\n{}\n```", c.syntax());
+            assert!(doc.contains(&syntax), "{} is not documented as {syntax}", c.name);
+        }
+    }
+
     #[test]
     fn names_fit_the_matcher_and_are_unique() {
         let mut seen = std::collections::HashSet::new();
