@@ -913,7 +913,11 @@ mod tests {
             let heading = format!("### {}\n", c.name.replace('|', " "));
             assert!(doc.contains(&heading), "no section {heading:?}");
             let syntax = format!("```text\n{}\n```", c.syntax());
-            assert!(doc.contains(&syntax), "{} is not documented as {syntax}", c.name);
+            assert!(
+                doc.contains(&syntax),
+                "{} is not documented as {syntax}",
+                c.name
+            );
         }
     }
 

@@ -10,6 +10,16 @@ use std::time::Duration;
 
 use common::*;
 
+/// A reply's bulk strings, one per line (as redis-cli prints them).
+fn lines(v: &Value) -> String {
+    match v {
+        Value::Bulk(b) => String::from_utf8_lossy(b).replace("\r\n", "\n"),
+        Value::Array(items) => items.iter().map(lines).collect::<Vec<_>>().join("\n") + "\n",
+        Value::Int(n) => n.to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
 fn serve_fails(args: &[&str]) -> String {
     let out = Command::new(BIN)
         .arg("serve")
@@ -87,7 +97,7 @@ fn addresses_ports_and_small_segments_as_people_type_them() {
     );
     let mut c = server.client();
     assert_eq!(c.cmd(&["LOG.APPEND", "s", "1", "x"]).int(), 0);
-    let config = redis_cli(server.addr, &["CONFIG", "GET", "max-*"]);
+    let config = lines(&c.cmd(&["CONFIG", "GET", "max-*"]));
     assert!(config.contains("max-open-segments\n8\n"), "{config}");
     assert!(config.contains("max-payload\n520192\n"), "{config}");
     drop(server);
@@ -155,7 +165,7 @@ fn admin_commands_answer_as_redis_tools_expect() {
         );
     }
     // Every flag of serve, under its own name.
-    let config = redis_cli(server.addr, &["CONFIG", "GET", "*"]);
+    let config = lines(&c.cmd(&["CONFIG", "GET", "*"]));
     for flag in [
         "dir",
         "addr",
@@ -189,13 +199,13 @@ fn admin_commands_answer_as_redis_tools_expect() {
             .err()
             .starts_with("HELD")
     );
-    let info = redis_cli(server.addr, &["INFO"]);
+    let info = lines(&c.cmd(&["INFO"]));
     assert_eq!(info.matches("# Server").count(), 1, "{info}");
     let has = |line: &str| info.lines().any(|l| l.trim_end() == line);
     assert!(has("leases_held:1"), "{info}");
     assert!(has("lease_acquisitions_refused:1"), "{info}");
     assert!(has("db0:keys=2,expires=0,avg_ttl=0"), "{info}");
-    let only = redis_cli(server.addr, &["INFO", "leases", "clients"]);
+    let only = lines(&c.cmd(&["INFO", "leases", "clients"]));
     assert!(
         only.contains("# Leases") && only.contains("# Clients"),
         "{only}"
