@@ -181,8 +181,9 @@ pub enum Blocking {
         owner: Bytes,
         ttl: Duration,
         opts: AcquireOptions,
-        /// Who asks, for the log event.
-        client: Option<ClientTag>,
+        /// Who asks, for the log event (boxed: every outcome carries this
+        /// variant's size).
+        client: Option<Box<ClientTag>>,
         /// Where the grant is noted, to log its expiry.
         ctx: Option<Arc<Context>>,
     },
@@ -287,7 +288,7 @@ impl Blocking {
                     if let Some(ctx) = &ctx {
                         lease_granted(
                             ctx,
-                            client.as_ref(),
+                            client.as_deref(),
                             &name,
                             &owner,
                             g.token.get(),
@@ -998,7 +999,7 @@ fn acquire(cmd: &str, a: &[Bytes], ctx: &Arc<Context>, session: &Session) -> Out
         owner: a[1].clone(),
         ttl: Duration::from_millis(ttl_ms),
         opts,
-        client: Some(session.tag()),
+        client: Some(Box::new(session.tag())),
         ctx: Some(Arc::clone(ctx)),
     })
 }
@@ -1249,7 +1250,7 @@ fn client_kill(rest: &[Bytes], ctx: &Context, session: &Session) -> Outcome {
             err("ERR No such client")
         };
     }
-    if rest.is_empty() || rest.len() % 2 != 0 {
+    if rest.is_empty() || !rest.len().is_multiple_of(2) {
         return err("ERR syntax error");
     }
     let mut id = None;
