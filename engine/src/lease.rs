@@ -151,6 +151,13 @@ impl Leases {
         self.live.len()
     }
 
+    /// Leases whose ttl has not run out now (those expired unnoticed are
+    /// still in the table until looked at or swept).
+    pub(crate) fn held_now(&self) -> usize {
+        let now = self.clock.now_ms();
+        self.live.values().filter(|l| l.expires_at_ms > now).count()
+    }
+
     /// Drops every expired lease; answers how many.
     pub(crate) fn sweep(&mut self) -> u64 {
         let now = self.clock.now_ms();

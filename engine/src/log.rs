@@ -1498,7 +1498,8 @@ impl Log {
         let c = &self.inner.counters;
         let (leases_live, leases_expired, last_token) = self.inner.wal.with_state(|core| {
             (
-                core.leases.len() as u64,
+                // Held now: a lease that expired unnoticed is not alive.
+                core.leases.held_now() as u64,
                 core.leases.expired,
                 core.leases.last_token(),
             )

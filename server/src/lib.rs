@@ -12,6 +12,8 @@
 
 pub mod bench;
 pub mod budget;
+pub mod clients;
+pub mod command_table;
 pub mod commands;
 pub mod config;
 pub mod connection;
@@ -19,7 +21,10 @@ pub mod dump;
 pub mod fds;
 pub mod history;
 pub mod info;
+pub mod logging;
+pub mod metrics;
 pub mod protocol;
+pub mod repair;
 pub mod server;
 pub mod shutdown;
 pub mod transaction;

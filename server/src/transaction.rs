@@ -56,6 +56,16 @@ impl Multi {
     pub fn bytes(&self) -> usize {
         self.bytes
     }
+
+    /// Commands queued.
+    pub fn len(&self) -> usize {
+        self.queued.len()
+    }
+
+    /// Whether nothing is queued.
+    pub fn is_empty(&self) -> bool {
+        self.queued.is_empty()
+    }
 }
 
 /// One queued command.
@@ -204,10 +214,12 @@ pub async fn exec(ctx: &Arc<Context>, a: &[Bytes], session: &mut Session) -> Out
     let mut after = Vec::new();
     let mut ops = Vec::new();
     let mut op_places = Vec::new();
+    let mut op_streams: Vec<Bytes> = Vec::new();
     for (place, queued) in multi.queued.into_iter().enumerate() {
         match queued {
             Queued::Write(op) => {
                 op_places.push(place);
+                op_streams.push(commands::op_stream(&op).clone());
                 ops.push(op);
             }
             Queued::Other(args) if ops.is_empty() => before.push((place, args)),
@@ -240,6 +252,9 @@ pub async fn exec(ctx: &Arc<Context>, a: &[Bytes], session: &mut Session) -> Out
                 ctx.stats
                     .transactions_aborted
                     .fetch_add(1, Ordering::Relaxed);
+                if let Some(stream) = op_streams.get(index) {
+                    commands::note_error(ctx, &session.tag(), stream, &cause);
+                }
                 let rejected = op_places.get(index).copied();
                 return Outcome::Reply(Reply::Array(
                     (0..n)

@@ -41,11 +41,10 @@ impl ServerProcess {
                 let mut tx = Some(tx);
                 for line in BufReader::new(stderr).lines() {
                     let Ok(line) = line else { break };
-                    if let Some(i) = line.find("serving addr=") {
-                        let addr = line[i + "serving addr=".len()..].trim().to_string();
-                        if let Some(tx) = tx.take() {
-                            let _ = tx.send(addr);
-                        }
+                    if let Some(addr) = serving_addr(&line)
+                        && let Some(tx) = tx.take()
+                    {
+                        let _ = tx.send(addr);
                     }
                     log.lock().unwrap().push_str(&line);
                     log.lock().unwrap().push('\n');
@@ -116,6 +115,19 @@ impl ServerProcess {
             std::thread::sleep(Duration::from_millis(10));
         }
     }
+}
+
+/// The address in the server's "serving" line, text or JSON.
+fn serving_addr(line: &str) -> Option<String> {
+    if let Some(i) = line.find("serving addr=") {
+        return Some(line[i + "serving addr=".len()..].trim().to_string());
+    }
+    if line.contains("\"message\":\"serving\"") {
+        let i = line.find("\"addr\":\"")? + "\"addr\":\"".len();
+        let end = line[i..].find('"')?;
+        return Some(line[i..i + end].to_string());
+    }
+    None
 }
 
 impl Drop for ServerProcess {
