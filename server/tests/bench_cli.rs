@@ -43,7 +43,7 @@ fn against_a_server_with_json() {
         "{json}"
     );
     // The server saw it: stale rejections counted.
-    let info = redis_cli(server.addr, &["INFO", "log"]);
+    let info = String::from_utf8_lossy(server.client().cmd(&["INFO", "log"]).bulk()).into_owned();
     let stale: u64 = info
         .lines()
         .find_map(|l| l.strip_prefix("stale_rejections:"))

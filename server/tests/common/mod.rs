@@ -289,6 +289,19 @@ pub fn target_dir() -> PathBuf {
     }
 }
 
+/// Whether `tool` runs (`tool --version`); if not, [`missing`] says so
+/// (and fails in CI).
+pub fn have(tool: &str, how: &str) -> bool {
+    let ok = Command::new(tool)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        missing(tool, how);
+    }
+    ok
+}
+
 /// A tool a test needs is missing: in CI (`CI=true`) the test fails
 /// loudly; elsewhere it is skipped with the reason printed.
 pub fn missing(what: &str, how: &str) {
