@@ -30,5 +30,5 @@ mod snapshot;
 pub mod state_machine;
 pub mod types;
 
-pub use node::{ClusterError, Node, NodeConfig, Status, wait_for_leader};
+pub use node::{ClusterError, Node, NodeConfig, Proposal, Status, wait_for_leader};
 pub use types::{Member, NodeId, Request, Response, WireCommand, WireError, WireTxOp};

@@ -216,6 +216,11 @@ impl LogStore {
         })
     }
 
+    /// The last entry this node knows committed (as Raft last told it).
+    pub fn committed(&self) -> Option<u64> {
+        self.wal.with_state(|s| s.committed.map(|c| c.index))
+    }
+
     /// The largest request (encoded) an entry of this log holds.
     pub fn max_request_bytes(&self) -> usize {
         self.max_request

@@ -80,6 +80,13 @@ pub enum ClusterError {
     /// way, …).
     #[error("raft: {0}")]
     Raft(String),
+    /// The write was proposed but its fate is unknown: the leader stopped
+    /// or lost its place before it could tell (the entry may yet commit
+    /// under the next leader, or may be gone). Not retried blindly: a
+    /// retry of an append may append twice (`LOG.APPENDAT` retries
+    /// safely).
+    #[error("the outcome of the write is unknown: {0}")]
+    Uncertain(String),
     /// A request too large for one entry of the Raft log.
     #[error("a request of {len} bytes (at most {max} in one replicated entry)")]
     TooLarge {
@@ -104,10 +111,15 @@ pub struct Node {
     id: NodeId,
     raft: Raft,
     engine: Engine,
+    log_store: LogStore,
     max_request: u64,
     started: Instant,
-    listener: JoinHandle<()>,
+    listener: parking_lot::Mutex<Option<JoinHandle<()>>>,
 }
+
+/// A write proposed, its answer to come (see [`Node::propose`]).
+pub type Proposal =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Response, ClusterError>> + Send>>;
 
 /// What `fencelog cluster status` shows of a node.
 #[derive(Debug, Clone)]
@@ -122,8 +134,12 @@ pub struct Status {
     pub leader: Option<NodeId>,
     /// The last entry of its log.
     pub last_log_index: u64,
+    /// The last entry it knows committed.
+    pub committed: u64,
     /// The last entry applied to its state machine.
     pub last_applied: u64,
+    /// On the leader: ms since a quorum last acknowledged it.
+    pub millis_since_quorum_ack: Option<u64>,
     /// On the leader: every member's last matched entry (lag = last log
     /// index − matched).
     pub matched: BTreeMap<NodeId, u64>,
@@ -144,6 +160,7 @@ impl Node {
             .await
             .map_err(|e| ClusterError::Raft(e.to_string()))??;
         let max_request = log_store.max_request_bytes() as u64;
+        let log_store_view = log_store.clone();
         let sm_dir = cfg.dir.clone();
         let engine_opts = cfg.engine.clone();
         let sm = tokio::task::spawn_blocking(move || StateMachine::open(&sm_dir, &engine_opts))
@@ -176,9 +193,10 @@ impl Node {
             id: cfg.id,
             raft,
             engine,
+            log_store: log_store_view,
             max_request,
             started: Instant::now(),
-            listener,
+            listener: parking_lot::Mutex::new(Some(listener)),
         })
     }
 
@@ -210,6 +228,13 @@ impl Node {
     /// Proposes a write; answers once a majority holds it and it is applied
     /// here (the leader's own decision), or says who leads.
     pub async fn write(&self, cmd: WireCommand) -> Result<Response, ClusterError> {
+        self.propose(cmd).await?.await
+    }
+
+    /// Hands a write to Raft now, in the order of the calls (a
+    /// connection's pipelined writes keep their order), and answers a
+    /// future of its outcome: so many writes share a round of replication.
+    pub async fn propose(&self, cmd: WireCommand) -> Result<Proposal, ClusterError> {
         let req = Request {
             time_ms: self.now_ms(),
             cmd,
@@ -222,15 +247,25 @@ impl Node {
                 max: self.max_request,
             });
         }
-        match self.raft.client_write(req).await {
-            Ok(r) => Ok(r.data),
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-                Err(ClusterError::NotLeader {
+        let rx = self
+            .raft
+            .client_write_ff(req)
+            .await
+            .map_err(|e| ClusterError::Raft(e.to_string()))?;
+        Ok(Box::pin(async move {
+            match rx.await {
+                Ok(Ok(r)) => Ok(r.data),
+                // Never appended here, or cut from this log by a newer
+                // leader: it did not and will not commit.
+                Ok(Err(ClientWriteError::ForwardToLeader(f))) => Err(ClusterError::NotLeader {
                     leader: f.leader_id.zip(f.leader_node),
-                })
+                }),
+                Ok(Err(e)) => Err(ClusterError::Raft(e.to_string())),
+                Err(_) => Err(ClusterError::Uncertain(
+                    "this node stopped before the write was decided".into(),
+                )),
             }
-            Err(e) => Err(ClusterError::Raft(e.to_string())),
-        }
+        }))
     }
 
     /// Waits until this node, as the leader, has applied every write
@@ -278,7 +313,9 @@ impl Node {
             term: m.current_term,
             leader: m.current_leader,
             last_log_index: m.last_log_index.unwrap_or(0),
+            committed: self.log_store.committed().unwrap_or(0),
             last_applied: m.last_applied.map_or(0, |l| l.index),
+            millis_since_quorum_ack: m.millis_since_quorum_ack,
             matched: m
                 .replication
                 .map(|r| {
@@ -318,9 +355,12 @@ impl Node {
     }
 
     /// Stops Raft and the peer listener.
-    pub async fn shutdown(self) -> Result<(), ClusterError> {
-        self.listener.abort();
-        let _ = self.listener.await;
+    pub async fn shutdown(&self) -> Result<(), ClusterError> {
+        let listener = self.listener.lock().take();
+        if let Some(listener) = listener {
+            listener.abort();
+            let _ = listener.await;
+        }
         self.raft
             .shutdown()
             .await

@@ -132,6 +132,9 @@ pub enum WireCommand {
         owner: Vec<u8>,
         token: u64,
     },
+    /// Nothing but the leader's clock: moves lease time forward on every
+    /// replica (a lease read after it sees expiries up to its time).
+    Tick,
 }
 
 fn token(n: u64) -> Result<Token, Error> {
@@ -235,6 +238,43 @@ impl WireTxOp {
 }
 
 impl WireCommand {
+    /// A single write, as the log carries it.
+    pub fn from_op(op: &TxOp) -> WireCommand {
+        match WireTxOp::from_engine(op) {
+            WireTxOp::Append {
+                stream,
+                token,
+                payloads,
+            } => WireCommand::Append {
+                stream,
+                token,
+                payloads,
+            },
+            WireTxOp::AppendAt {
+                stream,
+                token,
+                expected_offset,
+                payloads,
+            } => WireCommand::AppendAt {
+                stream,
+                token,
+                expected_offset,
+                payloads,
+            },
+            WireTxOp::Fence { stream, token } => WireCommand::Fence { stream, token },
+            WireTxOp::Trim {
+                stream,
+                token,
+                before,
+            } => WireCommand::Trim {
+                stream,
+                token,
+                before,
+            },
+            WireTxOp::Delete { stream, token } => WireCommand::Delete { stream, token },
+        }
+    }
+
     /// The engine's command; a token out of range is a rejection every
     /// replica reaches alike.
     pub fn to_engine(&self) -> Result<Command, Error> {
@@ -312,6 +352,7 @@ impl WireCommand {
                 owner: Bytes::copy_from_slice(owner),
                 token: token(*t)?,
             },
+            WireCommand::Tick => Command::Blank,
         })
     }
 }

@@ -1897,6 +1897,7 @@ mod tests {
                 max_connections: 1000,
                 shutdown_grace: Duration::from_secs(5),
                 flags: Vec::new(),
+                cluster: None,
             };
             let (addr_tx, addr_rx) = std::sync::mpsc::channel();
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -35,6 +35,19 @@ pub struct Context {
     pub registry: Arc<Registry>,
     /// Log events that are rate-limited or followed over time.
     pub events: EventLimits,
+    /// Cluster mode: this node's replica (`None`: a single node).
+    pub cluster: Option<Arc<crate::cluster::Cluster>>,
+}
+
+impl Context {
+    /// The engine commands read: the log, or in cluster mode the replica's
+    /// current engine (a snapshot installed replaces it).
+    pub fn engine(&self) -> std::borrow::Cow<'_, Log> {
+        match &self.cluster {
+            Some(c) => std::borrow::Cow::Owned(c.log()),
+            None => std::borrow::Cow::Borrowed(&self.log),
+        }
+    }
 }
 
 /// Log events that need state: rate limits, and the leases granted here
@@ -111,6 +124,9 @@ pub enum Outcome {
     /// while watching the connection, so that a client that goes away takes
     /// nothing.
     Blocking(Blocking),
+    /// When a replicated write is applied (cluster mode; in order behind
+    /// the answers before it).
+    Replicated(crate::cluster::route::ReplyFuture),
     /// A reply too large for the client's output limit (an `EXEC` of many
     /// reads): the client is disconnected, as Redis does past
     /// `client-output-buffer-limit`.
@@ -401,7 +417,7 @@ pub fn sweep_expired_leases(ctx: &Context) {
         .map(|(name, (owner, token, _))| (name.clone(), owner.clone(), *token))
         .collect();
     for (name, owner, token) in due {
-        let live = ctx.log.lease_info(&name).ok().flatten();
+        let live = ctx.engine().lease_info(&name).ok().flatten();
         let mut leases = ctx.events.leases.lock();
         match live {
             Some(info) if info.token.get() == token => {
@@ -727,7 +743,13 @@ pub(crate) async fn run(ctx: &Arc<Context>, session: &mut Session, args: &[Bytes
     let upper_cmd = upper(first);
     let cmd = upper_cmd.as_str();
     let a = &args[1..];
-    let log = &ctx.log;
+    if let Some(cluster) = &ctx.cluster
+        && let Some(outcome) = crate::cluster::route::run(ctx, cluster, session, cmd, args).await
+    {
+        return outcome;
+    }
+    let engine = ctx.engine();
+    let log = &*engine;
     if let Some(parsed) = parse_write(cmd, a) {
         return match parsed {
             Ok(op) => write(ctx, &session.tag(), op).await,
@@ -866,7 +888,9 @@ pub(crate) async fn run(ctx: &Arc<Context>, session: &mut Session, args: &[Bytes
         "DBSIZE" if a.is_empty() => Outcome::Reply(integer(log.metrics().streams)),
         "DBSIZE" => wrong_arity(cmd),
         // Redis' own words, so cluster clients know where they are.
-        "CLUSTER" => err("ERR This instance has cluster support disabled"),
+        "CLUSTER" | "READONLY" | "READWRITE" | "ASKING" => {
+            err("ERR This instance has cluster support disabled")
+        }
         // Nothing is watched, so nothing is unwatched; clients send it when
         // they reset a pipeline.
         "UNWATCH" if a.is_empty() => Outcome::Reply(Reply::ok()),
@@ -961,7 +985,7 @@ fn read(cmd: &str, a: &[Bytes], ctx: &Context) -> Outcome {
 }
 
 /// `LEASE.ACQUIRE name owner ttl_ms [FENCE] [WAIT ms]`
-fn acquire(cmd: &str, a: &[Bytes], ctx: &Arc<Context>, session: &Session) -> Outcome {
+pub(crate) fn acquire(cmd: &str, a: &[Bytes], ctx: &Arc<Context>, session: &Session) -> Outcome {
     if a.len() < 3 {
         return wrong_arity(cmd);
     }

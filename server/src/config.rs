@@ -54,6 +54,9 @@ pub struct ServeConfig {
     /// How long shutdown waits for connections to hand out their last
     /// answers before closing them. Default 1 s.
     pub shutdown_grace: std::time::Duration,
+    /// Cluster mode (`--cluster-node-id` and the other `--cluster-*`
+    /// flags); `None`: a single node.
+    pub cluster: Option<crate::cluster::ClusterConfig>,
 }
 
 impl ServeConfig {

@@ -99,6 +99,8 @@ enum Answer {
     /// A decided write's, once durable, with the stream it writes (for
     /// the log event of a rejection).
     Later(Later, Bytes),
+    /// A replicated write's (cluster mode), once applied.
+    Replicated(crate::cluster::route::ReplyFuture),
 }
 
 /// A queued answer once it has come: a reply, or a write's result.
@@ -117,6 +119,7 @@ impl Answer {
             Answer::Later(later, stream) => later
                 .poll_result(cx)
                 .map(|r| Answered::Write(r, stream.clone())),
+            Answer::Replicated(answer) => answer.as_mut().poll(cx).map(Answered::Reply),
         }
     }
 }
@@ -375,6 +378,13 @@ impl Connection {
                     });
                     self.pending_bytes += bytes;
                 }
+                Outcome::Replicated(answer) => {
+                    self.pending.push_back(Pending {
+                        answer: Answer::Replicated(answer),
+                        bytes,
+                    });
+                    self.pending_bytes += bytes;
+                }
                 Outcome::Close(reply) => {
                     self.encode(&reply);
                     self.close_input();
@@ -386,8 +396,9 @@ impl Connection {
                     // goes, not only once it is done.
                     let share = Arc::clone(&self.share);
                     let progress: ReadProgress = Arc::new(move |bytes| share.set_reading(bytes));
-                    let mut run =
-                        Box::pin(command.run_counted(self.ctx.log.clone(), Some(progress)));
+                    let mut run = Box::pin(
+                        command.run_counted(self.ctx.engine().into_owned(), Some(progress)),
+                    );
                     // Most reads are done at once: answer them in line, so
                     // a pipeline of reads is not a wait (and a write) each.
                     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());

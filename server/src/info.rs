@@ -37,7 +37,7 @@ pub struct Metric {
 
 /// Every number, in one place for both formats.
 pub fn metrics(ctx: &Context) -> Vec<Metric> {
-    let m = ctx.log.metrics();
+    let m = ctx.engine().metrics();
     let s = &ctx.stats;
     let w = &m.wal;
     let uptime = s.started.elapsed().as_secs_f64();
@@ -368,7 +368,7 @@ pub fn metrics(ctx: &Context) -> Vec<Metric> {
             prometheus: "fencelog_log_failed",
             help: "1 if an I/O failure stopped writes (until restart).",
             kind: Kind::Gauge,
-            value: f64::from(u8::from(ctx.log.has_failed())),
+            value: f64::from(u8::from(ctx.engine().has_failed())),
         },
         Metric {
             section: "leases",

@@ -49,8 +49,15 @@ pub enum LogFormat {
 
 /// Installs the global subscriber; an error names the flag.
 pub fn init(opts: &LogOptions) -> Result<(), String> {
-    let filter = EnvFilter::try_new(&opts.log_level)
+    let mut filter = EnvFilter::try_new(&opts.log_level)
         .map_err(|e| format!("invalid --log-level {:?}: {e}", opts.log_level))?;
+    // Raft's own lines (every vote, every election step) are for debugging
+    // it: warnings only, unless the level names openraft itself.
+    if !opts.log_level.contains("openraft")
+        && let Ok(quiet) = "openraft=warn".parse()
+    {
+        filter = filter.add_directive(quiet);
+    }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

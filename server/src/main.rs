@@ -7,6 +7,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use fencelog_cluster::Member;
+use fencelog_server::cluster::{ClusterConfig, parse_members};
 use fencelog_server::config::{ServeConfig, parse_addr, parse_addr_with_port, parse_size};
 use fencelog_server::dump::{self, DumpOptions};
 use fencelog_server::logging::LogOptions;
@@ -57,6 +59,9 @@ enum Command {
     /// needed cutting), 1 when it does not, 2 when nothing was done (refused,
     /// declined, the directory in use or unreadable).
     Repair(fencelog_server::repair::RepairArgs),
+    /// Cluster mode: run a local cluster, see a cluster's members and lag,
+    /// add or remove a node.
+    Cluster(fencelog_server::cluster::cli::ClusterArgs),
 }
 
 #[derive(Args)]
@@ -138,6 +143,123 @@ struct ServeArgs {
     /// (writes already decided are made durable either way).
     #[arg(long, default_value_t = 1)]
     shutdown_grace_secs: u64,
+    #[command(flatten)]
+    cluster: ClusterFlags,
+}
+
+/// Cluster mode: `fencelog serve --cluster-node-id N …` (see
+/// docs/CLUSTER.md).
+#[derive(Args)]
+struct ClusterFlags {
+    /// Run as node N of a replicated cluster (1 and up; the same across
+    /// restarts). Without it the server is a single node.
+    #[arg(long, value_name = "N", help_heading = "Cluster")]
+    cluster_node_id: Option<u64>,
+    /// Where this node listens for its peers (Raft): HOST:PORT, HOST, or a
+    /// PORT. [default: the client port + 10000, on the host of --addr]
+    #[arg(long, value_name = "ADDR", value_parser = parse_addr, help_heading = "Cluster")]
+    cluster_raft_addr: Option<SocketAddr>,
+    /// The client address this node is known by (in -MOVED and CLUSTER
+    /// SLOTS), as HOST:PORT. [default: --addr]
+    #[arg(long, value_name = "HOST:PORT", help_heading = "Cluster")]
+    cluster_advertise: Option<String>,
+    /// The Raft address peers are told, as HOST:PORT. [default:
+    /// --cluster-raft-addr]
+    #[arg(long, value_name = "HOST:PORT", help_heading = "Cluster")]
+    cluster_advertise_raft: Option<String>,
+    /// The first members, to form a new cluster:
+    /// ID=RAFT_ADDR/CLIENT_ADDR,… (every node gets the same list; the
+    /// lowest id forms the cluster on its first start). Ignored once a
+    /// node has state.
+    #[arg(long, value_name = "MEMBERS", help_heading = "Cluster")]
+    cluster_initial: Option<String>,
+    /// Join a running cluster through a member's client address (a node
+    /// with no state of its own; also a replica whose disk was wiped).
+    #[arg(long, value_name = "HOST:PORT", help_heading = "Cluster")]
+    cluster_join: Option<String>,
+    /// Milliseconds without a leader before an election (up to twice
+    /// that; heartbeats every third of it).
+    #[arg(
+        long,
+        default_value_t = 300,
+        value_name = "MS",
+        help_heading = "Cluster"
+    )]
+    cluster_election_timeout_ms: u64,
+    /// Snapshot the state machine after this many entries (the Raft log
+    /// behind a snapshot is removed; a lagging node catches up from it).
+    #[arg(
+        long,
+        default_value_t = 50_000,
+        value_name = "ENTRIES",
+        help_heading = "Cluster"
+    )]
+    cluster_snapshot_every: u64,
+}
+
+impl ClusterFlags {
+    /// The cluster configuration, if cluster mode is asked for.
+    fn config(&self, addr: SocketAddr) -> Result<Option<ClusterConfig>, String> {
+        let Some(node_id) = self.cluster_node_id else {
+            if self.cluster_initial.is_some() || self.cluster_join.is_some() {
+                return Err("--cluster-initial and --cluster-join need --cluster-node-id".into());
+            }
+            return Ok(None);
+        };
+        if node_id == 0 {
+            return Err("--cluster-node-id must be 1 or more".into());
+        }
+        if self.cluster_election_timeout_ms < 50 {
+            return Err(format!(
+                "--cluster-election-timeout-ms {} is below 50",
+                self.cluster_election_timeout_ms
+            ));
+        }
+        let raft_addr = match self.cluster_raft_addr {
+            Some(a) => a,
+            None => {
+                let port = addr.port().checked_add(10_000).ok_or_else(|| {
+                    format!(
+                        "--addr port {} leaves no room for the default Raft port (+10000):                          set --cluster-raft-addr",
+                        addr.port()
+                    )
+                })?;
+                SocketAddr::new(addr.ip(), port)
+            }
+        };
+        let member = Member {
+            raft_addr: self
+                .cluster_advertise_raft
+                .clone()
+                .unwrap_or_else(|| raft_addr.to_string()),
+            client_addr: self
+                .cluster_advertise
+                .clone()
+                .unwrap_or_else(|| addr.to_string()),
+        };
+        let initial = match &self.cluster_initial {
+            Some(text) => parse_members(text).map_err(|e| format!("--cluster-initial: {e}"))?,
+            None => Default::default(),
+        };
+        if !initial.is_empty() && !initial.contains_key(&node_id) {
+            return Err(format!(
+                "--cluster-initial does not list this node (--cluster-node-id {node_id})"
+            ));
+        }
+        if !initial.is_empty() && self.cluster_join.is_some() {
+            return Err("--cluster-initial and --cluster-join exclude each other".into());
+        }
+        Ok(Some(ClusterConfig {
+            node_id,
+            raft_addr,
+            member,
+            initial,
+            join: self.cluster_join.clone(),
+            election_timeout: Duration::from_millis(self.cluster_election_timeout_ms),
+            snapshot_every: self.cluster_snapshot_every.max(1),
+            raft_segment_bytes: 64 << 20,
+        }))
+    }
 }
 
 /// The metrics endpoint's port when --metrics-addr names only a host.
@@ -236,7 +358,8 @@ impl ServeArgs {
             },
             ..fencelog::Options::default()
         };
-        let flags: Vec<(String, String)> = vec![
+        let cluster = self.cluster.config(addr)?;
+        let mut flags: Vec<(String, String)> = vec![
             ("dir".into(), self.dir.display().to_string()),
             ("addr".into(), addr.to_string()),
             ("port".into(), addr.port().to_string()),
@@ -266,6 +389,22 @@ impl ServeArgs {
                 self.shutdown_grace_secs.to_string(),
             ),
         ];
+        if let Some(c) = &cluster {
+            flags.extend([
+                ("cluster-node-id".into(), c.node_id.to_string()),
+                ("cluster-raft-addr".into(), c.raft_addr.to_string()),
+                ("cluster-advertise".into(), c.member.client_addr.clone()),
+                ("cluster-advertise-raft".into(), c.member.raft_addr.clone()),
+                (
+                    "cluster-election-timeout-ms".into(),
+                    c.election_timeout.as_millis().to_string(),
+                ),
+                (
+                    "cluster-snapshot-every".into(),
+                    c.snapshot_every.to_string(),
+                ),
+            ]);
+        }
         Ok(ServeConfig {
             dir: self.dir,
             addr,
@@ -286,6 +425,7 @@ impl ServeArgs {
             max_connections: self.max_connections,
             shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
             flags,
+            cluster,
         })
     }
 }
@@ -332,6 +472,7 @@ fn main() -> ExitCode {
         Command::Verify(args) => verify::run(&args.dir, &args.options()),
         Command::Dump(args) => dump::run(&args.dir, &args.options()),
         Command::Bench(args) => fencelog_server::bench::run(args),
+        Command::Cluster(args) => fencelog_server::cluster::cli::run(args),
     }
 }
 

@@ -60,7 +60,7 @@ fn family(name: &str, help: &str, kind: MetricType, metric: Metric) -> MetricFam
 /// engine's log-scale histogram of microseconds (its buckets' upper
 /// bounds become `le`).
 fn fsync_histogram(ctx: &Context) -> MetricFamily {
-    let h = ctx.log.metrics().wal.sync_micros;
+    let h = ctx.engine().metrics().wal.sync_micros;
     let mut hist = Histogram::default();
     hist.set_sample_count(h.count);
     hist.set_sample_sum(h.sum as f64 / 1e6);

@@ -94,6 +94,23 @@ impl Server {
         let engine = config.engine.clone();
         let dir = config.dir.clone();
         let created = first_missing_ancestor(&dir);
+        if let Some(cluster) = config.cluster.clone() {
+            return match crate::cluster::Cluster::start(cluster, &config.dir, engine).await {
+                Ok(cluster) => Ok(Server::with(
+                    config,
+                    cluster.log(),
+                    Some(Arc::new(cluster)),
+                    listener,
+                    metrics,
+                )),
+                Err(e) => {
+                    if let Some(created) = created {
+                        let _ = std::fs::remove_dir_all(&created);
+                    }
+                    Err(e)
+                }
+            };
+        }
         let opened = tokio::task::spawn_blocking(move || fencelog::Log::open(&dir, engine))
             .await
             .map_err(|e| e.to_string())?;
@@ -122,20 +139,30 @@ impl Server {
         if let Some(cut) = &report.cut {
             tracing::warn!(event = "recovery_cut", file = %cut.file.display(), position = cut.position, kind = ?cut.kind, reason = %cut.reason, bytes_cut = cut.bytes_cut, entries_cut = cut.entries_cut, token_floor = report.marks.floor, "recovery cut the log");
         }
-        let stats = ServerStats::new();
+        Ok(Server::with(config, log, None, listener, metrics))
+    }
+
+    fn with(
+        config: ServeConfig,
+        log: fencelog::Log,
+        cluster: Option<Arc<crate::cluster::Cluster>>,
+        listener: TcpListener,
+        metrics: Option<TcpListener>,
+    ) -> Server {
         let clients = Arc::new(ClientMemory::new(config.maxmemory_clients_bytes));
-        Ok(Server {
+        Server {
             ctx: Arc::new(Context {
                 log,
                 config,
-                stats,
+                stats: ServerStats::new(),
                 clients,
                 registry: Arc::new(crate::clients::Registry::default()),
                 events: crate::commands::EventLimits::default(),
+                cluster,
             }),
             listener,
             metrics,
-        })
+        }
     }
 
     /// The address clients connect to.
@@ -163,6 +190,12 @@ impl Server {
             tokio::spawn(serve_metrics(Arc::clone(&ctx), metrics, shutdown.clone()))
         });
         tracing::info!(addr = %listener.local_addr().map_err(|e| e.to_string())?, "serving");
+        // A node started empty with --cluster-join asks to be added, while
+        // it serves (answering TRYAGAIN until it is).
+        let join = ctx
+            .cluster
+            .clone()
+            .map(|c| tokio::spawn(async move { c.join().await }));
         tokio::pin!(stop);
         let mut next_id = 1u64;
         // Leases granted here whose ttl ran out: logged once a second.
@@ -238,6 +271,13 @@ impl Server {
         if let Some(task) = metrics_task {
             // It aborts and waits for its own scrapes before it returns.
             let _ = task.await;
+        }
+        if let Some(join) = join {
+            join.abort();
+            let _ = join.await;
+        }
+        if let Some(cluster) = &ctx.cluster {
+            cluster.shutdown().await;
         }
         // The last handle: dropping it syncs what was submitted and stops
         // the log's threads. Off the runtime: it blocks.

@@ -238,9 +238,16 @@ pub async fn exec(ctx: &Arc<Context>, a: &[Bytes], session: &mut Session) -> Out
     let applied = !ops.is_empty();
     if applied {
         ctx.stats.transactions.fetch_add(1, Ordering::Relaxed);
-        let decided = match ctx.log.transact_deferred(ops).await {
-            Ok(answer) => answer.await,
-            Err(e) => Err(e),
+        let decided = match &ctx.cluster {
+            Some(cluster) => match crate::cluster::route::transact(cluster, ops).await {
+                Ok(decided) => decided,
+                // Not the leader (MOVED, TRYAGAIN) or the fate unknown.
+                Err(reply) => return Outcome::Reply(reply),
+            },
+            None => match ctx.log.transact_deferred(ops).await {
+                Ok(answer) => answer.await,
+                Err(e) => Err(e),
+            },
         };
         match decided {
             Ok(values) => {
@@ -297,8 +304,9 @@ pub async fn exec(ctx: &Arc<Context>, a: &[Bytes], session: &mut Session) -> Out
 async fn run_queued(ctx: &Arc<Context>, session: &mut Session, args: &[Bytes]) -> Reply {
     match commands::run(ctx, session, args).await {
         Outcome::Reply(r) | Outcome::Close(r) => r,
-        Outcome::Blocking(b) => b.without_wait().run(ctx.log.clone()).await,
+        Outcome::Blocking(b) => b.without_wait().run(ctx.engine().into_owned()).await,
         Outcome::Later(later) => later.reply().await,
+        Outcome::Replicated(answer) => answer.await,
         Outcome::OverOutputLimit { .. } => {
             Reply::Error("ERR the reply is over the client output buffer limit".into())
         }
