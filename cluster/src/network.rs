@@ -110,7 +110,12 @@ async fn read_frame<T: for<'de> Deserialize<'de>>(s: &mut TcpStream) -> std::io:
 
 /// Makes a client per target node.
 #[derive(Clone, Default)]
-pub struct Network;
+pub struct Network {
+    /// The address this node's connections come from: the one it listens
+    /// on for peers, so that a peer (or a firewall) tells nodes apart by
+    /// address even when they share a host (127.0.0.x on one machine).
+    pub source: Option<std::net::IpAddr>,
+}
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Client;
@@ -119,6 +124,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
         Client {
             target,
             addr: node.raft_addr.clone(),
+            source: self.source,
             conn: None,
         }
     }
@@ -128,14 +134,43 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 pub struct Client {
     target: NodeId,
     addr: String,
+    source: Option<std::net::IpAddr>,
     conn: Option<TcpStream>,
+}
+
+async fn connect(addr: &str, source: Option<std::net::IpAddr>) -> std::io::Result<TcpStream> {
+    let Some(source) = source else {
+        return TcpStream::connect(addr).await;
+    };
+    let mut last = None;
+    for target in tokio::net::lookup_host(addr).await? {
+        let socket = match target {
+            std::net::SocketAddr::V4(_) if source.is_ipv4() => tokio::net::TcpSocket::new_v4()?,
+            std::net::SocketAddr::V6(_) if source.is_ipv6() => tokio::net::TcpSocket::new_v6()?,
+            _ => {
+                last = Some(TcpStream::connect(target).await);
+                continue;
+            }
+        };
+        socket.bind(std::net::SocketAddr::new(source, 0))?;
+        match socket.connect(target).await {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(Err(e)),
+        }
+    }
+    last.unwrap_or_else(|| {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("{addr} resolves to no address"),
+        ))
+    })
 }
 
 impl Client {
     async fn call(&mut self, rpc: &Rpc, timeout: Duration) -> std::io::Result<RpcReply> {
         let result = tokio::time::timeout(timeout, async {
             if self.conn.is_none() {
-                let s = TcpStream::connect(&self.addr).await?;
+                let s = connect(&self.addr, self.source).await?;
                 s.set_nodelay(true)?;
                 self.conn = Some(s);
             }

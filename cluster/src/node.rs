@@ -179,7 +179,8 @@ impl Node {
         }
         .validate()
         .map_err(|e| ClusterError::Raft(e.to_string()))?;
-        let raft = Raft::new(cfg.id, Arc::new(config), Network, log_store, sm)
+        let source = Some(cfg.raft_listen.ip()).filter(|ip| !ip.is_unspecified());
+        let raft = Raft::new(cfg.id, Arc::new(config), Network { source }, log_store, sm)
             .await
             .map_err(|e| ClusterError::Raft(e.to_string()))?;
         let listener = TcpListener::bind(cfg.raft_listen)

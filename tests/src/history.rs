@@ -14,8 +14,9 @@
 //! - **Fencing**: along each final stream the tokens never decrease, and no
 //!   append with token `t` is acknowledged when it began after an append
 //!   or a fence with a token above `t` was acknowledged.
-//! - **Tokens strictly increase**: lease grants are distinct, and a grant
-//!   that began after another was answered has the larger token.
+//! - **Tokens strictly increase**: a token is granted to one lease and
+//!   owner only (the holder acquiring again gets its token again), and a
+//!   new grant that began after another was answered has the larger token.
 //! - **One linear history, no stale read**: every read agrees with the
 //!   final stream record by record; a read that began after an append was
 //!   acknowledged sees it; a read that began after another read was
@@ -56,6 +57,8 @@ pub enum Op {
     Acquire {
         /// The lease.
         name: String,
+        /// Who asks (a holder that acquires again gets its token again).
+        owner: String,
     },
 }
 
@@ -314,28 +317,36 @@ pub fn check(history: &[Event], final_streams: &BTreeMap<String, Vec<Record>>) -
         }
     }
 
-    // Grants: distinct, and increasing in real time.
-    let mut grants: Vec<(u64, u64, u64)> = history
+    // Grants: a token belongs to one lease and owner; a new grant (not a
+    // holder's re-grant) is larger than every grant answered before it
+    // began.
+    let mut grants: Vec<(u64, u64, u64, (&str, &str))> = history
         .iter()
         .filter_map(|e| match (&e.op, &e.outcome) {
-            (Op::Acquire { .. }, Outcome::Granted(t)) => Some((e.invoked, e.completed, *t)),
+            (Op::Acquire { name, owner }, Outcome::Granted(t)) => {
+                Some((e.invoked, e.completed, *t, (name.as_str(), owner.as_str())))
+            }
             _ => None,
         })
         .collect();
     grants.sort_by_key(|g| g.1);
-    let mut by_token: HashMap<u64, usize> = HashMap::new();
+    let mut holder_of: HashMap<u64, (&str, &str)> = HashMap::new();
+    let mut first_grant: HashMap<u64, u64> = HashMap::new();
     for g in &grants {
-        *by_token.entry(g.2).or_default() += 1;
-    }
-    for (t, n) in by_token {
-        if n > 1 {
-            v.push(Violation::TokenNotIncreasing {
-                earlier: t,
-                later: t,
-            });
+        match holder_of.get(&g.2) {
+            Some(h) if *h != g.3 => v.push(Violation::TokenNotIncreasing {
+                earlier: g.2,
+                later: g.2,
+            }),
+            Some(_) => {}
+            None => {
+                holder_of.insert(g.2, g.3);
+            }
         }
+        let first = first_grant.entry(g.2).or_insert(g.1);
+        *first = (*first).min(g.1);
     }
-    // The largest token among grants completed before each one began.
+    // The largest token among grants answered before each new one began.
     let mut high = 0u64;
     let mut done_prefix: Vec<(u64, u64)> = Vec::with_capacity(grants.len());
     for g in &grants {
@@ -343,6 +354,10 @@ pub fn check(history: &[Event], final_streams: &BTreeMap<String, Vec<Record>>) -
         done_prefix.push((g.1, high));
     }
     for g in &grants {
+        // A re-grant: its token was answered before this one began.
+        if first_grant.get(&g.2).is_some_and(|&first| first < g.0) {
+            continue;
+        }
         let n = done_prefix.partition_point(|(done, _)| *done < g.0);
         if n > 0 && done_prefix[n - 1].1 >= g.2 {
             v.push(Violation::TokenNotIncreasing {
@@ -461,17 +476,44 @@ mod tests {
             read((41, 50), vec![rec(0, 5, "a"), rec(1, 6, "b")]),
             Event {
                 client: 3,
-                op: Op::Acquire { name: "l".into() },
+                op: Op::Acquire {
+                    name: "l".into(),
+                    owner: "x".into(),
+                },
                 invoked: 0,
                 completed: 5,
                 outcome: Outcome::Granted(1),
             },
             Event {
                 client: 3,
-                op: Op::Acquire { name: "l".into() },
+                op: Op::Acquire {
+                    name: "l".into(),
+                    owner: "y".into(),
+                },
                 invoked: 6,
                 completed: 9,
                 outcome: Outcome::Granted(2),
+            },
+            // x holds m and acquires it again: the same token, later.
+            Event {
+                client: 4,
+                op: Op::Acquire {
+                    name: "m".into(),
+                    owner: "x".into(),
+                },
+                invoked: 1,
+                completed: 2,
+                outcome: Outcome::Granted(0),
+            },
+            Event {
+                client: 4,
+                op: Op::Acquire {
+                    name: "m".into(),
+                    owner: "x".into(),
+                },
+                invoked: 10,
+                completed: 12,
+                outcome: Outcome::Granted(0),
             },
         ];
         (h, fin(vec![rec(0, 5, "a"), rec(1, 6, "b")]))

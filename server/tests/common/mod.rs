@@ -2,6 +2,8 @@
 //! RESP client to talk to it.
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
