@@ -248,6 +248,13 @@ impl Node {
                 max: self.max_request,
             });
         }
+        // Not proposed at all unless this node leads: a follower's answer
+        // is certain (the write did not happen).
+        if self.raft.metrics().borrow().state != ServerState::Leader {
+            return Err(ClusterError::NotLeader {
+                leader: self.leader(),
+            });
+        }
         let rx = self
             .raft
             .client_write_ff(req)
@@ -256,11 +263,13 @@ impl Node {
         Ok(Box::pin(async move {
             match rx.await {
                 Ok(Ok(r)) => Ok(r.data),
-                // Never appended here, or cut from this log by a newer
-                // leader: it did not and will not commit.
-                Ok(Err(ClientWriteError::ForwardToLeader(f))) => Err(ClusterError::NotLeader {
-                    leader: f.leader_id.zip(f.leader_node),
-                }),
+                // Refused by a leader deposed a moment ago, or appended and
+                // then cut from this log by a newer leader. In the second
+                // case another replica may still hold it and a later
+                // leader commit it (in a group of five): not certain.
+                Ok(Err(ClientWriteError::ForwardToLeader(_))) => Err(ClusterError::Uncertain(
+                    "this node stopped leading with the write in flight".into(),
+                )),
                 Ok(Err(e)) => Err(ClusterError::Raft(e.to_string())),
                 Err(_) => Err(ClusterError::Uncertain(
                     "this node stopped before the write was decided".into(),
