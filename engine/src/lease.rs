@@ -172,6 +172,13 @@ impl Leases {
         self.live.len()
     }
 
+    /// Leases whose ttl has not run out now (those expired unnoticed are
+    /// still in the table until looked at or swept).
+    pub(crate) fn held_now(&self) -> usize {
+        let now = self.clock.now_ms();
+        self.live.values().filter(|l| l.expires_at_ms > now).count()
+    }
+
     /// Drops every expired lease; answers how many. Scans the table only
     /// once the earliest expiry has passed, so a refusal at the limit costs
     /// O(1) until a lease can have expired.

@@ -569,6 +569,11 @@ impl Log {
         &self.inner.report
     }
 
+    /// The data directory.
+    pub fn dir(&self) -> &Path {
+        self.inner.wal.dir()
+    }
+
     /// The options the log was opened with.
     pub fn options(&self) -> &Options {
         &self.inner.opts
@@ -1491,12 +1496,13 @@ impl Log {
     /// A copy of the engine's counters and the log's.
     pub fn metrics(&self) -> Metrics {
         let c = &self.inner.counters;
-        // Counted, not listed: listing the streams (to sort, or to filter)
-        // made INFO and each metrics scrape cost O(streams).
+        // Streams counted, not listed: listing them (to sort, or to
+        // filter) made INFO and each metrics scrape cost O(streams).
         let (leases_live, leases_expired, last_token, streams) =
             self.inner.wal.with_state(|core| {
                 (
-                    core.leases.len() as u64,
+                    // Held now: a lease that expired unnoticed is not alive.
+                    core.leases.held_now() as u64,
                     core.leases.expired,
                     core.leases.last_token(),
                     core.streams.len() as u64,
@@ -1544,6 +1550,13 @@ impl Log {
     /// The segments of the log, oldest first (for tests and tools).
     pub fn segments(&self) -> Vec<u64> {
         self.inner.wal.segments()
+    }
+
+    /// The segment being written: every earlier segment is sealed and its
+    /// file never changes again (it may only be removed). Later ones may
+    /// exist already, created ahead of need.
+    pub fn active_segment(&self) -> u64 {
+        self.inner.wal.active_segment()
     }
 
     /// Makes everything written so far durable (useful when the log is

@@ -210,16 +210,21 @@ impl ReplState {
 
     /// Moves to entry `at`, stamped `time_ms` by its leader: the state
     /// machine's clock continues from where the last term left it.
+    /// An entry stamped 0 (a blank, a take-over) carries no time: it
+    /// neither moves the clock nor anchors its term's clock, which the
+    /// term's first timed entry does.
     pub(crate) fn enter(&mut self, at: LogPosition, time_ms: u64) {
-        if at.term != self.clock_term {
-            self.clock_term = at.term;
-            self.clock_first_ms = time_ms;
-            self.clock_base_ms = self.clock.now_ms();
+        if time_ms != 0 {
+            if at.term != self.clock_term {
+                self.clock_term = at.term;
+                self.clock_first_ms = time_ms;
+                self.clock_base_ms = self.clock.now_ms();
+            }
+            let t = self
+                .clock_base_ms
+                .saturating_add(time_ms.saturating_sub(self.clock_first_ms));
+            self.clock.set(t);
         }
-        let t = self
-            .clock_base_ms
-            .saturating_add(time_ms.saturating_sub(self.clock_first_ms));
-        self.clock.set(t);
         if self.applied.is_none_or(|a| at.index >= a.index) {
             self.applied = Some(at);
         }

@@ -99,6 +99,8 @@ fn context(log: Log, dir: &Path, requirepass: Option<&str>) -> Arc<Context> {
         max_pipeline: 64,
         max_connections: 16,
         shutdown_grace: Duration::from_secs(1),
+        flags: Vec::new(),
+        cluster: None,
     };
     config.check().expect("a valid configuration");
     let clients = Arc::new(ClientMemory::new(config.maxmemory_clients_bytes));
@@ -107,6 +109,9 @@ fn context(log: Log, dir: &Path, requirepass: Option<&str>) -> Arc<Context> {
         config,
         stats: ServerStats::new(),
         clients,
+        registry: Arc::new(fencelog_server::clients::Registry::default()),
+        events: commands::EventLimits::default(),
+        cluster: None,
     })
 }
 
@@ -224,6 +229,7 @@ fuzz_target!(|data: &[u8]| {
         authenticated: ctx.config.requirepass.is_none() || flags & 4 == 4,
         name: None,
         multi: None,
+        registration: None,
     };
     let mut parser = RequestParser::new();
     let mut input = BytesMut::from(rest);
@@ -250,6 +256,7 @@ fuzz_target!(|data: &[u8]| {
             // The connection would be dropped (a reply over the output
             // limit): nothing more runs.
             Outcome::OverOutputLimit { .. } => break,
+            Outcome::Replicated(_) => panic!("a single node answered as a cluster node"),
             Outcome::Blocking(b) => {
                 // Never wait: the parsing is the server's, the waiting is
                 // not this target's concern.
@@ -267,6 +274,8 @@ fuzz_target!(|data: &[u8]| {
                         owner,
                         ttl,
                         mut opts,
+                        client,
+                        ctx,
                     } => {
                         opts.wait = None;
                         Blocking::Acquire {
@@ -274,6 +283,8 @@ fuzz_target!(|data: &[u8]| {
                             owner,
                             ttl,
                             opts,
+                            client,
+                            ctx,
                         }
                     }
                 };

@@ -105,6 +105,27 @@ pub struct BenchArgs {
     /// --history: seconds between reports.
     #[arg(long, default_value = "5", value_parser = parse_duration, value_name = "SECS")]
     pub slice: Duration,
+    /// Against a server: delete the streams this run created when it ends
+    /// (LOG.DELETE). A deleted stream keeps its highest token and next
+    /// offset forever (that is what fencing needs), so the server keeps a
+    /// few bytes per stream in its table; its records' space is given back.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub cleanup: bool,
+    /// Measure each workload this many times (alternating with redis-server
+    /// under --compare-redis) and report medians.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub runs: u32,
+    /// Side by side with Redis: start redis-server (appendonly yes,
+    /// appendfsync always) on a temporary port and directory, and drive it
+    /// and fencelog with the same load in alternating runs; Redis does the
+    /// fenced append with a Lua script. Prints medians, ratios and each
+    /// server's CPU seconds per million requests. Without --addr a
+    /// fencelog server is started the same way.
+    #[arg(long, conflicts_with_all = ["dir", "history"])]
+    pub compare_redis: bool,
+    /// --compare-redis: the redis-server program.
+    #[arg(long, default_value = "redis-server", value_name = "PATH")]
+    pub redis_server: PathBuf,
     /// --history in process: the segment size (sizes like 1MiB or 65536).
     #[arg(long, default_value = "1MiB", value_parser = crate::history::parse_size, value_name = "BYTES")]
     pub segment_bytes: u64,
@@ -154,6 +175,9 @@ pub fn run(args: BenchArgs) -> ExitCode {
     if let Err(e) = check(&args) {
         eprintln!("fencelog bench: {e}");
         return ExitCode::from(2);
+    }
+    if args.compare_redis {
+        return compare::run(&args);
     }
     let report = match execute(&args, !args.json) {
         Ok(r) => r,
@@ -244,7 +268,85 @@ enum Target {
     Tcp {
         addr: SocketAddr,
         password: Option<String>,
+        dialect: Dialect,
     },
+}
+
+/// How a fenced append and a fence are said to the server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Dialect {
+    /// `LOG.APPEND`, `LOG.FENCE`, `LOG.DELETE`.
+    Fencelog,
+    /// Redis: the same decisions by a Lua script per request (the highest
+    /// token in `{stream}:token`, the records in a list).
+    Redis,
+}
+
+/// Redis' fenced append: STALE if the token is below the stream's highest,
+/// else raise the highest and push the record; answers its offset.
+const REDIS_APPEND: &[u8] = b"local h = tonumber(redis.call('GET', KEYS[2]) or '0') \
+local t = tonumber(ARGV[1]) \
+if t < h then return redis.error_reply('STALE token ' .. t .. ' is below the highest accepted token ' .. h) end \
+if t > h then redis.call('SET', KEYS[2], ARGV[1]) end \
+return redis.call('RPUSH', KEYS[1], ARGV[2]) - 1";
+
+/// Redis' fence: raises the highest token; answers it.
+const REDIS_FENCE: &[u8] = b"local h = tonumber(redis.call('GET', KEYS[2]) or '0') \
+local t = tonumber(ARGV[1]) \
+if t < h then return redis.error_reply('STALE token ' .. t .. ' is below the highest accepted token ' .. h) end \
+redis.call('SET', KEYS[2], ARGV[1]) return t";
+
+impl Dialect {
+    fn append(self, stream: &[u8], token: u64, payload: &[u8]) -> Vec<u8> {
+        let token = token.to_string();
+        match self {
+            Dialect::Fencelog => {
+                encode_command(&[b"LOG.APPEND", stream, token.as_bytes(), payload])
+            }
+            Dialect::Redis => {
+                let tok_key = [stream, b":token"].concat();
+                encode_command(&[
+                    b"EVAL",
+                    REDIS_APPEND,
+                    b"2",
+                    stream,
+                    &tok_key,
+                    token.as_bytes(),
+                    payload,
+                ])
+            }
+        }
+    }
+
+    fn fence(self, stream: &[u8], token: u64) -> Vec<u8> {
+        let token = token.to_string();
+        match self {
+            Dialect::Fencelog => encode_command(&[b"LOG.FENCE", stream, token.as_bytes()]),
+            Dialect::Redis => {
+                let tok_key = [stream, b":token"].concat();
+                encode_command(&[
+                    b"EVAL",
+                    REDIS_FENCE,
+                    b"2",
+                    stream,
+                    &tok_key,
+                    token.as_bytes(),
+                ])
+            }
+        }
+    }
+
+    fn delete(self, stream: &[u8], token: u64) -> Vec<u8> {
+        match self {
+            Dialect::Fencelog => {
+                encode_command(&[b"LOG.DELETE", stream, token.to_string().as_bytes()])
+            }
+            Dialect::Redis => {
+                let tok_key = [stream, b":token"].concat();
+                encode_command(&[b"DEL", stream, &tok_key])
+            }
+        }
+    }
 }
 
 /// What every client of one workload shares.
@@ -323,7 +425,6 @@ impl Plan {
 struct Report {
     /// "in-process (DIR)" or "tcp ADDR".
     target: String,
-    in_process: bool,
     results: Vec<WorkloadResult>,
 }
 
@@ -352,6 +453,7 @@ fn execute(args: &BenchArgs, progress: bool) -> Result<Report, String> {
                 Target::Tcp {
                     addr: resolved,
                     password: args.password.clone(),
+                    dialect: Dialect::Fencelog,
                 },
                 format!("tcp {resolved}"),
             )
@@ -399,6 +501,12 @@ fn execute(args: &BenchArgs, progress: bool) -> Result<Report, String> {
         }
         let result = runtime.block_on(run_workload(&target, Arc::clone(&plan)))?;
         results.push(result);
+        // A failed cleanup leaves streams behind but measured nothing wrong.
+        if args.cleanup
+            && let Err(e) = runtime.block_on(cleanup(&target, &plan))
+        {
+            eprintln!("bench: cleanup: {e}");
+        }
     }
     // Tasks are done; close the log (it syncs) outside the runtime, then
     // the temporary directory goes.
@@ -406,7 +514,6 @@ fn execute(args: &BenchArgs, progress: bool) -> Result<Report, String> {
     drop(target);
     Ok(Report {
         target: description,
-        in_process: args.addr.is_none(),
         results,
     })
 }
@@ -436,12 +543,16 @@ async fn run_workload(target: &Target, plan: Arc<Plan>) -> Result<WorkloadResult
     if plan.workload != Workload::Append {
         match target {
             Target::InProcess(log) => fence_in_process(log, &plan).await?,
-            Target::Tcp { addr, password } => fence_tcp(*addr, password.as_deref(), &plan).await?,
+            Target::Tcp {
+                addr,
+                password,
+                dialect,
+            } => fence_tcp(*addr, password.as_deref(), *dialect, &plan).await?,
         }
     }
     let mut connections = Vec::new();
     let mut monitor_conn = None;
-    if let Target::Tcp { addr, password } = target {
+    if let Target::Tcp { addr, password, .. } = target {
         let mut connecting = JoinSet::new();
         for i in 0..plan.clients {
             let password = password.clone();
@@ -497,22 +608,12 @@ async fn run_workload(target: &Target, plan: Arc<Plan>) -> Result<WorkloadResult
                 clients.spawn(in_process_client(log.clone(), Arc::clone(&plan), client, i));
             }
         }
-        Target::Tcp { .. } => {
+        Target::Tcp { dialect, .. } => {
             for (i, conn) in (0..plan.clients).zip(connections) {
                 let client = Client::new(&plan, i, window);
                 let stream = plan.stream_of(i);
-                let valid = encode_command(&[
-                    b"LOG.APPEND",
-                    stream,
-                    plan.valid.get().to_string().as_bytes(),
-                    &plan.payload,
-                ]);
-                let stale = encode_command(&[
-                    b"LOG.APPEND",
-                    stream,
-                    plan.stale.get().to_string().as_bytes(),
-                    &plan.payload,
-                ]);
+                let valid = dialect.append(stream, plan.valid.get(), &plan.payload);
+                let stale = dialect.append(stream, plan.stale.get(), &plan.payload);
                 clients.spawn(tcp_client(conn, Arc::clone(&plan), client, valid, stale));
             }
         }
@@ -568,13 +669,56 @@ async fn fence_in_process(log: &Log, plan: &Plan) -> Result<(), String> {
     Ok(())
 }
 
-async fn fence_tcp(addr: SocketAddr, password: Option<&str>, plan: &Plan) -> Result<(), String> {
+/// Deletes the streams a workload wrote (against a server; in process the
+/// directory is the bench's own, or the one given, and is left as it is).
+async fn cleanup(target: &Target, plan: &Plan) -> Result<(), String> {
+    let Target::Tcp {
+        addr,
+        password,
+        dialect,
+    } = target
+    else {
+        return Ok(());
+    };
+    let mut conn = Conn::connect(*addr, password.as_deref()).await?;
+    for chunk in plan.streams.chunks(FENCE_CHUNK) {
+        let mut out = Vec::new();
+        for stream in chunk {
+            out.extend_from_slice(&dialect.delete(stream, plan.valid.get()));
+        }
+        tokio::time::timeout(plan.timeout, async {
+            conn.wr
+                .write_all(&out)
+                .await
+                .map_err(|e| format!("write: {e}"))?;
+            for stream in chunk {
+                if let Reply::Error(e) = read_reply(&mut conn.rd, &mut conn.buf).await? {
+                    return Err(format!(
+                        "cannot delete {}: {e}",
+                        String::from_utf8_lossy(stream)
+                    ));
+                }
+            }
+            Ok::<_, String>(())
+        })
+        .await
+        .map_err(|_| format!("cleanup got no answer within {:?}", plan.timeout))??;
+    }
+    Ok(())
+}
+
+async fn fence_tcp(
+    addr: SocketAddr,
+    password: Option<&str>,
+    dialect: Dialect,
+    plan: &Plan,
+) -> Result<(), String> {
     let mut conn = Conn::connect(addr, password).await?;
     let token = plan.valid.get().to_string();
     for chunk in plan.streams.chunks(FENCE_CHUNK) {
         let mut out = Vec::new();
         for stream in chunk {
-            out.extend_from_slice(&encode_command(&[b"LOG.FENCE", stream, token.as_bytes()]));
+            out.extend_from_slice(&dialect.fence(stream, plan.valid.get()));
         }
         let replies = tokio::time::timeout(plan.timeout, async {
             conn.wr
@@ -1109,6 +1253,11 @@ fn json_string(s: &str) -> String {
 }
 
 // ---------------------------------------------------------------------------
+// Side by side with Redis.
+
+mod compare;
+
+// ---------------------------------------------------------------------------
 // The table.
 
 fn fmt_count(x: f64) -> String {
@@ -1132,42 +1281,6 @@ fn fmt_ns(ns: u64) -> String {
         format!("{:.2}s", ns as f64 / 1e9)
     }
 }
-
-/// Peers measured on this machine (../shared/MACHINE.md, 2026-12-02): 50
-/// connections, no pipelining / pipeline 16, over TCP, the load generator
-/// on the same 2 cores.
-const PEERS_APPEND: &[(&str, &str)] = &[
-    (
-        "Redis 7 + Lua fence script, appendfsync always, 50 conns",
-        "25.0k/s accepted; pipeline 16: 63.9k/s",
-    ),
-    (
-        "Redis 7 SET (no fence), appendfsync always, 50 conns",
-        "38.6k/s; pipeline 16: 246k/s",
-    ),
-    (
-        "PostgreSQL 15, conditional statements, 32 clients",
-        "16.2k/s accepted",
-    ),
-    (
-        "std-only group commit, dedicated writer thread (no network)",
-        "74k/s with 32 records in flight (23/sync); 930k/s with 800 (402/sync)",
-    ),
-];
-const PEERS_REJECT: &[(&str, &str)] = &[
-    (
-        "Redis 7 + Lua fence script, appendfsync always, 50 conns",
-        "77.0k/s rejected; pipeline 16: 221k/s",
-    ),
-    (
-        "Redis 7 GET (in memory, no fence), 50 conns",
-        "71.7k/s; pipeline 16: 970k/s",
-    ),
-    (
-        "PostgreSQL 15, conditional statements, 32 clients",
-        "47k/s rejected",
-    ),
-];
 
 impl Report {
     fn table(&self) -> String {
@@ -1244,42 +1357,6 @@ impl Report {
                 g.0.name(),
                 g.1.entries_per_sync,
                 g.1.sync_mean_us
-            );
-        }
-        let appends = self.results.iter().any(|r| r.workload != Workload::Reject);
-        let rejects = self.results.iter().any(|r| r.workload != Workload::Append);
-        let _ = writeln!(
-            s,
-            "\nFor context, peers measured ELSEWHERE on this machine, not in this run \
-             (../shared/MACHINE.md, 2026-12-02; over TCP, load generator on the same 2 cores):"
-        );
-        let mut peer_rows: Vec<(&str, &str, &str)> = Vec::new();
-        if appends {
-            peer_rows.extend(PEERS_APPEND.iter().map(|(p, f)| ("append", *p, *f)));
-        }
-        if rejects {
-            peer_rows.extend(PEERS_REJECT.iter().map(|(p, f)| ("reject", *p, *f)));
-        }
-        let pw = peer_rows.iter().map(|r| r.1.len()).max().unwrap_or(0);
-        let mut last = "";
-        for (w, peer, figures) in peer_rows {
-            let label = if w == last { "" } else { w };
-            last = w;
-            let _ = writeln!(s, "  {label:<7} {peer:<pw$}  {figures}");
-        }
-        if self.in_process {
-            let _ = writeln!(
-                s,
-                "  (this run was in-process: no network and no RESP, unlike the peers)"
-            );
-        }
-        if let Some(r) = first
-            && r.clients != 50
-        {
-            let _ = writeln!(
-                s,
-                "  (this run used {} clients; the peers' figures are for 50 connections)",
-                r.clients
             );
         }
         s
@@ -1725,7 +1802,9 @@ mod tests {
             assert!(r.json(&report.target).starts_with("{\"workload\""));
         }
         let table = report.table();
-        assert!(table.contains("ops/s") && table.contains("ELSEWHERE"));
+        assert!(table.contains("ops/s"));
+        // Only what this run measured: no figure from elsewhere.
+        assert!(!table.contains("elsewhere") && !table.contains("MACHINE"));
     }
 
     /// The default workloads: every append accepted through group commit,
@@ -1817,6 +1896,8 @@ mod tests {
                 max_pipeline: 1024,
                 max_connections: 1000,
                 shutdown_grace: Duration::from_secs(5),
+                flags: Vec::new(),
+                cluster: None,
             };
             let (addr_tx, addr_rx) = std::sync::mpsc::channel();
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

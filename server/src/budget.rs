@@ -88,6 +88,14 @@ impl ClientMemory {
         self.budget_bytes
     }
 
+    /// Bytes connection `id` holds now (0 if it is gone).
+    pub fn client_bytes(&self, id: u64) -> usize {
+        self.clients
+            .lock()
+            .get(&id)
+            .map_or(0, |g| g.bytes.load(Ordering::Relaxed))
+    }
+
     /// Clients dropped so far for the budget.
     pub fn evicted_clients(&self) -> u64 {
         self.evicted.load(Ordering::Relaxed)

@@ -11,10 +11,13 @@ use bytes::Bytes;
 use fencelog::{AcquireOptions, Deferred, Error, Log, ReadOptions, Token, TxOp};
 
 use crate::budget::ClientMemory;
+use crate::clients::Registry;
+use crate::command_table;
 use crate::config::ServeConfig;
 use crate::connection::Session;
 use crate::glob;
 use crate::info;
+use crate::logging::{RateLimit, name_field};
 use crate::protocol::Reply;
 use crate::server::ServerStats;
 use crate::transaction;
@@ -29,6 +32,85 @@ pub struct Context {
     pub stats: ServerStats,
     /// What every connection holds, against `--maxmemory-clients`.
     pub clients: Arc<ClientMemory>,
+    /// The connections open now (`CLIENT LIST`, `CLIENT KILL`).
+    pub registry: Arc<Registry>,
+    /// Log events that are rate-limited or followed over time.
+    pub events: EventLimits,
+    /// Cluster mode: this node's replica (`None`: a single node).
+    pub cluster: Option<Arc<crate::cluster::Cluster>>,
+}
+
+impl Context {
+    /// The engine commands read: the log, or in cluster mode the replica's
+    /// current engine (a snapshot installed replaces it).
+    pub fn engine(&self) -> std::borrow::Cow<'_, Log> {
+        match &self.cluster {
+            Some(c) => std::borrow::Cow::Owned(c.log()),
+            None => std::borrow::Cow::Borrowed(&self.log),
+        }
+    }
+}
+
+/// Log events that need state: rate limits, and the leases granted here
+/// (to tell when one expires).
+#[derive(Default)]
+pub struct EventLimits {
+    /// `stale_fencing_token`.
+    pub stale: RateLimit,
+    /// `connection_refused`.
+    pub refused: RateLimit,
+    /// Leases granted through this server and not known to be over: name
+    /// → (owner, token, when its ttl runs out unless renewed).
+    pub leases:
+        parking_lot::Mutex<std::collections::HashMap<Bytes, (Bytes, u64, std::time::Instant)>>,
+}
+
+/// Who sent a command, for log events.
+#[derive(Clone, Debug)]
+pub struct ClientTag {
+    /// The connection's id.
+    pub id: u64,
+    /// The client's address.
+    pub addr: std::net::SocketAddr,
+    /// `CLIENT SETNAME`, if set.
+    pub name: Option<Bytes>,
+}
+
+impl ClientTag {
+    fn name_field(&self) -> String {
+        self.name.as_deref().map(name_field).unwrap_or_default()
+    }
+}
+
+/// Logs a `stale_fencing_token` event (rate-limited): the stream, the token
+/// the client presented, the stream's highest, and who sent it. Never the
+/// payload.
+pub fn stale_event(ctx: &Context, client: &ClientTag, stream: &[u8], presented: u64, highest: u64) {
+    if let Some(suppressed) = ctx.events.stale.admit() {
+        tracing::warn!(
+            event = "stale_fencing_token",
+            stream = %name_field(stream),
+            presented,
+            highest,
+            client_id = client.id,
+            client_addr = %client.addr,
+            client_name = %client.name_field(),
+            suppressed,
+            "stale fencing token rejected"
+        );
+    }
+}
+
+/// Logs the events an engine error stands for (a stale token, a lost
+/// lease), with who caused it.
+pub fn note_error(ctx: &Context, client: &ClientTag, stream: &[u8], e: &Error) {
+    match e {
+        Error::Stale { presented, highest } => {
+            stale_event(ctx, client, stream, *presented, *highest)
+        }
+        Error::Aborted { cause, .. } => note_error(ctx, client, stream, cause),
+        _ => {}
+    }
 }
 
 /// How a command is answered.
@@ -43,6 +125,9 @@ pub enum Outcome {
     /// while watching the connection, so that a client that goes away takes
     /// nothing.
     Blocking(Blocking),
+    /// When a replicated write is applied (cluster mode; in order behind
+    /// the answers before it).
+    Replicated(crate::cluster::route::ReplyFuture),
     /// A reply too large for the client's output limit (an `EXEC` of many
     /// reads): the client is disconnected, as Redis does past
     /// `client-output-buffer-limit`.
@@ -66,19 +151,24 @@ pub enum Later {
 impl Later {
     /// The answer, if it has come (polled in place: a connection keeps its
     /// answers in a queue without boxing each again).
-    pub fn poll_reply(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Reply> {
+    pub fn poll_result(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<fencelog::Result<u64>> {
         use std::future::Future;
         use std::pin::Pin;
         match self {
-            Later::Integer(d) => Pin::new(d).poll(cx).map(|r| match r {
-                Ok(n) => integer(n),
-                Err(e) => error_reply(&e),
-            }),
-            Later::Token(d) => Pin::new(d).poll(cx).map(|r| match r {
-                Ok(t) => integer(t.get()),
-                Err(e) => error_reply(&e),
-            }),
+            Later::Integer(d) => Pin::new(d).poll(cx),
+            Later::Token(d) => Pin::new(d).poll(cx).map(|r| r.map(Token::get)),
         }
+    }
+
+    /// The answer as a reply, if it has come.
+    pub fn poll_reply(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Reply> {
+        self.poll_result(cx).map(|r| match r {
+            Ok(n) => integer(n),
+            Err(e) => error_reply(&e),
+        })
     }
 
     /// Waits for the answer.
@@ -108,6 +198,11 @@ pub enum Blocking {
         owner: Bytes,
         ttl: Duration,
         opts: AcquireOptions,
+        /// Who asks, for the log event (boxed: every outcome carries this
+        /// variant's size).
+        client: Option<Box<ClientTag>>,
+        /// Where the grant is noted, to log its expiry.
+        ctx: Option<Arc<Context>>,
     },
 }
 
@@ -203,12 +298,32 @@ impl Blocking {
                 owner,
                 ttl,
                 opts,
+                client,
+                ctx,
             } => match log.acquire_async(&name, &owner, ttl, opts).await {
-                Ok(g) => Reply::Array(vec![
-                    integer(g.token.get()),
-                    integer(g.ttl.as_millis() as u64),
-                ]),
-                Err(e) => error_reply(&e),
+                Ok(g) => {
+                    if let Some(ctx) = &ctx {
+                        lease_granted(
+                            ctx,
+                            client.as_deref(),
+                            &name,
+                            &owner,
+                            g.token.get(),
+                            g.ttl,
+                            opts.fence,
+                        );
+                    }
+                    Reply::Array(vec![
+                        integer(g.token.get()),
+                        integer(g.ttl.as_millis() as u64),
+                    ])
+                }
+                Err(e) => {
+                    if let (Some(ctx), Some(client)) = (&ctx, &client) {
+                        note_error(ctx, client, &name, &e);
+                    }
+                    error_reply(&e)
+                }
             },
         }
     }
@@ -230,6 +345,8 @@ impl Blocking {
                 owner,
                 ttl,
                 mut opts,
+                client,
+                ctx,
             } => {
                 opts.wait = None;
                 Blocking::Acquire {
@@ -237,6 +354,8 @@ impl Blocking {
                     owner,
                     ttl,
                     opts,
+                    client,
+                    ctx,
                 }
             }
         }
@@ -253,6 +372,70 @@ impl Blocking {
             Blocking::Acquire { .. } => Some(Reply::Error(
                 "ERR the server is shutting down: the wait ended and nothing was acquired".into(),
             )),
+        }
+    }
+}
+
+/// Logs a `lease_acquired` event and remembers the grant, so that its
+/// expiry can be logged too.
+fn lease_granted(
+    ctx: &Context,
+    client: Option<&ClientTag>,
+    name: &Bytes,
+    owner: &Bytes,
+    token: u64,
+    ttl: Duration,
+    fence: bool,
+) {
+    tracing::info!(
+        event = "lease_acquired",
+        lease = %name_field(name),
+        owner = %name_field(owner),
+        token,
+        ttl_ms = ttl.as_millis() as u64,
+        fence,
+        client_addr = %client.map(|c| c.addr.to_string()).unwrap_or_default(),
+        client_name = %client.map(ClientTag::name_field).unwrap_or_default(),
+        "lease acquired"
+    );
+    ctx.events.leases.lock().insert(
+        name.clone(),
+        (owner.clone(), token, std::time::Instant::now() + ttl),
+    );
+}
+
+/// Logs `lease_expired` for every lease granted here whose ttl has run out
+/// and that the engine no longer shows live under the same token (it was
+/// neither renewed nor released in time). Called once a second.
+pub fn sweep_expired_leases(ctx: &Context) {
+    let now = std::time::Instant::now();
+    let due: Vec<(Bytes, Bytes, u64)> = ctx
+        .events
+        .leases
+        .lock()
+        .iter()
+        .filter(|(_, (_, _, until))| *until <= now)
+        .map(|(name, (owner, token, _))| (name.clone(), owner.clone(), *token))
+        .collect();
+    for (name, owner, token) in due {
+        let live = ctx.engine().lease_info(&name).ok().flatten();
+        let mut leases = ctx.events.leases.lock();
+        match live {
+            Some(info) if info.token.get() == token => {
+                // Renewed: look again when the new ttl runs out.
+                leases.insert(name, (owner, token, now + info.remaining));
+            }
+            _ => {
+                leases.remove(&name);
+                drop(leases);
+                tracing::info!(
+                    event = "lease_expired",
+                    lease = %name_field(&name),
+                    owner = %name_field(&owner),
+                    token,
+                    "lease expired: neither renewed nor released within its ttl"
+                );
+            }
         }
     }
 }
@@ -387,6 +570,16 @@ pub async fn execute(ctx: &Arc<Context>, session: &mut Session, args: Vec<Bytes>
     let upper_cmd = upper(first);
     let cmd = upper_cmd.as_str();
     ctx.stats.commands.fetch_add(1, Ordering::Relaxed);
+    if let (Some(r), Some(spec)) = (&session.registration, command_table::lookup(cmd)) {
+        // `CLIENT LIST` shows subcommands as Redis does: `client|list`.
+        let sub = args.get(1).and_then(|s| {
+            let s = upper(s);
+            spec.subcommands
+                .iter()
+                .find(|c| c.name.split_once('|').is_some_and(|(_, n)| n == s.as_str()))
+        });
+        r.command(sub.unwrap_or(spec).name);
+    }
     if ctx.config.requirepass.is_some() && !session.authenticated && !allowed_unauthenticated(cmd) {
         return err("NOAUTH Authentication required.");
     }
@@ -488,8 +681,21 @@ pub(crate) fn parse_write(cmd: &str, a: &[Bytes]) -> Option<Result<TxOp, Reply>>
     }))
 }
 
+/// The stream a write op changes.
+pub(crate) fn op_stream(op: &TxOp) -> &Bytes {
+    match op {
+        TxOp::Append { stream, .. }
+        | TxOp::AppendAt { stream, .. }
+        | TxOp::Fence { stream, .. }
+        | TxOp::Trim { stream, .. }
+        | TxOp::Delete { stream, .. } => stream,
+    }
+}
+
 /// Decides a write now; its answer comes once durable.
-async fn write(log: &Log, op: TxOp) -> Outcome {
+async fn write(ctx: &Context, client: &ClientTag, op: TxOp) -> Outcome {
+    let log = &ctx.log;
+    let stream = op_stream(&op).clone();
     let decided = match op {
         TxOp::Append {
             stream,
@@ -527,7 +733,10 @@ async fn write(log: &Log, op: TxOp) -> Outcome {
     };
     match decided {
         Ok(later) => Outcome::Later(later),
-        Err(e) => Outcome::Reply(error_reply(&e)),
+        Err(e) => {
+            note_error(ctx, client, &stream, &e);
+            Outcome::Reply(error_reply(&e))
+        }
     }
 }
 
@@ -540,10 +749,16 @@ pub(crate) async fn run(ctx: &Arc<Context>, session: &mut Session, args: &[Bytes
     let upper_cmd = upper(first);
     let cmd = upper_cmd.as_str();
     let a = &args[1..];
-    let log = &ctx.log;
+    if let Some(cluster) = &ctx.cluster
+        && let Some(outcome) = crate::cluster::route::run(ctx, cluster, session, cmd, args).await
+    {
+        return outcome;
+    }
+    let engine = ctx.engine();
+    let log = &*engine;
     if let Some(parsed) = parse_write(cmd, a) {
         return match parsed {
-            Ok(op) => write(log, op).await,
+            Ok(op) => write(ctx, &session.tag(), op).await,
             Err(reply) => Outcome::Reply(reply),
         };
     }
@@ -572,7 +787,7 @@ pub(crate) async fn run(ctx: &Arc<Context>, session: &mut Session, args: &[Bytes
                 log.streams().into_iter().map(Reply::Bulk).collect(),
             ))
         }
-        "LEASE.ACQUIRE" => acquire(cmd, a, ctx),
+        "LEASE.ACQUIRE" => acquire(cmd, a, ctx, session),
         "LEASE.RENEW" => {
             if a.len() != 4 {
                 return wrong_arity(cmd);
@@ -588,8 +803,29 @@ pub(crate) async fn run(ctx: &Arc<Context>, session: &mut Session, args: &[Bytes
                 .renew_async(&a[0], &a[1], token, Duration::from_millis(ttl_ms))
                 .await
             {
-                Ok(ttl) => Outcome::Reply(integer(ttl.as_millis() as u64)),
-                Err(e) => Outcome::Reply(error_reply(&e)),
+                Ok(ttl) => {
+                    if let Some(l) = ctx.events.leases.lock().get_mut(&a[0])
+                        && l.1 == token.get()
+                    {
+                        l.2 = std::time::Instant::now() + ttl;
+                    }
+                    Outcome::Reply(integer(ttl.as_millis() as u64))
+                }
+                Err(e) => {
+                    if matches!(e, Error::Lost) {
+                        let client = session.tag();
+                        tracing::info!(
+                            event = "lease_lost",
+                            lease = %name_field(&a[0]),
+                            owner = %name_field(&a[1]),
+                            token = token.get(),
+                            client_addr = %client.addr,
+                            client_name = %client.name_field(),
+                            "lease renewal refused: the lease is lost"
+                        );
+                    }
+                    Outcome::Reply(error_reply(&e))
+                }
             }
         }
         "LEASE.RELEASE" => {
@@ -601,7 +837,15 @@ pub(crate) async fn run(ctx: &Arc<Context>, session: &mut Session, args: &[Bytes
                 Err(o) => return o,
             };
             match log.release_async(&a[0], &a[1], token).await {
-                Ok(released) => Outcome::Reply(Reply::Integer(i64::from(released))),
+                Ok(released) => {
+                    if released {
+                        let mut leases = ctx.events.leases.lock();
+                        if leases.get(&a[0]).is_some_and(|l| l.1 == token.get()) {
+                            leases.remove(&a[0]);
+                        }
+                    }
+                    Outcome::Reply(Reply::Integer(i64::from(released)))
+                }
                 Err(e) => Outcome::Reply(error_reply(&e)),
             }
         }
@@ -636,24 +880,20 @@ pub(crate) async fn run(ctx: &Arc<Context>, session: &mut Session, args: &[Bytes
             1 => err("ERR DB index is out of range"),
             _ => wrong_arity(cmd),
         },
-        "CLIENT" => client(a, session),
+        "CLIENT" => client(a, ctx, session),
         "INFO" => {
-            let section = a.first().map(|s| quoted(s).to_ascii_lowercase());
-            let text = info::info_text(ctx, section.as_deref());
+            let sections: Vec<String> = a.iter().map(|s| quoted(s).to_ascii_lowercase()).collect();
+            let text = info::info_text(ctx, &sections);
             Outcome::Reply(Reply::Verbatim(text))
         }
         "CONFIG" => config(a, ctx),
-        "COMMAND" => match a.first() {
-            None => Outcome::Reply(Reply::Array(Vec::new())),
-            Some(sub) => match upper(sub).as_str() {
-                "DOCS" | "INFO" | "LIST" => Outcome::Reply(Reply::Array(Vec::new())),
-                "COUNT" => Outcome::Reply(Reply::Integer(COMMANDS.len() as i64)),
-                _ => err(format!(
-                    "ERR unknown subcommand '{}'. Try COMMAND HELP.",
-                    quoted(sub)
-                )),
-            },
-        },
+        "COMMAND" => command(a),
+        "DBSIZE" if a.is_empty() => Outcome::Reply(integer(log.metrics().streams)),
+        "DBSIZE" => wrong_arity(cmd),
+        // Redis' own words, so cluster clients know where they are.
+        "CLUSTER" | "READONLY" | "READWRITE" | "ASKING" => {
+            err("ERR This instance has cluster support disabled")
+        }
         // Nothing is watched, so nothing is unwatched; clients send it when
         // they reset a pipeline.
         "UNWATCH" if a.is_empty() => Outcome::Reply(Reply::ok()),
@@ -662,71 +902,12 @@ pub(crate) async fn run(ctx: &Arc<Context>, session: &mut Session, args: &[Bytes
     }
 }
 
-/// The commands this server knows (for COMMAND COUNT).
-const COMMANDS: &[&str] = &[
-    "LOG.APPEND",
-    "LOG.APPENDAT",
-    "LOG.FENCE",
-    "LOG.READ",
-    "LOG.TRIM",
-    "LOG.DELETE",
-    "LOG.STAT",
-    "LOG.STREAMS",
-    "LEASE.ACQUIRE",
-    "LEASE.RENEW",
-    "LEASE.RELEASE",
-    "LEASE.INFO",
-    "PING",
-    "ECHO",
-    "QUIT",
-    "AUTH",
-    "HELLO",
-    "INFO",
-    "COMMAND",
-    "CLIENT",
-    "SELECT",
-    "CONFIG",
-    "MULTI",
-    "EXEC",
-    "DISCARD",
-    "WATCH",
-    "UNWATCH",
-];
-
 /// Arity of every command, as Redis counts it (the name included; negative:
-/// at least that many). A transaction checks it while queuing, as Redis does:
-/// an unknown command or a wrong count discards the transaction.
+/// at least that many), from the command table. A transaction checks it
+/// while queuing, as Redis does: an unknown command or a wrong count
+/// discards the transaction.
 pub(crate) fn arity(cmd: &str) -> Option<i32> {
-    Some(match cmd {
-        "LOG.APPEND" => -4,
-        "LOG.APPENDAT" => -5,
-        "LOG.FENCE" => 3,
-        "LOG.READ" => -3,
-        "LOG.TRIM" => 4,
-        "LOG.DELETE" => 3,
-        "LOG.STAT" => 2,
-        "LOG.STREAMS" => 1,
-        "LEASE.ACQUIRE" => -4,
-        "LEASE.RENEW" => 5,
-        "LEASE.RELEASE" => 4,
-        "LEASE.INFO" => 2,
-        "PING" => -1,
-        "ECHO" => 2,
-        "QUIT" => -1,
-        "AUTH" => -2,
-        "HELLO" => -1,
-        "INFO" => -1,
-        "COMMAND" => -1,
-        "CLIENT" => -2,
-        "SELECT" => 2,
-        "CONFIG" => -2,
-        "MULTI" => 1,
-        "EXEC" => 1,
-        "DISCARD" => 1,
-        "WATCH" => -2,
-        "UNWATCH" => 1,
-        _ => return None,
-    })
+    command_table::lookup(cmd).map(|c| c.arity)
 }
 
 /// Whether `n` arguments (the name included) fit `cmd`'s arity.
@@ -806,7 +987,7 @@ fn read(cmd: &str, a: &[Bytes], ctx: &Context) -> Outcome {
 }
 
 /// `LEASE.ACQUIRE name owner ttl_ms [FENCE] [WAIT ms]`
-fn acquire(cmd: &str, a: &[Bytes], _ctx: &Context) -> Outcome {
+pub(crate) fn acquire(cmd: &str, a: &[Bytes], ctx: &Arc<Context>, session: &Session) -> Outcome {
     if a.len() < 3 {
         return wrong_arity(cmd);
     }
@@ -844,6 +1025,8 @@ fn acquire(cmd: &str, a: &[Bytes], _ctx: &Context) -> Outcome {
         owner: a[1].clone(),
         ttl: Duration::from_millis(ttl_ms),
         opts,
+        client: Some(Box::new(session.tag())),
+        ctx: Some(Arc::clone(ctx)),
     })
 }
 
@@ -859,6 +1042,20 @@ fn check_password(ctx: &Context, user: Option<&[u8]>, password: &[u8]) -> bool {
 /// Compares without stopping at the first difference.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Logs an `auth_failed` event: who, with which user name; never the
+/// password.
+fn auth_failed(session: &Session, command: &str, user: Option<&[u8]>) {
+    let client = session.tag();
+    tracing::warn!(
+        event = "auth_failed",
+        command,
+        user = %user.map(name_field).unwrap_or_else(|| "default".into()),
+        client_addr = %client.addr,
+        client_name = %client.name_field(),
+        "authentication failed"
+    );
 }
 
 const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
@@ -880,6 +1077,7 @@ fn auth(cmd: &str, a: &[Bytes], ctx: &Context, session: &mut Session) -> Outcome
         session.authenticated = true;
         Outcome::Reply(Reply::ok())
     } else {
+        auth_failed(session, "AUTH", user);
         err(WRONGPASS)
     }
 }
@@ -908,6 +1106,7 @@ fn hello(_cmd: &str, a: &[Bytes], ctx: &Context, session: &mut Session) -> Outco
                     Some(_) => check_password(ctx, Some(user), pass),
                 };
                 if !ok {
+                    auth_failed(session, "HELLO", Some(user));
                     return err(WRONGPASS);
                 }
                 authed = true;
@@ -946,8 +1145,66 @@ fn hello(_cmd: &str, a: &[Bytes], ctx: &Context, session: &mut Session) -> Outco
     ]))
 }
 
-/// `CLIENT ID | SETNAME name | GETNAME | SETINFO attr value`
-fn client(a: &[Bytes], session: &mut Session) -> Outcome {
+/// `COMMAND [COUNT | LIST | INFO name… | DOCS name…]`, from the table.
+fn command(a: &[Bytes]) -> Outcome {
+    let Some(sub) = a.first() else {
+        return Outcome::Reply(Reply::Array(
+            command_table::COMMANDS
+                .iter()
+                .map(command_table::CommandSpec::info_reply)
+                .collect(),
+        ));
+    };
+    // The commands named (upper case), or every one.
+    let named = |names: &[Bytes]| -> Vec<Option<&'static command_table::CommandSpec>> {
+        if names.is_empty() {
+            command_table::COMMANDS.iter().map(Some).collect()
+        } else {
+            names
+                .iter()
+                .map(|n| {
+                    let name = String::from_utf8_lossy(n).to_ascii_uppercase();
+                    command_table::lookup(&name)
+                })
+                .collect()
+        }
+    };
+    match (upper(sub).as_str(), &a[1..]) {
+        ("COUNT", []) => Outcome::Reply(integer(command_table::COMMANDS.len() as u64)),
+        ("LIST", []) => Outcome::Reply(Reply::Array(
+            command_table::COMMANDS
+                .iter()
+                .map(|c| Reply::text(c.lower_name()))
+                .collect(),
+        )),
+        ("INFO", names) => Outcome::Reply(Reply::Array(
+            named(names)
+                .into_iter()
+                .map(|c| c.map_or(Reply::Null, command_table::CommandSpec::info_reply))
+                .collect(),
+        )),
+        // Unknown names are left out, as Redis does.
+        ("DOCS", names) => Outcome::Reply(Reply::Map(
+            named(names)
+                .into_iter()
+                .flatten()
+                .map(|c| (Reply::text(c.lower_name()), c.docs_reply()))
+                .collect(),
+        )),
+        ("COUNT" | "LIST", _) => err(format!(
+            "ERR unknown subcommand or wrong number of arguments for '{}'",
+            quoted(sub)
+        )),
+        _ => err(format!(
+            "ERR unknown subcommand '{}'. Try COMMAND HELP.",
+            quoted(sub)
+        )),
+    }
+}
+
+/// `CLIENT ID | SETNAME name | GETNAME | SETINFO attr value | LIST [ID id…]
+/// | KILL …`
+fn client(a: &[Bytes], ctx: &Context, session: &mut Session) -> Outcome {
     let Some(sub) = a.first() else {
         return wrong_arity("client");
     };
@@ -963,17 +1220,101 @@ fn client(a: &[Bytes], session: &mut Session) -> Outcome {
             session.name = (!name.is_empty()).then(|| name.clone());
             Outcome::Reply(Reply::ok())
         }
-        // Client libraries announce themselves; nothing here shows it
-        // (no CLIENT LIST), so it is accepted and not kept.
-        ("SETINFO", [attr, _]) => match upper(attr).as_str() {
-            "LIB-NAME" | "LIB-VER" => Outcome::Reply(Reply::ok()),
-            _ => err(format!("ERR Unrecognized option '{}'", quoted(attr))),
-        },
+        ("SETINFO", [attr, value]) => {
+            if value.iter().any(|b| !b.is_ascii_graphic()) {
+                return err(
+                    "ERR lib-name and lib-ver cannot contain spaces, newlines or special characters.",
+                );
+            }
+            let r = session.registration.as_ref();
+            match upper(attr).as_str() {
+                "LIB-NAME" => r.map(|r| r.set_lib(Some(value.clone()), None)),
+                "LIB-VER" => r.map(|r| r.set_lib(None, Some(value.clone()))),
+                _ => return err(format!("ERR Unrecognized option '{}'", quoted(attr))),
+            };
+            Outcome::Reply(Reply::ok())
+        }
+        ("LIST", rest) => {
+            let ids = match rest {
+                [] => None,
+                [kw, ids @ ..] if upper(kw).as_str() == "ID" && !ids.is_empty() => {
+                    let mut parsed = Vec::new();
+                    for id in ids {
+                        match parse_u64(id) {
+                            Some(n) => parsed.push(n),
+                            None => return err("ERR Invalid client ID"),
+                        }
+                    }
+                    Some(parsed)
+                }
+                [kw, ..] if upper(kw).as_str() == "TYPE" => None,
+                _ => return err("ERR syntax error"),
+            };
+            let text = ctx
+                .registry
+                .list(ids.as_deref(), |id| ctx.clients.client_bytes(id));
+            Outcome::Reply(Reply::Verbatim(text))
+        }
+        ("KILL", rest) => client_kill(rest, ctx, session),
         _ => err(format!(
             "ERR unknown subcommand or wrong number of arguments for '{}'",
             quoted(sub)
         )),
     }
+}
+
+/// `CLIENT KILL ip:port` (answers OK or an error) or `CLIENT KILL [ID id]
+/// [ADDR ip:port] [LADDR ip:port] [USER name] [SKIPME yes|no]` (answers
+/// how many were closed), as in Redis.
+fn client_kill(rest: &[Bytes], ctx: &Context, session: &Session) -> Outcome {
+    if let [addr] = rest {
+        let addr = String::from_utf8_lossy(addr).to_string();
+        let n = ctx.registry.kill(|c| c.addr.to_string() == addr, None);
+        return if n > 0 {
+            Outcome::Reply(Reply::ok())
+        } else {
+            err("ERR No such client")
+        };
+    }
+    if rest.is_empty() || !rest.len().is_multiple_of(2) {
+        return err("ERR syntax error");
+    }
+    let mut id = None;
+    let mut addr = None;
+    let mut laddr = None;
+    let mut user_ok = true;
+    let mut skipme = true;
+    for pair in rest.chunks(2) {
+        let value = String::from_utf8_lossy(&pair[1]).to_string();
+        match upper(&pair[0]).as_str() {
+            "ID" => match parse_u64(&pair[1]) {
+                Some(n) => id = Some(n),
+                None => return err("ERR client-id should be greater than 0"),
+            },
+            "ADDR" => addr = Some(value),
+            "LADDR" => laddr = Some(value),
+            // Every client is the default user.
+            "USER" => user_ok = value == "default",
+            "SKIPME" => match value.to_ascii_lowercase().as_str() {
+                "yes" => skipme = true,
+                "no" => skipme = false,
+                _ => return err("ERR syntax error"),
+            },
+            _ => return err("ERR syntax error"),
+        }
+    }
+    let n = ctx.registry.kill(
+        |c| {
+            user_ok
+                && id.is_none_or(|id| c.id == id)
+                && addr.as_ref().is_none_or(|a| c.addr.to_string() == *a)
+                && laddr
+                    .as_ref()
+                    .is_none_or(|a| c.laddr.is_some_and(|l| l.to_string() == *a))
+        },
+        skipme.then_some(session.id),
+    );
+    Outcome::Reply(integer(n as u64))
 }
 
 /// `CONFIG GET pattern [pattern ...]`: the settings Redis tools ask about.
@@ -998,7 +1339,7 @@ fn config(a: &[Bytes], ctx: &Context) -> Outcome {
         ));
     }
     let c = &ctx.config;
-    let settings: Vec<(&str, String)> = vec![
+    let mut settings: Vec<(&str, String)> = vec![
         ("appendonly", "yes".into()),
         ("appendfsync", "always".into()),
         ("save", String::new()),
@@ -1021,7 +1362,19 @@ fn config(a: &[Bytes], ctx: &Context) -> Outcome {
             format!("normal {} 0 0", c.client_output_buffer_limit_bytes),
         ),
         ("maxmemory-clients", c.maxmemory_clients_bytes.to_string()),
+        (
+            "requirepass",
+            // Never the password itself: it is not needed to operate.
+            if c.requirepass.is_some() { "(set)" } else { "" }.into(),
+        ),
     ];
+    // Every flag of `fencelog serve`, under its own name, with the value
+    // in force (one Redis also has is answered once, above).
+    for (name, value) in &c.flags {
+        if !settings.iter().any(|(n, _)| n == name) {
+            settings.push((name.as_str(), value.clone()));
+        }
+    }
     let mut pairs = Vec::new();
     for (name, value) in &settings {
         if a[1..]
@@ -1046,7 +1399,6 @@ mod tests {
         assert_eq!(upper(&[b'x'; Upper::MAX]).as_str().len(), Upper::MAX);
         assert_eq!(upper(&[b'x'; Upper::MAX + 1]).as_str(), "");
         assert_eq!(upper("pïng".as_bytes()).as_str(), "");
-        assert!(COMMANDS.iter().all(|c| c.len() <= Upper::MAX));
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! What `fencelog serve` is told on its command line.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 
 use crate::protocol::Limits;
@@ -48,9 +48,15 @@ pub struct ServeConfig {
     pub max_pipeline: usize,
     /// Connections at once.
     pub max_connections: usize,
+    /// How the server was started, flag by flag, for `CONFIG GET`: every
+    /// flag of `fencelog serve` with the value in force (sizes in bytes).
+    pub flags: Vec<(String, String)>,
     /// How long shutdown waits for connections to hand out their last
     /// answers before closing them. Default 1 s.
     pub shutdown_grace: std::time::Duration,
+    /// Cluster mode (`--cluster-node-id` and the other `--cluster-*`
+    /// flags); `None`: a single node.
+    pub cluster: Option<crate::cluster::ClusterConfig>,
 }
 
 impl ServeConfig {
@@ -104,7 +110,9 @@ impl ServeConfig {
                 self.maxmemory_clients_bytes, self.max_query_buffer_bytes
             ));
         }
-        self.engine.validate().map_err(|e| e.to_string())
+        self.engine
+            .validate()
+            .map_err(|e| engine_error_in_flags(&e))
     }
 
     /// The largest reply one `LOG.READ` can give: `--max-read-bytes` of
@@ -117,6 +125,97 @@ impl ServeConfig {
             .saturating_add(self.engine.max_payload_bytes as usize)
             .saturating_add(framing)
     }
+}
+
+/// The engine's `Error::Invalid` names its own fields (`segment_bytes`,
+/// `max_payload_bytes`); a person typed flags. Answers the error in the
+/// words of the flags that set those fields.
+pub fn engine_error_in_flags(e: &fencelog::Error) -> String {
+    match e {
+        fencelog::Error::Invalid { what, reason } => {
+            let flag = match *what {
+                "segment_bytes" => "--segment-bytes",
+                "max_payload_bytes" => "--max-payload",
+                "max_open_segments" => "--max-open-segments",
+                // Derived from --max-bulk-bytes and --segment-bytes (an
+                // entry holds one request, at most half a segment).
+                "max_entry_bytes" => "--max-bulk-bytes / --segment-bytes",
+                other => other,
+            };
+            // The reason may quote the field too.
+            let reason = reason
+                .replace("wal.max_entry_bytes", "the largest entry")
+                .replace("max_entry_bytes", "the largest entry");
+            format!("invalid {flag}: {reason}")
+        }
+        other => other.to_string(),
+    }
+}
+
+/// The port clients connect to by default.
+pub const DEFAULT_PORT: u16 = 7379;
+
+/// Parses an address as people type it: `127.0.0.1:7379`, `[::1]:7379`,
+/// `localhost:7379`, a port alone (`7379`, meaning 127.0.0.1), or a host
+/// alone (`localhost`, `0.0.0.0`: the default port). A name resolves to
+/// its first IPv4 address if it has one.
+///
+/// # Examples
+///
+/// ```
+/// use fencelog_server::config::parse_addr;
+/// assert_eq!(parse_addr("7000").unwrap().to_string(), "127.0.0.1:7000");
+/// assert_eq!(parse_addr("localhost:7000").unwrap().port(), 7000);
+/// assert_eq!(parse_addr("0.0.0.0").unwrap().to_string(), "0.0.0.0:7379");
+/// assert!(parse_addr("localhost:99999").is_err());
+/// ```
+pub fn parse_addr(text: &str) -> Result<SocketAddr, String> {
+    parse_addr_with_port(text, DEFAULT_PORT)
+}
+
+/// As [`parse_addr`], with `default_port` where only a host is given.
+pub fn parse_addr_with_port(text: &str, default_port: u16) -> Result<SocketAddr, String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Err("an empty address: use HOST:PORT, HOST or PORT".into());
+    }
+    if text.bytes().all(|b| b.is_ascii_digit()) {
+        let port = text
+            .parse::<u16>()
+            .map_err(|_| format!("port {text} is not between 0 and 65535"))?;
+        return Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port));
+    }
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    if let Ok(ip) = text.trim_matches(['[', ']']).parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, default_port));
+    }
+    // HOST:PORT with a name, or a name alone.
+    let (host, port) = match text.rsplit_once(':') {
+        Some((host, port)) if !host.contains(':') => {
+            let port = port
+                .parse::<u16>()
+                .map_err(|_| format!("{port:?} in {text:?} is not a port (0 to 65535)"))?;
+            (host, port)
+        }
+        Some(_) => {
+            return Err(format!(
+                "{text:?} is not an address: write IPv6 as [::1]:7379"
+            ));
+        }
+        None => (text, default_port),
+    };
+    let addrs: Vec<SocketAddr> = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {host:?}: {e}"))?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| format!("{host:?} resolves to no address"))
 }
 
 /// Parses a size as people type it: `4096`, `64KiB`, `16MiB`, `1GiB`
@@ -163,6 +262,32 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn addresses_as_people_type_them() {
+        let v4 = |s: &str| parse_addr(s).map(|a| a.to_string());
+        assert_eq!(v4("7379").unwrap(), "127.0.0.1:7379");
+        assert_eq!(v4("0").unwrap(), "127.0.0.1:0");
+        assert_eq!(v4("localhost:7000").unwrap(), "127.0.0.1:7000");
+        assert_eq!(v4("localhost").unwrap(), "127.0.0.1:7379");
+        assert_eq!(v4("0.0.0.0").unwrap(), "0.0.0.0:7379");
+        assert_eq!(v4("[::1]:80").unwrap(), "[::1]:80");
+        assert_eq!(v4("::1").unwrap(), "[::1]:7379");
+        assert!(parse_addr("70000").is_err());
+        assert!(parse_addr("localhost:x").is_err());
+        assert!(parse_addr("").is_err());
+    }
+
+    #[test]
+    fn engine_errors_name_flags_not_fields() {
+        let e = fencelog::Error::Invalid {
+            what: "segment_bytes",
+            reason: "1 is below the minimum of 65536".into(),
+        };
+        let text = engine_error_in_flags(&e);
+        assert!(text.contains("--segment-bytes"), "{text}");
+        assert!(!text.contains("segment_bytes"), "{text}");
+    }
 
     #[test]
     fn sizes_with_units() {

@@ -55,6 +55,20 @@ pub struct Session {
     pub name: Option<Bytes>,
     /// The transaction being queued, between `MULTI` and `EXEC`.
     pub multi: Option<Multi>,
+    /// This connection in the list of clients (`CLIENT LIST`); `None` for
+    /// a session that is not a connection.
+    pub registration: Option<crate::clients::Registered>,
+}
+
+impl Session {
+    /// Who this is, for log events.
+    pub fn tag(&self) -> commands::ClientTag {
+        commands::ClientTag {
+            id: self.id,
+            addr: self.peer,
+            name: self.name.clone(),
+        }
+    }
 }
 
 /// Requests one connection runs before it yields to the others.
@@ -82,18 +96,30 @@ struct Pending {
 enum Answer {
     /// Given at once, behind answers still to come.
     Ready(Option<Reply>),
-    /// A decided write's, once durable.
-    Later(Later),
+    /// A decided write's, once durable, with the stream it writes (for
+    /// the log event of a rejection).
+    Later(Later, Bytes),
+    /// A replicated write's (cluster mode), once applied.
+    Replicated(crate::cluster::route::ReplyFuture),
+}
+
+/// A queued answer once it has come: a reply, or a write's result.
+enum Answered {
+    Reply(Reply),
+    Write(fencelog::Result<u64>, Bytes),
 }
 
 impl Answer {
-    fn poll(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Reply> {
+    fn poll(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Answered> {
         match self {
             Answer::Ready(reply) => match reply.take() {
-                Some(reply) => Poll::Ready(reply),
+                Some(reply) => Poll::Ready(Answered::Reply(reply)),
                 None => Poll::Pending,
             },
-            Answer::Later(later) => later.poll_reply(cx),
+            Answer::Later(later, stream) => later
+                .poll_result(cx)
+                .map(|r| Answered::Write(r, stream.clone())),
+            Answer::Replicated(answer) => answer.as_mut().poll(cx).map(Answered::Reply),
         }
     }
 }
@@ -103,6 +129,23 @@ impl Answer {
 struct Blocked {
     run: Pin<Box<dyn Future<Output = Reply> + Send>>,
     on_shutdown: Option<Reply>,
+    _counted: BlockedCount,
+}
+
+/// Counts a waiting command in `blocked_clients` while it lives.
+struct BlockedCount(Arc<Context>);
+
+impl BlockedCount {
+    fn new(ctx: &Arc<Context>) -> BlockedCount {
+        ctx.stats.blocked_clients.fetch_add(1, Ordering::Relaxed);
+        BlockedCount(Arc::clone(ctx))
+    }
+}
+
+impl Drop for BlockedCount {
+    fn drop(&mut self) {
+        self.0.stats.blocked_clients.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// What runs next once the answers before it are out.
@@ -141,6 +184,8 @@ enum End {
     },
     /// Told to go by the budget over all clients.
     Evicted(Eviction),
+    /// Closed by `CLIENT KILL`.
+    Killed,
 }
 
 /// Serves one client until it leaves, breaks the protocol or a limit, or
@@ -154,6 +199,7 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let _ = stream.set_nodelay(true);
     let share = Arc::new(ctx.clients.register(id));
+    let registration = ctx.registry.register(id, peer, stream.local_addr().ok());
     let authenticated = ctx.config.requirepass.is_none();
     let mut parser = RequestParser::new();
     parser.set_unauthenticated(!authenticated);
@@ -165,6 +211,7 @@ pub async fn serve(
             authenticated,
             name: None,
             multi: None,
+            registration: Some(registration),
         },
         ctx,
         stream,
@@ -209,6 +256,9 @@ impl Connection {
         loop {
             if let Some(why) = self.share.evicted() {
                 return End::Evicted(why);
+            }
+            if self.killed() {
+                return End::Killed;
             }
             let stop = match self.process().await {
                 Ok(stop) => stop,
@@ -267,9 +317,11 @@ impl Connection {
                     }
                     Ok(None) => return Ok(Stop::Wait),
                     Err(ProtocolError(why)) => {
-                        tracing::debug!(
-                            client = self.session.id,
-                            addr = %self.session.peer,
+                        tracing::info!(
+                            event = "protocol_error",
+                            client_id = self.session.id,
+                            client_addr = %self.session.peer,
+                            client_name = %self.client_name(),
                             error = %why,
                             "protocol error; closing the connection"
                         );
@@ -299,7 +351,15 @@ impl Connection {
                 return Err(End::Http);
             }
             requests += 1;
+            let stream_arg = request.get(1).cloned().unwrap_or_default();
             let outcome = commands::execute(&self.ctx, &mut self.session, request).await;
+            if let Some(r) = &self.session.registration {
+                r.update(
+                    self.session.name.as_ref(),
+                    self.session.proto,
+                    self.session.multi.as_ref().map(Multi::len),
+                );
+            }
             self.parser.set_unauthenticated(!self.session.authenticated);
             match outcome {
                 // A write refused at once (a stale token on the fast path)
@@ -313,7 +373,14 @@ impl Connection {
                 Outcome::Reply(reply) => produced += self.encode(&reply),
                 Outcome::Later(later) => {
                     self.pending.push_back(Pending {
-                        answer: Answer::Later(later),
+                        answer: Answer::Later(later, stream_arg),
+                        bytes,
+                    });
+                    self.pending_bytes += bytes;
+                }
+                Outcome::Replicated(answer) => {
+                    self.pending.push_back(Pending {
+                        answer: Answer::Replicated(answer),
                         bytes,
                     });
                     self.pending_bytes += bytes;
@@ -329,8 +396,9 @@ impl Connection {
                     // goes, not only once it is done.
                     let share = Arc::clone(&self.share);
                     let progress: ReadProgress = Arc::new(move |bytes| share.set_reading(bytes));
-                    let mut run =
-                        Box::pin(command.run_counted(self.ctx.log.clone(), Some(progress)));
+                    let mut run = Box::pin(
+                        command.run_counted(self.ctx.engine().into_owned(), Some(progress)),
+                    );
                     // Most reads are done at once: answer them in line, so
                     // a pipeline of reads is not a wait (and a write) each.
                     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
@@ -338,7 +406,11 @@ impl Connection {
                         produced += self.encode(&reply);
                         continue;
                     }
-                    self.blocked = Some(Blocked { run, on_shutdown });
+                    self.blocked = Some(Blocked {
+                        run,
+                        on_shutdown,
+                        _counted: BlockedCount::new(&self.ctx),
+                    });
                     return Ok(Stop::Wait);
                 }
                 Outcome::OverOutputLimit {
@@ -371,6 +443,7 @@ impl Connection {
         let event = tokio::select! {
             biased;
             why = self.share.wait_evicted() => Event::Evicted(why),
+            () = killed(&self.session.registration) => Event::Killed,
             () = self.shutdown.recv(), if !self.shutting_down => Event::Shutdown,
             reply = next_answer(&mut self.pending), if !self.pending.is_empty() => Event::Answer(reply),
             reply = wait_blocked(&mut self.blocked), if self.blocked.is_some() => Event::Unblocked(reply),
@@ -379,6 +452,7 @@ impl Connection {
         };
         match event {
             Event::Evicted(why) => Err(End::Evicted(why)),
+            Event::Killed => Err(End::Killed),
             Event::Shutdown => {
                 self.begin_shutdown();
                 Ok(())
@@ -407,11 +481,34 @@ impl Connection {
         }
     }
 
-    fn answered(&mut self, reply: Reply) {
+    fn answered(&mut self, answer: Answered) {
         if let Some(done) = self.pending.pop_front() {
             self.pending_bytes -= done.bytes;
         }
+        let reply = match answer {
+            Answered::Reply(reply) => reply,
+            Answered::Write(Ok(n), _) => Reply::Integer(i64::try_from(n).unwrap_or(i64::MAX)),
+            Answered::Write(Err(e), stream) => {
+                commands::note_error(&self.ctx, &self.session.tag(), &stream, &e);
+                commands::error_reply(&e)
+            }
+        };
         self.encode(&reply);
+    }
+
+    fn killed(&self) -> bool {
+        self.session
+            .registration
+            .as_ref()
+            .is_some_and(crate::clients::Registered::is_killed)
+    }
+
+    fn client_name(&self) -> String {
+        self.session
+            .name
+            .as_deref()
+            .map(crate::logging::name_field)
+            .unwrap_or_default()
     }
 
     /// Shutdown: nothing more is read or run; a waiting command is answered
@@ -562,16 +659,31 @@ impl Connection {
     /// Logs why the connection ended, when that is news.
     fn ended(mut self, end: End) -> std::io::Result<()> {
         let s = &self.session;
-        let name = s.name.as_deref().map(String::from_utf8_lossy);
+        let name = s
+            .name
+            .as_deref()
+            .map(crate::logging::name_field)
+            .unwrap_or_default();
         let stats = &self.ctx.stats;
         match end {
             End::Closed => Ok(()),
             End::Io(e) => Err(e),
+            End::Killed => {
+                tracing::info!(
+                    event = "client_killed",
+                    client_id = s.id,
+                    client_addr = %s.peer,
+                    client_name = %name,
+                    "client closed by CLIENT KILL"
+                );
+                Ok(())
+            }
             End::Http => {
                 stats.http_requests_refused.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(
-                    client = s.id,
-                    addr = %s.peer,
+                    event = "http_request",
+                    client_id = s.id,
+                    client_addr = %s.peer,
                     "possible cross-protocol attack: a request that looks like HTTP \
                      (POST, GET /, Host:) on the Redis port; connection closed"
                 );
@@ -582,9 +694,11 @@ impl Connection {
                     .query_buffer_limit_disconnections
                     .fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(
-                    client = s.id,
-                    addr = %s.peer,
-                    name = ?name,
+                    event = "client_dropped",
+                    reason = "query_buffer_limit",
+                    client_id = s.id,
+                    client_addr = %s.peer,
+                    client_name = %name,
                     query_bytes = bytes,
                     limit_bytes = limit,
                     authenticated = s.authenticated,
@@ -612,9 +726,11 @@ impl Connection {
                     .output_buffer_limit_disconnections
                     .fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(
-                    client = s.id,
-                    addr = %s.peer,
-                    name = ?name,
+                    event = "client_dropped",
+                    reason = "output_buffer_limit",
+                    client_id = s.id,
+                    client_addr = %s.peer,
+                    client_name = %name,
                     output_bytes = bytes,
                     limit_bytes = limit,
                     transaction_applied,
@@ -625,9 +741,11 @@ impl Connection {
             }
             End::Evicted(why) => {
                 tracing::warn!(
-                    client = s.id,
-                    addr = %s.peer,
-                    name = ?name,
+                    event = "client_dropped",
+                    reason = "maxmemory_clients",
+                    client_id = s.id,
+                    client_addr = %s.peer,
+                    client_name = %name,
                     client_bytes = why.client_bytes,
                     total_bytes = why.total_bytes,
                     budget_bytes = why.budget_bytes,
@@ -643,15 +761,25 @@ impl Connection {
 /// What woke a waiting connection.
 enum Event {
     Evicted(Eviction),
+    Killed,
     Shutdown,
-    Answer(Reply),
+    Answer(Answered),
     Unblocked(Reply),
     Writable(std::io::Result<()>),
     Readable(std::io::Result<()>),
 }
 
+/// Resolves when `CLIENT KILL` closes the connection (never without a
+/// registration).
+async fn killed(registration: &Option<crate::clients::Registered>) {
+    match registration {
+        Some(r) => r.killed().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// The oldest pending answer, once it comes (it stays in the queue).
-async fn next_answer(pending: &mut VecDeque<Pending>) -> Reply {
+async fn next_answer(pending: &mut VecDeque<Pending>) -> Answered {
     std::future::poll_fn(|cx| match pending.front_mut() {
         Some(p) => p.answer.poll(cx),
         None => Poll::Pending,
@@ -660,7 +788,7 @@ async fn next_answer(pending: &mut VecDeque<Pending>) -> Reply {
 }
 
 /// The oldest pending answer if it is already there.
-fn ready_answer(pending: &mut VecDeque<Pending>) -> Option<Reply> {
+fn ready_answer(pending: &mut VecDeque<Pending>) -> Option<Answered> {
     let front = pending.front_mut()?;
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     match front.answer.poll(&mut cx) {

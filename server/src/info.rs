@@ -5,277 +5,443 @@ use std::sync::atomic::Ordering;
 
 use crate::commands::Context;
 
-/// Every counter as (section, name, help, value), in one place for both
-/// formats.
-fn counters(ctx: &Context) -> Vec<(&'static str, &'static str, &'static str, f64)> {
-    let m = ctx.log.metrics();
+/// Whether a metric only grows, or goes up and down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Only grows (until a restart): a Prometheus `counter`, `_total`.
+    Counter,
+    /// Goes up and down: a Prometheus `gauge`.
+    Gauge,
+    /// Shown by `INFO` only (Prometheus computes it from others: a mean,
+    /// a quantile of the latency histogram).
+    InfoOnly,
+}
+
+/// One number, with its name in each format.
+#[derive(Debug, Clone)]
+pub struct Metric {
+    /// Its `INFO` section.
+    pub section: &'static str,
+    /// Its `INFO` name (Redis' where Redis has one).
+    pub info: &'static str,
+    /// Its Prometheus name, by Prometheus' rules (`_total` for counters,
+    /// units in base units); empty for [`Kind::InfoOnly`].
+    pub prometheus: &'static str,
+    /// What it counts.
+    pub help: &'static str,
+    /// Counter or gauge.
+    pub kind: Kind,
+    /// Its value now.
+    pub value: f64,
+}
+
+/// Every number, in one place for both formats.
+pub fn metrics(ctx: &Context) -> Vec<Metric> {
+    let m = ctx.engine().metrics();
     let s = &ctx.stats;
     let w = &m.wal;
     let uptime = s.started.elapsed().as_secs_f64();
     vec![
-        (
-            "server",
-            "uptime_in_seconds",
-            "Seconds since the server started.",
-            uptime.floor(),
-        ),
-        (
-            "clients",
-            "connected_clients",
-            "Client connections open now.",
-            s.connections_now.load(Ordering::Relaxed) as f64,
-        ),
-        (
-            "clients",
-            "total_connections_received",
-            "Client connections accepted.",
-            s.connections_total.load(Ordering::Relaxed) as f64,
-        ),
-        (
-            "clients",
-            "rejected_connections",
-            "Connections refused over the limit.",
-            s.connections_refused.load(Ordering::Relaxed) as f64,
-        ),
-        (
-            "clients",
-            "mem_clients_normal",
-            "Bytes all client connections hold: input, parsed arguments, queued transactions, pending and unwritten replies.",
-            ctx.clients.total_bytes() as f64,
-        ),
-        (
-            "clients",
-            "maxmemory_clients",
-            "The budget over all clients (--maxmemory-clients), bytes.",
-            ctx.clients.budget_bytes() as f64,
-        ),
-        (
-            "stats",
-            "evicted_clients",
-            "Clients dropped because all clients together held more than --maxmemory-clients.",
-            ctx.clients.evicted_clients() as f64,
-        ),
-        (
-            "stats",
-            "client_query_buffer_limit_disconnections",
-            "Clients dropped past --max-query-buffer.",
-            s.query_buffer_limit_disconnections.load(Ordering::Relaxed) as f64,
-        ),
-        (
-            "stats",
-            "client_output_buffer_limit_disconnections",
-            "Clients dropped past --client-output-buffer-limit.",
-            s.output_buffer_limit_disconnections.load(Ordering::Relaxed) as f64,
-        ),
-        (
-            "stats",
-            "http_requests_refused",
-            "Connections closed for sending what looks like HTTP.",
-            s.http_requests_refused.load(Ordering::Relaxed) as f64,
-        ),
-        (
-            "stats",
-            "transactions",
-            "EXECs with writes.",
-            s.transactions.load(Ordering::Relaxed) as f64,
-        ),
-        (
-            "stats",
-            "transactions_aborted",
-            "EXECs whose writes were rejected: nothing applied.",
-            s.transactions_aborted.load(Ordering::Relaxed) as f64,
-        ),
-        (
-            "stats",
-            "total_commands_processed",
-            "Commands run.",
-            s.commands.load(Ordering::Relaxed) as f64,
-        ),
-        (
-            "stats",
-            "total_net_input_bytes",
-            "Bytes received from clients.",
-            s.bytes_in.load(Ordering::Relaxed) as f64,
-        ),
-        (
-            "log",
-            "streams",
-            "Streams that hold records or a token.",
-            m.streams as f64,
-        ),
-        ("log", "appends", "Accepted appends.", m.appends as f64),
-        (
-            "log",
-            "records_written",
-            "Records appended.",
-            m.records as f64,
-        ),
-        (
-            "log",
-            "bytes_written",
-            "Payload bytes appended.",
-            m.bytes as f64,
-        ),
-        (
-            "log",
-            "stale_rejections",
-            "Writes rejected for a stale token.",
-            m.stale_rejections as f64,
-        ),
-        (
-            "log",
-            "mismatches",
-            "Conditional appends rejected for their offset.",
-            m.mismatches as f64,
-        ),
-        (
-            "log",
-            "idempotent_retries",
-            "Conditional appends answered as a retry.",
-            m.idempotent_retries as f64,
-        ),
-        ("log", "fences", "Accepted fences.", m.fences as f64),
-        ("log", "trims", "Accepted trims.", m.trims as f64),
-        ("log", "deletes", "Accepted deletes.", m.deletes as f64),
-        ("log", "reads", "Reads answered.", m.reads as f64),
-        (
-            "log",
-            "records_read",
-            "Records read.",
-            m.records_read as f64,
-        ),
-        (
-            "persistence",
-            "segments",
-            "Segment files in the log.",
-            m.segments as f64,
-        ),
-        (
-            "persistence",
-            "open_segment_files",
-            "Segment files open for reading now (within max_open_segments).",
-            w.open_segment_files as f64,
-        ),
-        (
-            "persistence",
-            "last_checkpoint_bytes",
-            "Bytes of the last checkpoint written.",
-            w.last_checkpoint_bytes as f64,
-        ),
-        (
-            "persistence",
-            "segments_uncounted",
-            "Segments older than the last open not yet looked at by garbage collection.",
-            m.segments_uncounted as f64,
-        ),
-        (
-            "persistence",
-            "token_floor",
-            "Every stream's highest token is at least this (raised when recovery cut entries).",
-            m.token_floor as f64,
-        ),
-        (
-            "persistence",
-            "fsyncs",
-            "Group commits (write + fdatasync).",
-            w.syncs as f64,
-        ),
-        (
-            "persistence",
-            "fsync_latency_avg_us",
-            "Mean write + fdatasync latency, microseconds.",
-            w.sync_micros.mean(),
-        ),
-        (
-            "persistence",
-            "fsync_latency_p99_us",
-            "99th percentile write + fdatasync latency (bucket upper bound), microseconds.",
-            w.sync_micros.quantile_upper_bound(0.99) as f64,
-        ),
-        (
-            "persistence",
-            "group_commit_avg_batch",
-            "Mean entries per group commit.",
-            w.batch_entries.mean(),
-        ),
-        (
-            "persistence",
-            "wal_entries",
-            "Entries made durable.",
-            w.entries as f64,
-        ),
-        (
-            "persistence",
-            "wal_bytes_written",
-            "Bytes written to segments.",
-            w.bytes_written as f64,
-        ),
-        (
-            "persistence",
-            "segments_created",
-            "Segment files created.",
-            w.segments_created as f64,
-        ),
-        (
-            "persistence",
-            "segments_removed",
-            "Segment files removed by garbage collection.",
-            w.segments_removed as f64,
-        ),
-        (
-            "persistence",
-            "log_failed",
-            "1 if an I/O failure stopped writes (until restart).",
-            f64::from(u8::from(ctx.log.has_failed())),
-        ),
-        (
-            "leases",
-            "leases_acquired",
-            "Leases granted.",
-            m.leases_acquired as f64,
-        ),
-        (
-            "leases",
-            "leases_renewed",
-            "Leases renewed.",
-            m.leases_renewed as f64,
-        ),
-        (
-            "leases",
-            "leases_lost",
-            "Renewals refused: the lease was lost.",
-            m.leases_lost as f64,
-        ),
-        (
-            "leases",
-            "leases_expired",
-            "Leases that expired.",
-            m.leases_expired as f64,
-        ),
-        (
-            "leases",
-            "leases_released",
-            "Leases released.",
-            m.leases_released as f64,
-        ),
-        (
-            "leases",
-            "leases_held",
-            "Acquisitions refused: held by another owner.",
-            m.leases_held as f64,
-        ),
-        (
-            "leases",
-            "leases_waiting",
-            "Acquisitions waiting now.",
-            m.lease_waiting as f64,
-        ),
-        (
-            "leases",
-            "leases_live",
-            "Leases alive now.",
-            m.leases_live as f64,
-        ),
+        Metric {
+            section: "server",
+            info: "uptime_in_seconds",
+            prometheus: "fencelog_uptime_seconds",
+            help: "Seconds since the server started.",
+            kind: Kind::Gauge,
+            value: uptime.floor(),
+        },
+        Metric {
+            section: "clients",
+            info: "connected_clients",
+            prometheus: "fencelog_connected_clients",
+            help: "Client connections open now.",
+            kind: Kind::Gauge,
+            value: s.connections_now.load(Ordering::Relaxed) as f64,
+        },
+        Metric {
+            section: "clients",
+            info: "blocked_clients",
+            prometheus: "fencelog_blocked_clients",
+            help: "Clients waiting in LOG.READ BLOCK or LEASE.ACQUIRE WAIT now.",
+            kind: Kind::Gauge,
+            value: s.blocked_clients.load(Ordering::Relaxed) as f64,
+        },
+        Metric {
+            section: "clients",
+            info: "total_connections_received",
+            prometheus: "fencelog_connections_received_total",
+            help: "Client connections accepted.",
+            kind: Kind::Counter,
+            value: s.connections_total.load(Ordering::Relaxed) as f64,
+        },
+        Metric {
+            section: "clients",
+            info: "rejected_connections",
+            prometheus: "fencelog_connections_rejected_total",
+            help: "Connections refused over the limit.",
+            kind: Kind::Counter,
+            value: s.connections_refused.load(Ordering::Relaxed) as f64,
+        },
+        Metric {
+            section: "clients",
+            info: "mem_clients_normal",
+            prometheus: "fencelog_client_memory_bytes",
+            help: "Bytes all client connections hold: input, parsed arguments, queued transactions, pending and unwritten replies.",
+            kind: Kind::Gauge,
+            value: ctx.clients.total_bytes() as f64,
+        },
+        Metric {
+            section: "clients",
+            info: "maxmemory_clients",
+            prometheus: "fencelog_client_memory_budget_bytes",
+            help: "The budget over all clients (--maxmemory-clients), bytes.",
+            kind: Kind::Gauge,
+            value: ctx.clients.budget_bytes() as f64,
+        },
+        Metric {
+            section: "stats",
+            info: "evicted_clients",
+            prometheus: "fencelog_clients_evicted_total",
+            help: "Clients dropped because all clients together held more than --maxmemory-clients.",
+            kind: Kind::Counter,
+            value: ctx.clients.evicted_clients() as f64,
+        },
+        Metric {
+            section: "stats",
+            info: "client_query_buffer_limit_disconnections",
+            prometheus: "fencelog_client_query_buffer_limit_disconnections_total",
+            help: "Clients dropped past --max-query-buffer.",
+            kind: Kind::Counter,
+            value: s.query_buffer_limit_disconnections.load(Ordering::Relaxed) as f64,
+        },
+        Metric {
+            section: "stats",
+            info: "client_output_buffer_limit_disconnections",
+            prometheus: "fencelog_client_output_buffer_limit_disconnections_total",
+            help: "Clients dropped past --client-output-buffer-limit.",
+            kind: Kind::Counter,
+            value: s.output_buffer_limit_disconnections.load(Ordering::Relaxed) as f64,
+        },
+        Metric {
+            section: "stats",
+            info: "http_requests_refused",
+            prometheus: "fencelog_http_requests_refused_total",
+            help: "Connections closed for sending what looks like HTTP.",
+            kind: Kind::Counter,
+            value: s.http_requests_refused.load(Ordering::Relaxed) as f64,
+        },
+        Metric {
+            section: "stats",
+            info: "transactions",
+            prometheus: "fencelog_transactions_total",
+            help: "EXECs with writes.",
+            kind: Kind::Counter,
+            value: s.transactions.load(Ordering::Relaxed) as f64,
+        },
+        Metric {
+            section: "stats",
+            info: "transactions_aborted",
+            prometheus: "fencelog_transactions_aborted_total",
+            help: "EXECs whose writes were rejected: nothing applied.",
+            kind: Kind::Counter,
+            value: s.transactions_aborted.load(Ordering::Relaxed) as f64,
+        },
+        Metric {
+            section: "stats",
+            info: "total_commands_processed",
+            prometheus: "fencelog_commands_processed_total",
+            help: "Commands run.",
+            kind: Kind::Counter,
+            value: s.commands.load(Ordering::Relaxed) as f64,
+        },
+        Metric {
+            section: "stats",
+            info: "total_net_input_bytes",
+            prometheus: "fencelog_net_input_bytes_total",
+            help: "Bytes received from clients.",
+            kind: Kind::Counter,
+            value: s.bytes_in.load(Ordering::Relaxed) as f64,
+        },
+        Metric {
+            section: "log",
+            info: "streams",
+            prometheus: "fencelog_streams",
+            help: "Streams that hold records or a token.",
+            kind: Kind::Gauge,
+            value: m.streams as f64,
+        },
+        Metric {
+            section: "log",
+            info: "appends",
+            prometheus: "fencelog_appends_total",
+            help: "Accepted appends.",
+            kind: Kind::Counter,
+            value: m.appends as f64,
+        },
+        Metric {
+            section: "log",
+            info: "records_written",
+            prometheus: "fencelog_records_written_total",
+            help: "Records appended.",
+            kind: Kind::Counter,
+            value: m.records as f64,
+        },
+        Metric {
+            section: "log",
+            info: "bytes_written",
+            prometheus: "fencelog_payload_written_bytes_total",
+            help: "Payload bytes appended.",
+            kind: Kind::Counter,
+            value: m.bytes as f64,
+        },
+        Metric {
+            section: "log",
+            info: "stale_rejections",
+            prometheus: "fencelog_stale_rejections_total",
+            help: "Writes rejected for a stale token.",
+            kind: Kind::Counter,
+            value: m.stale_rejections as f64,
+        },
+        Metric {
+            section: "log",
+            info: "mismatches",
+            prometheus: "fencelog_mismatches_total",
+            help: "Conditional appends rejected for their offset.",
+            kind: Kind::Counter,
+            value: m.mismatches as f64,
+        },
+        Metric {
+            section: "log",
+            info: "idempotent_retries",
+            prometheus: "fencelog_idempotent_retries_total",
+            help: "Conditional appends answered as a retry.",
+            kind: Kind::Counter,
+            value: m.idempotent_retries as f64,
+        },
+        Metric {
+            section: "log",
+            info: "fences",
+            prometheus: "fencelog_fences_total",
+            help: "Accepted fences.",
+            kind: Kind::Counter,
+            value: m.fences as f64,
+        },
+        Metric {
+            section: "log",
+            info: "trims",
+            prometheus: "fencelog_trims_total",
+            help: "Accepted trims.",
+            kind: Kind::Counter,
+            value: m.trims as f64,
+        },
+        Metric {
+            section: "log",
+            info: "deletes",
+            prometheus: "fencelog_deletes_total",
+            help: "Accepted deletes.",
+            kind: Kind::Counter,
+            value: m.deletes as f64,
+        },
+        Metric {
+            section: "log",
+            info: "reads",
+            prometheus: "fencelog_reads_total",
+            help: "Reads answered.",
+            kind: Kind::Counter,
+            value: m.reads as f64,
+        },
+        Metric {
+            section: "log",
+            info: "records_read",
+            prometheus: "fencelog_records_read_total",
+            help: "Records read.",
+            kind: Kind::Counter,
+            value: m.records_read as f64,
+        },
+        Metric {
+            section: "persistence",
+            info: "segments",
+            prometheus: "fencelog_segments",
+            help: "Segment files in the log.",
+            kind: Kind::Gauge,
+            value: m.segments as f64,
+        },
+        Metric {
+            section: "persistence",
+            info: "open_segment_files",
+            prometheus: "fencelog_open_segment_files",
+            help: "Segment files open for reading now (within max_open_segments).",
+            kind: Kind::Gauge,
+            value: w.open_segment_files as f64,
+        },
+        Metric {
+            section: "persistence",
+            info: "last_checkpoint_bytes",
+            prometheus: "fencelog_last_checkpoint_bytes",
+            help: "Bytes of the last checkpoint written.",
+            kind: Kind::Gauge,
+            value: w.last_checkpoint_bytes as f64,
+        },
+        Metric {
+            section: "persistence",
+            info: "segments_uncounted",
+            prometheus: "fencelog_segments_uncounted",
+            help: "Segments older than the last open not yet looked at by garbage collection.",
+            kind: Kind::Gauge,
+            value: m.segments_uncounted as f64,
+        },
+        Metric {
+            section: "persistence",
+            info: "token_floor",
+            prometheus: "fencelog_token_floor",
+            help: "Every stream's highest token is at least this (raised when recovery cut entries).",
+            kind: Kind::Gauge,
+            value: m.token_floor as f64,
+        },
+        Metric {
+            section: "persistence",
+            info: "fsyncs",
+            prometheus: "fencelog_fsyncs_total",
+            help: "Group commits (write + fdatasync).",
+            kind: Kind::Counter,
+            value: w.syncs as f64,
+        },
+        Metric {
+            section: "persistence",
+            info: "fsync_latency_avg_us",
+            prometheus: "",
+            help: "Mean write + fdatasync latency, microseconds.",
+            kind: Kind::InfoOnly,
+            value: w.sync_micros.mean(),
+        },
+        Metric {
+            section: "persistence",
+            info: "fsync_latency_p99_us",
+            prometheus: "",
+            help: "99th percentile write + fdatasync latency (bucket upper bound), microseconds.",
+            kind: Kind::InfoOnly,
+            value: w.sync_micros.quantile_upper_bound(0.99) as f64,
+        },
+        Metric {
+            section: "persistence",
+            info: "group_commit_avg_batch",
+            prometheus: "",
+            help: "Mean entries per group commit.",
+            kind: Kind::InfoOnly,
+            value: w.batch_entries.mean(),
+        },
+        Metric {
+            section: "persistence",
+            info: "wal_entries",
+            prometheus: "fencelog_wal_entries_total",
+            help: "Entries made durable.",
+            kind: Kind::Counter,
+            value: w.entries as f64,
+        },
+        Metric {
+            section: "persistence",
+            info: "wal_bytes_written",
+            prometheus: "fencelog_wal_written_bytes_total",
+            help: "Bytes written to segments.",
+            kind: Kind::Counter,
+            value: w.bytes_written as f64,
+        },
+        Metric {
+            section: "persistence",
+            info: "segments_created",
+            prometheus: "fencelog_segments_created_total",
+            help: "Segment files created.",
+            kind: Kind::Counter,
+            value: w.segments_created as f64,
+        },
+        Metric {
+            section: "persistence",
+            info: "segments_removed",
+            prometheus: "fencelog_segments_removed_total",
+            help: "Segment files removed by garbage collection.",
+            kind: Kind::Counter,
+            value: w.segments_removed as f64,
+        },
+        Metric {
+            section: "persistence",
+            info: "log_failed",
+            prometheus: "fencelog_log_failed",
+            help: "1 if an I/O failure stopped writes (until restart).",
+            kind: Kind::Gauge,
+            value: f64::from(u8::from(ctx.engine().has_failed())),
+        },
+        Metric {
+            section: "leases",
+            info: "leases_acquired",
+            prometheus: "fencelog_leases_acquired_total",
+            help: "Leases granted.",
+            kind: Kind::Counter,
+            value: m.leases_acquired as f64,
+        },
+        Metric {
+            section: "leases",
+            info: "leases_renewed",
+            prometheus: "fencelog_leases_renewed_total",
+            help: "Leases renewed.",
+            kind: Kind::Counter,
+            value: m.leases_renewed as f64,
+        },
+        Metric {
+            section: "leases",
+            info: "leases_lost",
+            prometheus: "fencelog_leases_lost_total",
+            help: "Renewals refused: the lease was lost.",
+            kind: Kind::Counter,
+            value: m.leases_lost as f64,
+        },
+        Metric {
+            section: "leases",
+            info: "leases_expired",
+            prometheus: "fencelog_leases_expired_total",
+            help: "Leases that expired.",
+            kind: Kind::Counter,
+            value: m.leases_expired as f64,
+        },
+        Metric {
+            section: "leases",
+            info: "leases_released",
+            prometheus: "fencelog_leases_released_total",
+            help: "Leases released.",
+            kind: Kind::Counter,
+            value: m.leases_released as f64,
+        },
+        Metric {
+            section: "leases",
+            info: "lease_acquisitions_refused",
+            prometheus: "fencelog_lease_acquisitions_refused_total",
+            help: "Acquisitions refused: the lease was held by another owner.",
+            kind: Kind::Counter,
+            value: m.leases_held as f64,
+        },
+        Metric {
+            section: "leases",
+            info: "leases_waiting",
+            prometheus: "fencelog_lease_acquisitions_waiting",
+            help: "Acquisitions waiting now.",
+            kind: Kind::Gauge,
+            value: m.lease_waiting as f64,
+        },
+        Metric {
+            section: "leases",
+            info: "leases_held",
+            prometheus: "fencelog_leases_held",
+            help: "Leases held now (acquired, neither released nor expired).",
+            kind: Kind::Gauge,
+            value: m.leases_live as f64,
+        },
+        Metric {
+            section: "leases",
+            info: "last_lease_token",
+            prometheus: "fencelog_lease_token_last",
+            help: "The last fencing token the lease counter issued.",
+            kind: Kind::Gauge,
+            value: m.last_lease_token as f64,
+        },
     ]
 }
 
@@ -287,76 +453,78 @@ fn number(v: f64) -> String {
     }
 }
 
-/// The `INFO [section]` text: `# Section` headers and `name:value` lines.
-pub fn info_text(ctx: &Context, section: Option<&str>) -> String {
-    let wanted = |s: &str| match section {
-        None | Some("all" | "everything" | "default") => true,
-        Some(x) => x == s,
+/// The `INFO [section ...]` text: `# Section` headers and `name:value`
+/// lines, as Redis writes them (no sections: the default set).
+pub fn info_text(ctx: &Context, sections: &[String]) -> String {
+    let wanted = |s: &str| {
+        sections.is_empty()
+            || sections
+                .iter()
+                .any(|x| matches!(x.as_str(), "all" | "everything" | "default") || x == s)
     };
     let mut out = String::new();
+    let header = |out: &mut String, title: &str| {
+        if !out.is_empty() {
+            out.push_str("\r\n");
+        }
+        let _ = write!(out, "# {title}\r\n");
+    };
+    let all = metrics(ctx);
     if wanted("server") {
+        header(&mut out, "Server");
         let _ = write!(
             out,
-            "# Server\r\nfencelog_version:{}\r\nredis_version:7.0.0\r\nredis_mode:standalone\r\nprocess_id:{}\r\ntcp_port:{}\r\ndir:{}\r\n",
+            "fencelog_version:{}\r\nredis_version:7.0.0\r\nredis_mode:standalone\r\nos:{} {}\r\n\
+             process_id:{}\r\ntcp_port:{}\r\nexecutable:{}\r\ndir:{}\r\n",
             env!("CARGO_PKG_VERSION"),
+            std::env::consts::OS,
+            std::env::consts::ARCH,
             std::process::id(),
             ctx.config.addr.port(),
+            std::env::current_exe()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
             ctx.config.dir.display()
         );
     }
     let mut current = "";
-    for (sec, name, _, value) in counters(ctx) {
-        if !wanted(sec) {
+    for metric in &all {
+        if !wanted(metric.section) {
             continue;
         }
-        if sec != current {
-            if !out.is_empty() {
-                out.push_str("\r\n");
+        if metric.section != current {
+            // The server section's header is written above, with the
+            // lines that are not numbers.
+            if metric.section != "server" {
+                let mut title = metric.section.to_string();
+                if let Some(first) = title.get_mut(..1) {
+                    first.make_ascii_uppercase();
+                }
+                header(&mut out, &title);
             }
-            let mut title = sec.to_string();
-            if let Some(first) = title.get_mut(..1) {
-                first.make_ascii_uppercase();
-            }
-            let _ = write!(out, "# {title}\r\n");
-            current = sec;
+            current = metric.section;
         }
-        let _ = write!(out, "{name}:{}\r\n", number(value));
+        let _ = write!(out, "{}:{}\r\n", metric.info, number(metric.value));
     }
-    out
-}
-
-/// The Prometheus text exposition of every counter.
-pub fn prometheus(ctx: &Context) -> String {
-    let mut out = String::new();
-    for (_, name, help, value) in counters(ctx) {
+    if wanted("memory") {
+        // What redis-cli --stat and dashboards read; the resident set size
+        // is what this process holds (the engine maps segments besides).
+        header(&mut out, "Memory");
+        let rss = crate::metrics::resident_bytes().unwrap_or(0);
         let _ = write!(
             out,
-            "# HELP fencelog_{name} {help}\n# TYPE fencelog_{name} gauge\nfencelog_{name} {}\n",
-            number(value)
+            "used_memory:{rss}\r\nused_memory_rss:{rss}\r\nmaxmemory:0\r\n"
         );
     }
-    // The sync latency as a histogram, in seconds.
-    let h = ctx.log.metrics().wal.sync_micros;
-    out.push_str("# HELP fencelog_fsync_seconds Write + fdatasync latency of group commits.\n# TYPE fencelog_fsync_seconds histogram\n");
-    for (upper_us, count) in h.cumulative() {
-        if upper_us == 0 {
-            continue;
-        }
-        let _ = writeln!(
-            out,
-            "fencelog_fsync_seconds_bucket{{le=\"{}\"}} {count}",
-            upper_us as f64 / 1e6
-        );
-        if count == h.count {
-            break;
-        }
+    if wanted("keyspace") {
+        // One database whose keys are the streams (redis-cli --stat sums
+        // the keys of every db line).
+        header(&mut out, "Keyspace");
+        let streams = all
+            .iter()
+            .find(|m| m.info == "streams")
+            .map_or(0.0, |m| m.value);
+        let _ = write!(out, "db0:keys={},expires=0,avg_ttl=0\r\n", number(streams));
     }
-    let _ = writeln!(
-        out,
-        "fencelog_fsync_seconds_bucket{{le=\"+Inf\"}} {}",
-        h.count
-    );
-    let _ = writeln!(out, "fencelog_fsync_seconds_sum {}", h.sum as f64 / 1e6);
-    let _ = writeln!(out, "fencelog_fsync_seconds_count {}", h.count);
     out
 }

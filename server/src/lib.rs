@@ -12,6 +12,9 @@
 
 pub mod bench;
 pub mod budget;
+pub mod clients;
+pub mod cluster;
+pub mod command_table;
 pub mod commands;
 pub mod config;
 pub mod connection;
@@ -20,7 +23,10 @@ pub mod fds;
 pub mod glob;
 pub mod history;
 pub mod info;
+pub mod logging;
+pub mod metrics;
 pub mod protocol;
+pub mod repair;
 pub mod server;
 pub mod shutdown;
 pub mod transaction;

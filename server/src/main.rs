@@ -7,8 +7,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use fencelog_server::config::{ServeConfig, parse_size};
+use fencelog_cluster::Member;
+use fencelog_server::cluster::{ClusterConfig, parse_members};
+use fencelog_server::config::{ServeConfig, parse_addr, parse_addr_with_port, parse_size};
 use fencelog_server::dump::{self, DumpOptions};
+use fencelog_server::logging::LogOptions;
 use fencelog_server::protocol::Limits;
 use fencelog_server::server::Server;
 use fencelog_server::verify::{self, VerifyOptions};
@@ -19,11 +22,17 @@ use fencelog_server::verify::{self, VerifyOptions};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    log: LogOptions,
 }
 
 #[derive(Subcommand)]
 enum Command {
     /// Serve a data directory over the Redis protocol (RESP2 and RESP3).
+    ///
+    /// A flag given twice takes its last value (a wrapper script's
+    /// defaults can be overridden).
+    #[command(args_override_self = true)]
     Serve(ServeArgs),
     /// Check every segment of a data directory offline and report its
     /// streams, records, tokens and damage.
@@ -42,6 +51,17 @@ enum Command {
     /// Load a server (--addr) or an in-process engine with durable appends
     /// and stale-write rejections; print a summary table.
     Bench(fencelog_server::bench::BenchArgs),
+    /// Cut a damaged log back to its valid prefix (salvage): show what will
+    /// be cut, ask (or --yes), keep the cut bytes in `*.damaged` files,
+    /// raise the token floor, then verify.
+    ///
+    /// Exit status: 0 when the log verifies clean afterwards (or nothing
+    /// needed cutting), 1 when it does not, 2 when nothing was done (refused,
+    /// declined, the directory in use or unreadable).
+    Repair(fencelog_server::repair::RepairArgs),
+    /// Cluster mode: run a local cluster, see a cluster's members and lag,
+    /// add or remove a node.
+    Cluster(fencelog_server::cluster::cli::ClusterArgs),
 }
 
 #[derive(Args)]
@@ -49,22 +69,30 @@ struct ServeArgs {
     /// The data directory (created if missing; locked while served).
     #[arg(long, default_value = "./fencelog-data")]
     dir: PathBuf,
-    /// Where clients connect.
-    #[arg(long, default_value = "127.0.0.1:7379")]
+    /// Where clients connect: HOST:PORT, HOST, or a PORT alone (on
+    /// 127.0.0.1). Names resolve (localhost:7379).
+    #[arg(long, default_value = "127.0.0.1:7379", value_name = "ADDR",
+          value_parser = parse_addr)]
     addr: SocketAddr,
+    /// The port clients connect to, on the host of --addr.
+    #[arg(long, value_name = "PORT")]
+    port: Option<u16>,
     /// A password every client must give (AUTH, or HELLO … AUTH).
-    #[arg(long, env = "FENCELOG_REQUIREPASS")]
+    #[arg(long, env = "FENCELOG_REQUIREPASS", hide_env_values = true)]
     requirepass: Option<String>,
-    /// Serve Prometheus metrics at http://HOST:PORT/metrics.
-    #[arg(long)]
+    /// Serve Prometheus metrics at http://ADDR/metrics: HOST:PORT, or a
+    /// PORT alone (on 127.0.0.1).
+    #[arg(long, value_name = "ADDR", value_parser = metrics_addr)]
     metrics_addr: Option<SocketAddr>,
     /// Serve a non-loopback address without a password. Deliberate only.
     #[arg(long)]
     allow_unauthenticated_remote: bool,
     /// Largest record payload; larger ones get TOOBIG (the connection stays
-    /// usable). Sizes take units: 4096, 64KiB, 1MiB, 1MB.
-    #[arg(long, default_value = "1MiB", value_name = "SIZE", value_parser = size_u32)]
-    max_payload: u32,
+    /// usable). Sizes take units: 4096, 64KiB, 1MiB, 1MB. [default: 1MiB,
+    /// or less when --segment-bytes is small: a record must fit half a
+    /// segment]
+    #[arg(long, value_name = "SIZE", value_parser = size_u32)]
+    max_payload: Option<u32>,
     /// Largest bulk string in a request; larger ones break the protocol
     /// (the connection is closed).
     #[arg(long, default_value = "16MiB", value_name = "SIZE", value_parser = size_usize)]
@@ -103,13 +131,142 @@ struct ServeArgs {
     /// Client connections at once.
     #[arg(long, default_value_t = 10_000)]
     max_connections: usize,
-    /// Segment file size.
+    /// Segment file size (64KiB to 1GiB).
     #[arg(long, default_value = "64MiB", value_name = "SIZE", value_parser = size_u64)]
     segment_bytes: u64,
+    /// Segment files the log keeps open for reading at once (its file
+    /// budget; reads of other segments open and close theirs). The open-file
+    /// limit must leave room for these besides the connections.
+    #[arg(long, default_value_t = 64, value_name = "FILES")]
+    max_open_segments: usize,
     /// Seconds shutdown gives connections to hand out their last answers
     /// (writes already decided are made durable either way).
     #[arg(long, default_value_t = 1)]
     shutdown_grace_secs: u64,
+    #[command(flatten)]
+    cluster: ClusterFlags,
+}
+
+/// Cluster mode: `fencelog serve --cluster-node-id N …` (see
+/// docs/CLUSTER.md).
+#[derive(Args)]
+struct ClusterFlags {
+    /// Run as node N of a replicated cluster (1 and up; the same across
+    /// restarts). Without it the server is a single node.
+    #[arg(long, value_name = "N", help_heading = "Cluster")]
+    cluster_node_id: Option<u64>,
+    /// Where this node listens for its peers (Raft): HOST:PORT, HOST, or a
+    /// PORT. [default: the client port + 10000, on the host of --addr]
+    #[arg(long, value_name = "ADDR", value_parser = parse_addr, help_heading = "Cluster")]
+    cluster_raft_addr: Option<SocketAddr>,
+    /// The client address this node is known by (in -MOVED and CLUSTER
+    /// SLOTS), as HOST:PORT. [default: --addr]
+    #[arg(long, value_name = "HOST:PORT", help_heading = "Cluster")]
+    cluster_advertise: Option<String>,
+    /// The Raft address peers are told, as HOST:PORT. [default:
+    /// --cluster-raft-addr]
+    #[arg(long, value_name = "HOST:PORT", help_heading = "Cluster")]
+    cluster_advertise_raft: Option<String>,
+    /// The first members, to form a new cluster:
+    /// ID=RAFT_ADDR/CLIENT_ADDR,… (every node gets the same list; the
+    /// lowest id forms the cluster on its first start). Ignored once a
+    /// node has state.
+    #[arg(long, value_name = "MEMBERS", help_heading = "Cluster")]
+    cluster_initial: Option<String>,
+    /// Join a running cluster through a member's client address (a node
+    /// with no state of its own; also a replica whose disk was wiped).
+    #[arg(long, value_name = "HOST:PORT", help_heading = "Cluster")]
+    cluster_join: Option<String>,
+    /// Milliseconds without a leader before an election (up to twice
+    /// that; heartbeats every third of it).
+    #[arg(
+        long,
+        default_value_t = 300,
+        value_name = "MS",
+        help_heading = "Cluster"
+    )]
+    cluster_election_timeout_ms: u64,
+    /// Snapshot the state machine after this many entries (the Raft log
+    /// behind a snapshot is removed; a lagging node catches up from it).
+    #[arg(
+        long,
+        default_value_t = 50_000,
+        value_name = "ENTRIES",
+        help_heading = "Cluster"
+    )]
+    cluster_snapshot_every: u64,
+}
+
+impl ClusterFlags {
+    /// The cluster configuration, if cluster mode is asked for.
+    fn config(&self, addr: SocketAddr) -> Result<Option<ClusterConfig>, String> {
+        let Some(node_id) = self.cluster_node_id else {
+            if self.cluster_initial.is_some() || self.cluster_join.is_some() {
+                return Err("--cluster-initial and --cluster-join need --cluster-node-id".into());
+            }
+            return Ok(None);
+        };
+        if node_id == 0 {
+            return Err("--cluster-node-id must be 1 or more".into());
+        }
+        if self.cluster_election_timeout_ms < 50 {
+            return Err(format!(
+                "--cluster-election-timeout-ms {} is below 50",
+                self.cluster_election_timeout_ms
+            ));
+        }
+        let raft_addr = match self.cluster_raft_addr {
+            Some(a) => a,
+            None => {
+                let port = addr.port().checked_add(10_000).ok_or_else(|| {
+                    format!(
+                        "--addr port {} leaves no room for the default Raft port (+10000):                          set --cluster-raft-addr",
+                        addr.port()
+                    )
+                })?;
+                SocketAddr::new(addr.ip(), port)
+            }
+        };
+        let member = Member {
+            raft_addr: self
+                .cluster_advertise_raft
+                .clone()
+                .unwrap_or_else(|| raft_addr.to_string()),
+            client_addr: self
+                .cluster_advertise
+                .clone()
+                .unwrap_or_else(|| addr.to_string()),
+        };
+        let initial = match &self.cluster_initial {
+            Some(text) => parse_members(text).map_err(|e| format!("--cluster-initial: {e}"))?,
+            None => Default::default(),
+        };
+        if !initial.is_empty() && !initial.contains_key(&node_id) {
+            return Err(format!(
+                "--cluster-initial does not list this node (--cluster-node-id {node_id})"
+            ));
+        }
+        if !initial.is_empty() && self.cluster_join.is_some() {
+            return Err("--cluster-initial and --cluster-join exclude each other".into());
+        }
+        Ok(Some(ClusterConfig {
+            node_id,
+            raft_addr,
+            member,
+            initial,
+            join: self.cluster_join.clone(),
+            election_timeout: Duration::from_millis(self.cluster_election_timeout_ms),
+            snapshot_every: self.cluster_snapshot_every.max(1),
+            raft_segment_bytes: 64 << 20,
+        }))
+    }
+}
+
+/// The metrics endpoint's port when --metrics-addr names only a host.
+const DEFAULT_METRICS_PORT: u16 = 9379;
+
+fn metrics_addr(text: &str) -> Result<SocketAddr, String> {
+    parse_addr_with_port(text, DEFAULT_METRICS_PORT)
 }
 
 fn size_u64(text: &str) -> Result<u64, String> {
@@ -162,23 +319,95 @@ struct DumpArgs {
 }
 
 impl ServeArgs {
-    fn config(self) -> ServeConfig {
+    /// The configuration these flags describe; an error names the flags.
+    fn config(self) -> Result<ServeConfig, String> {
+        let mut addr = self.addr;
+        if let Some(port) = self.port {
+            addr.set_port(port);
+        }
         // An entry holds one request's payloads: as large as a request may
-        // be, and at most half a segment.
-        let max_entry = (self.max_bulk_bytes.max(self.max_payload as usize) + 4096)
-            .min(usize::try_from(self.segment_bytes / 2).unwrap_or(usize::MAX));
+        // be, and at most half a segment (so a segment holds two).
+        let half_segment = usize::try_from(self.segment_bytes / 2).unwrap_or(usize::MAX);
+        // A record needs its payload plus the entry's name and headers.
+        const RECORD_OVERHEAD: usize = 4096;
+        let fits = half_segment.saturating_sub(RECORD_OVERHEAD);
+        let max_payload = match self.max_payload {
+            Some(p) if p as usize > fits => {
+                return Err(format!(
+                    "--max-payload ({p} bytes) does not fit --segment-bytes ({} bytes): a record \
+                     must fit half a segment with 4 KiB to spare. Lower --max-payload to at most \
+                     {fits} or raise --segment-bytes to at least {}",
+                    self.segment_bytes,
+                    (u64::from(p) + RECORD_OVERHEAD as u64) * 2
+                ));
+            }
+            Some(p) => p,
+            // The default, 1 MiB, shrinks to what a small segment holds.
+            None => u32::try_from(fits.min(1 << 20)).unwrap_or(1 << 20),
+        };
+        // --max-bulk-bytes left at its default follows a smaller segment.
+        let max_entry =
+            (self.max_bulk_bytes.max(max_payload as usize) + RECORD_OVERHEAD).min(half_segment);
         let engine = fencelog::Options {
-            max_payload_bytes: self.max_payload,
+            max_payload_bytes: max_payload,
             wal: fencelog::WalOptions {
                 segment_bytes: self.segment_bytes,
                 max_entry_bytes: u32::try_from(max_entry).unwrap_or(u32::MAX),
+                max_open_segments: self.max_open_segments,
                 ..fencelog::WalOptions::default()
             },
             ..fencelog::Options::default()
         };
-        ServeConfig {
+        let cluster = self.cluster.config(addr)?;
+        let mut flags: Vec<(String, String)> = vec![
+            ("dir".into(), self.dir.display().to_string()),
+            ("addr".into(), addr.to_string()),
+            ("port".into(), addr.port().to_string()),
+            (
+                "metrics-addr".into(),
+                self.metrics_addr.map(|a| a.to_string()).unwrap_or_default(),
+            ),
+            (
+                "allow-unauthenticated-remote".into(),
+                yes_no(self.allow_unauthenticated_remote),
+            ),
+            ("max-payload".into(), max_payload.to_string()),
+            ("max-bulk-bytes".into(), self.max_bulk_bytes.to_string()),
+            ("max-args".into(), self.max_args.to_string()),
+            ("max-inline-bytes".into(), self.max_inline_bytes.to_string()),
+            ("max-query-buffer".into(), self.max_query_buffer.to_string()),
+            ("max-read-bytes".into(), self.max_read_bytes.to_string()),
+            ("max-pipeline".into(), self.max_pipeline.to_string()),
+            ("max-connections".into(), self.max_connections.to_string()),
+            ("segment-bytes".into(), self.segment_bytes.to_string()),
+            (
+                "max-open-segments".into(),
+                self.max_open_segments.to_string(),
+            ),
+            (
+                "shutdown-grace-secs".into(),
+                self.shutdown_grace_secs.to_string(),
+            ),
+        ];
+        if let Some(c) = &cluster {
+            flags.extend([
+                ("cluster-node-id".into(), c.node_id.to_string()),
+                ("cluster-raft-addr".into(), c.raft_addr.to_string()),
+                ("cluster-advertise".into(), c.member.client_addr.clone()),
+                ("cluster-advertise-raft".into(), c.member.raft_addr.clone()),
+                (
+                    "cluster-election-timeout-ms".into(),
+                    c.election_timeout.as_millis().to_string(),
+                ),
+                (
+                    "cluster-snapshot-every".into(),
+                    c.snapshot_every.to_string(),
+                ),
+            ]);
+        }
+        Ok(ServeConfig {
             dir: self.dir,
-            addr: self.addr,
+            addr,
             requirepass: self.requirepass,
             metrics_addr: self.metrics_addr,
             allow_unauthenticated_remote: self.allow_unauthenticated_remote,
@@ -195,8 +424,14 @@ impl ServeArgs {
             max_pipeline: self.max_pipeline,
             max_connections: self.max_connections,
             shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
-        }
+            flags,
+            cluster,
+        })
     }
+}
+
+fn yes_no(b: bool) -> String {
+    if b { "yes" } else { "no" }.into()
 }
 
 impl VerifyArgs {
@@ -221,19 +456,23 @@ impl DumpArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("FENCELOG_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    if let Err(e) = fencelog_server::logging::init(&cli.log) {
+        eprintln!("fencelog: {e}");
+        return ExitCode::from(2);
+    }
     match cli.command {
-        Command::Serve(args) => serve(args.config()),
+        Command::Serve(args) => match args.config() {
+            Ok(config) => serve(config),
+            Err(e) => {
+                eprintln!("fencelog serve: {e}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Repair(args) => fencelog_server::repair::run(&args),
         Command::Verify(args) => verify::run(&args.dir, &args.options()),
         Command::Dump(args) => dump::run(&args.dir, &args.options()),
         Command::Bench(args) => fencelog_server::bench::run(args),
+        Command::Cluster(args) => fencelog_server::cluster::cli::run(args),
     }
 }
 

@@ -16,7 +16,6 @@ use crate::budget::ClientMemory;
 use crate::commands::Context;
 use crate::config::ServeConfig;
 use crate::connection;
-use crate::info;
 use crate::shutdown::{self, Shutdown};
 
 /// Counters of the server itself (the engine keeps its own).
@@ -35,6 +34,8 @@ pub struct ServerStats {
     pub output_buffer_limit_disconnections: AtomicU64,
     /// Connections closed for looking like HTTP.
     pub http_requests_refused: AtomicU64,
+    /// Connections waiting in `BLOCK` or `WAIT` now.
+    pub blocked_clients: AtomicU64,
     pub started: std::time::Instant,
 }
 
@@ -52,6 +53,7 @@ impl ServerStats {
             query_buffer_limit_disconnections: AtomicU64::new(0),
             output_buffer_limit_disconnections: AtomicU64::new(0),
             http_requests_refused: AtomicU64::new(0),
+            blocked_clients: AtomicU64::new(0),
             started: std::time::Instant::now(),
         }
     }
@@ -76,12 +78,57 @@ impl Server {
     pub async fn bind(mut config: ServeConfig) -> Result<Server, String> {
         config.check()?;
         fit_open_files(&mut config);
+        // Listeners first: a taken port must fail before the data directory
+        // is created or a segment preallocated (a failed start leaves
+        // nothing behind).
+        let listener = TcpListener::bind(config.addr)
+            .await
+            .map_err(|e| format!("cannot listen on {} (--addr): {e}", config.addr))?;
+        let metrics =
+            match config.metrics_addr {
+                Some(addr) => Some(TcpListener::bind(addr).await.map_err(|e| {
+                    format!("cannot serve metrics on {addr} (--metrics-addr): {e}")
+                })?),
+                None => None,
+            };
         let engine = config.engine.clone();
         let dir = config.dir.clone();
-        let log = tokio::task::spawn_blocking(move || fencelog::Log::open(&dir, engine))
+        let created = first_missing_ancestor(&dir);
+        if let Some(cluster) = config.cluster.clone() {
+            return match crate::cluster::Cluster::start(cluster, &config.dir, engine).await {
+                Ok(cluster) => Ok(Server::with(
+                    config,
+                    cluster.log(),
+                    Some(Arc::new(cluster)),
+                    listener,
+                    metrics,
+                )),
+                Err(e) => {
+                    if let Some(created) = created {
+                        let _ = std::fs::remove_dir_all(&created);
+                    }
+                    Err(e)
+                }
+            };
+        }
+        let opened = tokio::task::spawn_blocking(move || fencelog::Log::open(&dir, engine))
             .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("cannot open {}: {e}", config.dir.display()))?;
+            .map_err(|e| e.to_string())?;
+        let log = match opened {
+            Ok(log) => log,
+            Err(e) => {
+                // Whatever this start created goes again; a directory that
+                // was there is left as it was.
+                if let Some(created) = created {
+                    let _ = std::fs::remove_dir_all(&created);
+                }
+                return Err(format!(
+                    "cannot open {} (--dir): {}",
+                    config.dir.display(),
+                    crate::config::engine_error_in_flags(&e)
+                ));
+            }
+        };
         let report = log.recovery_report();
         tracing::info!(
             dir = %config.dir.display(),
@@ -90,31 +137,32 @@ impl Server {
             "log opened"
         );
         if let Some(cut) = &report.cut {
-            tracing::warn!(file = %cut.file.display(), position = cut.position, kind = ?cut.kind, reason = %cut.reason, "recovery cut the log");
+            tracing::warn!(event = "recovery_cut", file = %cut.file.display(), position = cut.position, kind = ?cut.kind, reason = %cut.reason, bytes_cut = cut.bytes_cut, entries_cut = cut.entries_cut, token_floor = report.marks.floor, "recovery cut the log");
         }
-        let listener = TcpListener::bind(config.addr)
-            .await
-            .map_err(|e| format!("cannot listen on {}: {e}", config.addr))?;
-        let metrics = match config.metrics_addr {
-            Some(addr) => Some(
-                TcpListener::bind(addr)
-                    .await
-                    .map_err(|e| format!("cannot serve metrics on {addr}: {e}"))?,
-            ),
-            None => None,
-        };
-        let stats = ServerStats::new();
+        Ok(Server::with(config, log, None, listener, metrics))
+    }
+
+    fn with(
+        config: ServeConfig,
+        log: fencelog::Log,
+        cluster: Option<Arc<crate::cluster::Cluster>>,
+        listener: TcpListener,
+        metrics: Option<TcpListener>,
+    ) -> Server {
         let clients = Arc::new(ClientMemory::new(config.maxmemory_clients_bytes));
-        Ok(Server {
+        Server {
             ctx: Arc::new(Context {
                 log,
                 config,
-                stats,
+                stats: ServerStats::new(),
                 clients,
+                registry: Arc::new(crate::clients::Registry::default()),
+                events: crate::commands::EventLimits::default(),
+                cluster,
             }),
             listener,
             metrics,
-        })
+        }
     }
 
     /// The address clients connect to.
@@ -142,8 +190,17 @@ impl Server {
             tokio::spawn(serve_metrics(Arc::clone(&ctx), metrics, shutdown.clone()))
         });
         tracing::info!(addr = %listener.local_addr().map_err(|e| e.to_string())?, "serving");
+        // A node started empty with --cluster-join asks to be added, while
+        // it serves (answering TRYAGAIN until it is).
+        let join = ctx
+            .cluster
+            .clone()
+            .map(|c| tokio::spawn(async move { c.join().await }));
         tokio::pin!(stop);
         let mut next_id = 1u64;
+        // Leases granted here whose ttl ran out: logged once a second.
+        let mut lease_sweep = tokio::time::interval(std::time::Duration::from_secs(1));
+        lease_sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 accepted = listener.accept() => {
@@ -158,6 +215,15 @@ impl Server {
                     };
                     let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
                         ctx.stats.connections_refused.fetch_add(1, Ordering::Relaxed);
+                        if let Some(suppressed) = ctx.events.refused.admit() {
+                            tracing::warn!(
+                                event = "connection_refused",
+                                client_addr = %peer,
+                                max_connections = ctx.config.max_connections,
+                                suppressed,
+                                "connection refused: --max-connections reached"
+                            );
+                        }
                         refusals.spawn(refuse(stream));
                         continue;
                     };
@@ -177,6 +243,7 @@ impl Server {
                 }
                 Some(_) = connections.join_next(), if !connections.is_empty() => {}
                 Some(_) = refusals.join_next(), if !refusals.is_empty() => {}
+                _ = lease_sweep.tick() => crate::commands::sweep_expired_leases(&ctx),
                 () = &mut stop => break,
             }
         }
@@ -205,6 +272,13 @@ impl Server {
             // It aborts and waits for its own scrapes before it returns.
             let _ = task.await;
         }
+        if let Some(join) = join {
+            join.abort();
+            let _ = join.await;
+        }
+        if let Some(cluster) = &ctx.cluster {
+            cluster.shutdown().await;
+        }
         // The last handle: dropping it syncs what was submitted and stops
         // the log's threads. Off the runtime: it blocks.
         let ctx = Arc::try_unwrap(ctx).map_err(|ctx| {
@@ -220,6 +294,19 @@ impl Server {
         tracing::info!("stopped");
         Ok(())
     }
+}
+
+/// The outermost directory of `dir` that does not exist yet (what opening
+/// it would create), if any.
+fn first_missing_ancestor(dir: &std::path::Path) -> Option<std::path::PathBuf> {
+    let mut missing = None;
+    for a in dir.ancestors() {
+        if a.as_os_str().is_empty() || a.exists() {
+            break;
+        }
+        missing = Some(a.to_path_buf());
+    }
+    missing
 }
 
 /// A connection being served: counted in `connections_now` and holding its
@@ -300,17 +387,39 @@ async fn metrics_request(ctx: &Context, mut stream: TcpStream) -> std::io::Resul
         len += n;
     }
     let line = buf[..len].split(|&b| b == b'\r').next().unwrap_or_default();
-    let (status, body) = if line.starts_with(b"GET /metrics ") || line == b"GET /metrics" {
-        ("200 OK", info::prometheus(ctx))
+    let mut words = line.split(|&b| b == b' ');
+    let (method, path) = (
+        words.next().unwrap_or_default(),
+        words.next().unwrap_or_default(),
+    );
+    // The path without a query string (`/metrics?x=1` is still metrics).
+    let path = path.split(|&b| b == b'?').next().unwrap_or_default();
+    let (status, content_type, body) = match (method, path) {
+        (b"GET" | b"HEAD", b"/metrics") => match crate::metrics::exposition(ctx) {
+            Ok(text) => ("200 OK", crate::metrics::CONTENT_TYPE, text),
+            Err(e) => ("500 Internal Server Error", "text/plain", format!("{e}\n")),
+        },
+        (b"GET" | b"HEAD", _) => ("404 Not Found", "text/plain", "try /metrics\n".to_string()),
+        _ => (
+            "405 Method Not Allowed",
+            "text/plain",
+            "GET or HEAD /metrics\n".to_string(),
+        ),
+    };
+    let allow = if status.starts_with("405") {
+        "allow: GET, HEAD\r\n"
     } else {
-        ("404 Not Found", "try /metrics\n".to_string())
+        ""
     };
     let head = format!(
-        "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        "HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n{allow}connection: close\r\n\r\n",
         body.len()
     );
     stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body.as_bytes()).await?;
+    // HEAD: the same headers, no body.
+    if method != b"HEAD" {
+        stream.write_all(body.as_bytes()).await?;
+    }
     stream.shutdown().await
 }
 

@@ -56,6 +56,16 @@ impl Multi {
     pub fn bytes(&self) -> usize {
         self.bytes
     }
+
+    /// Commands queued.
+    pub fn len(&self) -> usize {
+        self.queued.len()
+    }
+
+    /// Whether nothing is queued.
+    pub fn is_empty(&self) -> bool {
+        self.queued.is_empty()
+    }
 }
 
 /// One queued command.
@@ -204,10 +214,12 @@ pub async fn exec(ctx: &Arc<Context>, a: &[Bytes], session: &mut Session) -> Out
     let mut after = Vec::new();
     let mut ops = Vec::new();
     let mut op_places = Vec::new();
+    let mut op_streams: Vec<Bytes> = Vec::new();
     for (place, queued) in multi.queued.into_iter().enumerate() {
         match queued {
             Queued::Write(op) => {
                 op_places.push(place);
+                op_streams.push(commands::op_stream(&op).clone());
                 ops.push(op);
             }
             Queued::Other(args) if ops.is_empty() => before.push((place, args)),
@@ -226,9 +238,16 @@ pub async fn exec(ctx: &Arc<Context>, a: &[Bytes], session: &mut Session) -> Out
     let applied = !ops.is_empty();
     if applied {
         ctx.stats.transactions.fetch_add(1, Ordering::Relaxed);
-        let decided = match ctx.log.transact_deferred(ops).await {
-            Ok(answer) => answer.await,
-            Err(e) => Err(e),
+        let decided = match &ctx.cluster {
+            Some(cluster) => match crate::cluster::route::transact(cluster, ops).await {
+                Ok(decided) => decided,
+                // Not the leader (MOVED, TRYAGAIN) or the fate unknown.
+                Err(reply) => return Outcome::Reply(reply),
+            },
+            None => match ctx.log.transact_deferred(ops).await {
+                Ok(answer) => answer.await,
+                Err(e) => Err(e),
+            },
         };
         match decided {
             Ok(values) => {
@@ -240,6 +259,9 @@ pub async fn exec(ctx: &Arc<Context>, a: &[Bytes], session: &mut Session) -> Out
                 ctx.stats
                     .transactions_aborted
                     .fetch_add(1, Ordering::Relaxed);
+                if let Some(stream) = op_streams.get(index) {
+                    commands::note_error(ctx, &session.tag(), stream, &cause);
+                }
                 let rejected = op_places.get(index).copied();
                 return Outcome::Reply(Reply::Array(
                     (0..n)
@@ -282,8 +304,9 @@ pub async fn exec(ctx: &Arc<Context>, a: &[Bytes], session: &mut Session) -> Out
 async fn run_queued(ctx: &Arc<Context>, session: &mut Session, args: &[Bytes]) -> Reply {
     match commands::run(ctx, session, args).await {
         Outcome::Reply(r) | Outcome::Close(r) => r,
-        Outcome::Blocking(b) => b.without_wait().run(ctx.log.clone()).await,
+        Outcome::Blocking(b) => b.without_wait().run(ctx.engine().into_owned()).await,
         Outcome::Later(later) => later.reply().await,
+        Outcome::Replicated(answer) => answer.await,
         Outcome::OverOutputLimit { .. } => {
             Reply::Error("ERR the reply is over the client output buffer limit".into())
         }

@@ -43,7 +43,7 @@ fn against_a_server_with_json() {
         "{json}"
     );
     // The server saw it: stale rejections counted.
-    let info = redis_cli(server.addr, &["INFO", "log"]);
+    let info = String::from_utf8_lossy(server.client().cmd(&["INFO", "log"]).bulk()).into_owned();
     let stale: u64 = info
         .lines()
         .find_map(|l| l.strip_prefix("stale_rejections:"))
@@ -52,4 +52,48 @@ fn against_a_server_with_json() {
         .parse()
         .unwrap();
     assert!(stale > 0, "{info}");
+}
+
+#[test]
+fn a_run_against_a_server_deletes_what_it_wrote() {
+    //! `bench --addr` once left about 100 streams of records on the server
+    //! per run.
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(dir.path(), &[]);
+    bench(&["--addr", &server.addr.to_string()]);
+    let mut c = server.client();
+    let streams = c.cmd(&["LOG.STREAMS"]);
+    assert!(!streams.array().is_empty());
+    for s in streams.array() {
+        let name = String::from_utf8_lossy(s.bulk()).to_string();
+        let stat = c.cmd(&["LOG.STAT", &name]);
+        // records is the 4th pair of the flat field/value array.
+        assert_eq!(stat.array()[7], Value::Int(0), "{name}: {stat:?}");
+    }
+}
+
+#[test]
+fn prints_only_what_it_measured_and_compares_with_redis_in_the_same_run() {
+    //! The table once printed fixed Redis and PostgreSQL figures from
+    //! another day beside every result.
+    let table = bench(&["--workload", "append"]);
+    assert!(!table.to_lowercase().contains("elsewhere"), "{table}");
+    assert!(
+        !table.contains("PostgreSQL") && !table.contains("Redis"),
+        "{table}"
+    );
+    if std::process::Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        return missing("redis-server", "apt-get install redis-server");
+    }
+    let table = bench(&["--compare-redis", "--runs", "2"]);
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("append"))
+        .unwrap_or_else(|| panic!("{table}"));
+    assert!(row.contains('x'), "a ratio: {table}");
+    assert!(table.contains("redis CPU s/M"), "{table}");
 }

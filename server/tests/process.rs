@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -169,25 +168,4 @@ fn a_non_loopback_address_needs_a_password_or_a_deliberate_flag() {
     // to a non-loopback address).
     let server = ServerProcess::start(dir.path(), &["--requirepass", "pw"]);
     drop(server);
-}
-
-#[test]
-fn the_metrics_endpoint_serves_prometheus_text() {
-    let dir = tempfile::tempdir().unwrap();
-    let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let metrics_addr = probe.local_addr().unwrap();
-    drop(probe);
-    let server = ServerProcess::start(dir.path(), &["--metrics-addr", &metrics_addr.to_string()]);
-    let mut c = server.client();
-    c.cmd(&["LOG.APPEND", "s", "5", "x"]);
-    c.cmd(&["LOG.APPEND", "s", "4", "late"]);
-    let mut http = std::net::TcpStream::connect(metrics_addr).unwrap();
-    http.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
-        .unwrap();
-    let mut body = String::new();
-    http.read_to_string(&mut body).unwrap();
-    assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
-    assert!(body.contains("fencelog_appends 1\n"), "{body}");
-    assert!(body.contains("fencelog_stale_rejections 1\n"), "{body}");
-    assert!(body.contains("fencelog_fsync_seconds_count"), "{body}");
 }

@@ -1,4 +1,7 @@
-//! Helpers shared by the integration tests in `tests/`.
+//! Helpers shared by the integration tests in `tests/`, and the history
+//! checker the cluster's fault tests use.
+
+pub mod history;
 
 use std::path::Path;
 

@@ -2,6 +2,8 @@
 //! RESP client to talk to it.
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -41,11 +43,10 @@ impl ServerProcess {
                 let mut tx = Some(tx);
                 for line in BufReader::new(stderr).lines() {
                     let Ok(line) = line else { break };
-                    if let Some(i) = line.find("serving addr=") {
-                        let addr = line[i + "serving addr=".len()..].trim().to_string();
-                        if let Some(tx) = tx.take() {
-                            let _ = tx.send(addr);
-                        }
+                    if let Some(addr) = serving_addr(&line)
+                        && let Some(tx) = tx.take()
+                    {
+                        let _ = tx.send(addr);
                     }
                     log.lock().unwrap().push_str(&line);
                     log.lock().unwrap().push('\n');
@@ -116,6 +117,19 @@ impl ServerProcess {
             std::thread::sleep(Duration::from_millis(10));
         }
     }
+}
+
+/// The address in the server's "serving" line, text or JSON.
+fn serving_addr(line: &str) -> Option<String> {
+    if let Some(i) = line.find("serving addr=") {
+        return Some(line[i + "serving addr=".len()..].trim().to_string());
+    }
+    if line.contains("\"message\":\"serving\"") {
+        let i = line.find("\"addr\":\"")? + "\"addr\":\"".len();
+        let end = line[i..].find('"')?;
+        return Some(line[i..i + end].to_string());
+    }
+    None
 }
 
 impl Drop for ServerProcess {
@@ -275,6 +289,19 @@ pub fn target_dir() -> PathBuf {
         Some(dir) => PathBuf::from(dir),
         None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"),
     }
+}
+
+/// Whether `tool` runs (`tool --version`); if not, [`missing`] says so
+/// (and fails in CI).
+pub fn have(tool: &str, how: &str) -> bool {
+    let ok = Command::new(tool)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        missing(tool, how);
+    }
+    ok
 }
 
 /// A tool a test needs is missing: in CI (`CI=true`) the test fails

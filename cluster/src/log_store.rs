@@ -1,0 +1,449 @@
+//! The Raft log, on fencelog's write-ahead log: group commit kept (one
+//! `fdatasync` per batch of entries, on every replica), the vote synced
+//! before Raft goes on, truncation and purge as entries of the same log.
+//!
+//! ```text
+//! // record: { kind: u8 | … }
+//! //   1 Entry:     { index: u64 | term: u64 | node: u64 | entry: bincode(openraft Entry) }
+//! //   2 Vote:      { vote: bincode(Vote) }
+//! //   3 Truncate:  { from_index: u64 }          entries from this index on are gone
+//! //   4 Purge:     { upto: bincode(LogId) }     entries up to this id are no longer needed
+//! //   5 Committed: { committed: bincode(Option<LogId>) }
+//! // checkpoint: bincode(Checkpoint)  (vote, committed, last purged, and where every live entry is)
+//! ```
+//!
+//! The log is append-only: a truncation is an entry saying so, and replay
+//! forgets what it truncates. What memory holds is where each entry not yet
+//! purged is (a few dozen bytes each); Raft purges entries once a snapshot
+//! holds them, so that stays bounded. Segments whose entries are all purged
+//! are removed once a newer checkpoint is durable.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::io;
+use std::ops::RangeBounds;
+use std::path::Path;
+use std::sync::Arc;
+
+use fencelog_wal::{EntryKind, FsStorage, Replay, Sequencer, Wal, WalError, WalOptions};
+use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
+use openraft::{AnyError, Entry, LogId, StorageError, StorageIOError, Vote};
+use serde::{Deserialize, Serialize};
+
+use crate::types::{NodeId, TypeConfig};
+
+const ENTRY: u8 = 1;
+const VOTE: u8 = 2;
+const TRUNCATE: u8 = 3;
+const PURGE: u8 = 4;
+const COMMITTED: u8 = 5;
+/// kind + index + term + node.
+const ENTRY_HEADER: usize = 25;
+
+/// Where an entry is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct Loc {
+    term: u64,
+    node: u64,
+    segment: u64,
+    position: u64,
+}
+
+/// The Raft log's state, inside the WAL's serialized section.
+#[derive(Default, Serialize, Deserialize)]
+pub(crate) struct RaftLogState {
+    vote: Option<Vote<NodeId>>,
+    committed: Option<LogId<NodeId>>,
+    last_purged: Option<LogId<NodeId>>,
+    entries: BTreeMap<u64, Loc>,
+    /// Each segment's highest entry index (for removal once purged).
+    segment_max: BTreeMap<u64, u64>,
+}
+
+fn log_id(index: u64, loc: &Loc) -> LogId<NodeId> {
+    LogId::new(openraft::CommittedLeaderId::new(loc.term, loc.node), index)
+}
+
+impl RaftLogState {
+    fn last_log_id(&self) -> Option<LogId<NodeId>> {
+        self.entries
+            .iter()
+            .next_back()
+            .map(|(i, loc)| log_id(*i, loc))
+            .or(self.last_purged)
+    }
+
+    fn truncate(&mut self, from: u64) {
+        self.entries.split_off(&from);
+    }
+
+    fn purge(&mut self, upto: LogId<NodeId>) {
+        let keep = self.entries.split_off(&(upto.index + 1));
+        self.entries = keep;
+        if self.last_purged.is_none_or(|p| p.index < upto.index) {
+            self.last_purged = Some(upto);
+        }
+    }
+
+    /// Applies one record (a decision, or replay).
+    fn apply(&mut self, kind: u8, body: &[u8], segment: u64, position: u64) -> Result<(), String> {
+        match kind {
+            ENTRY => {
+                if body.len() < ENTRY_HEADER - 1 {
+                    return Err("a truncated entry record".into());
+                }
+                let u = |at: usize| {
+                    let mut a = [0u8; 8];
+                    a.copy_from_slice(&body[at..at + 8]);
+                    u64::from_le_bytes(a)
+                };
+                let (index, term, node) = (u(0), u(8), u(16));
+                // A new entry at an index replaces whatever was there and
+                // after (Raft appends only after truncating a conflict).
+                self.truncate(index);
+                self.entries.insert(
+                    index,
+                    Loc {
+                        term,
+                        node,
+                        segment,
+                        position,
+                    },
+                );
+                let m = self.segment_max.entry(segment).or_default();
+                *m = (*m).max(index);
+            }
+            VOTE => self.vote = Some(bincode::deserialize(body).map_err(|e| e.to_string())?),
+            TRUNCATE => {
+                let mut a = [0u8; 8];
+                a.copy_from_slice(body.get(..8).ok_or("a truncated truncate record")?);
+                self.truncate(u64::from_le_bytes(a));
+            }
+            PURGE => self.purge(bincode::deserialize(body).map_err(|e| e.to_string())?),
+            COMMITTED => {
+                self.committed = bincode::deserialize(body).map_err(|e| e.to_string())?;
+            }
+            other => return Err(format!("unknown Raft log record kind {other}")),
+        }
+        Ok(())
+    }
+}
+
+impl Sequencer for RaftLogState {
+    type Effect = ();
+
+    /// A checkpoint when the log since the last one is at least eight times
+    /// its size, else a link (as the engine does).
+    fn checkpoint(&mut self, _segment: u64, since: u64) -> Option<Vec<u8>> {
+        let estimate = 64 + 40 * self.entries.len() as u64;
+        if since > 0 && since < estimate.saturating_mul(8) {
+            return None;
+        }
+        bincode::serialize(self).ok()
+    }
+
+    fn seal(&mut self, _segment: u64) -> (Vec<u8>, Option<()>) {
+        (Vec::new(), None)
+    }
+}
+
+fn build(replay: Replay<'_>) -> Result<RaftLogState, WalError> {
+    let mut state = RaftLogState::default();
+    for e in replay.entries() {
+        match e.kind {
+            EntryKind::Checkpoint => {
+                state = bincode::deserialize(&e.payload)
+                    .map_err(|why| e.corrupt(format!("a Raft log checkpoint: {why}")))?;
+            }
+            EntryKind::Link => {}
+            EntryKind::Record => {
+                let (&kind, body) = e
+                    .payload
+                    .split_first()
+                    .ok_or_else(|| e.corrupt("an empty Raft log record"))?;
+                state
+                    .apply(kind, body, e.segment, e.position)
+                    .map_err(|why| e.corrupt(why))?;
+            }
+        }
+    }
+    Ok(state)
+}
+
+/// The Raft log store: a handle on the WAL (clones share it).
+#[derive(Clone)]
+pub struct LogStore {
+    wal: Arc<Wal<RaftLogState>>,
+    max_request: usize,
+}
+
+/// An entry is at most half a segment, and at most 64 MiB.
+fn opts_max_entry(segment_bytes: u64) -> u32 {
+    u32::try_from((segment_bytes / 2).min(64 << 20)).unwrap_or(u32::MAX)
+}
+
+fn io_err(e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(e.to_string())
+}
+
+fn write_err(e: impl std::error::Error + 'static) -> StorageError<NodeId> {
+    StorageIOError::write_logs(AnyError::new(&e)).into()
+}
+
+fn read_err(e: impl std::error::Error + 'static) -> StorageError<NodeId> {
+    StorageIOError::read_logs(AnyError::new(&e)).into()
+}
+
+impl LogStore {
+    /// Opens (or creates) the Raft log in `dir`.
+    pub fn open(dir: &Path, segment_bytes: u64) -> Result<LogStore, WalError> {
+        let opts = WalOptions {
+            segment_bytes,
+            max_entry_bytes: opts_max_entry(segment_bytes),
+            ..WalOptions::default()
+        };
+        let (wal, report) = Wal::open(Arc::new(FsStorage), dir, opts, build)?;
+        if let Some(cut) = &report.cut {
+            // Raft assumes what it acknowledged stays: a cut here is a
+            // damaged disk, said loudly (the replica catches up again from
+            // the leader, but a vote or an entry it acknowledged is gone).
+            tracing::error!(?cut, dir = %dir.display(), "the Raft log was damaged and cut");
+        }
+        Ok(LogStore {
+            wal: Arc::new(wal),
+            max_request: (opts_max_entry(segment_bytes) as usize)
+                .saturating_sub(ENTRY_HEADER + 256),
+        })
+    }
+
+    /// The last entry this node knows committed (as Raft last told it).
+    pub fn committed(&self) -> Option<u64> {
+        self.wal.with_state(|s| s.committed.map(|c| c.index))
+    }
+
+    /// The largest request (encoded) an entry of this log holds.
+    pub fn max_request_bytes(&self) -> usize {
+        self.max_request
+    }
+
+    /// Writes a record (not waiting for it to be durable).
+    async fn record(&self, kind: u8, body: &[u8]) -> Result<fencelog_wal::Ticket, WalError> {
+        self.wal
+            .submit_async(|w| {
+                let at = w.append(1 + body.len(), |buf| {
+                    buf[0] = kind;
+                    buf[1..].copy_from_slice(body);
+                })?;
+                w.state()
+                    .apply(kind, body, at.segment, at.position)
+                    .map_err(|why| WalError::Io {
+                        op: "apply a Raft log record",
+                        path: Default::default(),
+                        source: io_err(why),
+                    })?;
+                Ok::<_, WalError>(w.ticket())
+            })
+            .await?
+    }
+
+    /// Removes segments whose every entry is purged (once recovery no
+    /// longer needs them), off the async runtime.
+    fn collect(&self) {
+        let wal = Arc::clone(&self.wal);
+        let purged = wal.with_state(|s| s.last_purged.map(|p| p.index));
+        let Some(purged) = purged else { return };
+        let dead: Vec<u64> = wal.with_state(|s| {
+            s.segment_max
+                .iter()
+                .filter(|&(_, &max)| max <= purged)
+                .map(|(&seg, _)| seg)
+                .collect()
+        });
+        if dead.is_empty() {
+            return;
+        }
+        tokio::task::spawn_blocking(move || {
+            for seg in dead {
+                match wal.remove_segment(seg) {
+                    Ok(fencelog_wal::Removal::NotYet) => break,
+                    Ok(_) => {
+                        wal.with_state_mut(|s, _| {
+                            s.segment_max.remove(&seg);
+                        });
+                    }
+                    Err(e) => {
+                        tracing::warn!(segment = seg, error = %e, "removing a purged Raft log segment");
+                        break;
+                    }
+                }
+            }
+        });
+    }
+
+    fn read_entries(
+        &self,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
+        let locs: Vec<(u64, Loc)> = self
+            .wal
+            .with_state(|s| s.entries.range(start..end).map(|(i, l)| (*i, *l)).collect());
+        let mut out = Vec::with_capacity(locs.len());
+        for (index, loc) in locs {
+            let e = self
+                .wal
+                .read_entry(loc.segment, loc.position)
+                .map_err(read_err)?;
+            let body = e.payload.get(ENTRY_HEADER..).ok_or_else(|| {
+                StorageError::from(StorageIOError::read_log_at_index(
+                    index,
+                    AnyError::error("a truncated entry record"),
+                ))
+            })?;
+            let entry: Entry<TypeConfig> = bincode::deserialize(body).map_err(|e| {
+                StorageError::from(StorageIOError::read_log_at_index(index, AnyError::new(&*e)))
+            })?;
+            out.push(entry);
+        }
+        Ok(out)
+    }
+}
+
+fn bounds(range: &impl RangeBounds<u64>) -> (u64, u64) {
+    use std::ops::Bound;
+    let start = match range.start_bound() {
+        Bound::Included(&s) => s,
+        Bound::Excluded(&s) => s + 1,
+        Bound::Unbounded => 0,
+    };
+    let end = match range.end_bound() {
+        Bound::Included(&e) => e + 1,
+        Bound::Excluded(&e) => e,
+        Bound::Unbounded => u64::MAX,
+    };
+    (start, end)
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
+        let (start, end) = bounds(&range);
+        self.read_entries(start, end)
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError<NodeId>> {
+        Ok(self.wal.with_state(|s| LogState {
+            last_purged_log_id: s.last_purged,
+            last_log_id: s.last_log_id(),
+        }))
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError<NodeId>> {
+        let body = bincode::serialize(vote)
+            .map_err(|e| StorageError::from(StorageIOError::write_vote(AnyError::new(&*e))))?;
+        let ticket = self
+            .record(VOTE, &body)
+            .await
+            .map_err(|e| StorageError::from(StorageIOError::write_vote(AnyError::new(&e))))?;
+        // A vote is durable before Raft acts on it.
+        ticket
+            .await
+            .map_err(|e| StorageError::from(StorageIOError::write_vote(AnyError::new(&e))))
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError<NodeId>> {
+        Ok(self.wal.with_state(|s| s.vote))
+    }
+
+    async fn save_committed(
+        &mut self,
+        committed: Option<LogId<NodeId>>,
+    ) -> Result<(), StorageError<NodeId>> {
+        let body = bincode::serialize(&committed).map_err(|e| write_err(*e))?;
+        // Not waited for: a committed id lost in a crash is learned again.
+        let _unwaited = self.record(COMMITTED, &body).await.map_err(write_err)?;
+        Ok(())
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, StorageError<NodeId>> {
+        Ok(self.wal.with_state(|s| s.committed))
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError<NodeId>>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + Send,
+        I::IntoIter: Send,
+    {
+        // Encoded before the lock; written as one batch, synced once.
+        let mut encoded = Vec::new();
+        for e in entries {
+            let body = bincode::serialize(&e).map_err(|e| write_err(*e))?;
+            let mut rec = Vec::with_capacity(ENTRY_HEADER + body.len());
+            rec.push(ENTRY);
+            rec.extend_from_slice(&e.log_id.index.to_le_bytes());
+            rec.extend_from_slice(&e.log_id.leader_id.term.to_le_bytes());
+            rec.extend_from_slice(&e.log_id.leader_id.node_id.to_le_bytes());
+            rec.extend_from_slice(&body);
+            encoded.push(rec);
+        }
+        let ticket = self
+            .wal
+            .submit_async(|w| {
+                for rec in &encoded {
+                    let at = w.append(rec.len(), |buf| buf.copy_from_slice(rec))?;
+                    w.state()
+                        .apply(ENTRY, &rec[1..], at.segment, at.position)
+                        .map_err(|why| WalError::Io {
+                            op: "apply a Raft log entry",
+                            path: Default::default(),
+                            source: io_err(why),
+                        })?;
+                }
+                Ok::<_, WalError>(w.ticket())
+            })
+            .await
+            .map_err(write_err)?
+            .map_err(write_err)?;
+        tokio::spawn(async move {
+            let result = ticket.await.map_err(io_err);
+            callback.log_io_completed(result);
+        });
+        Ok(())
+    }
+
+    async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
+        // Not waited for: the WAL syncs in order, so any later entry that
+        // becomes durable carries this truncation with it.
+        let _unwaited = self
+            .record(TRUNCATE, &log_id.index.to_le_bytes())
+            .await
+            .map_err(write_err)?;
+        Ok(())
+    }
+
+    async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
+        let body = bincode::serialize(&log_id).map_err(|e| write_err(*e))?;
+        // Waited for: segments are removed only once the purge is durable.
+        self.record(PURGE, &body)
+            .await
+            .map_err(write_err)?
+            .await
+            .map_err(write_err)?;
+        self.collect();
+        Ok(())
+    }
+}

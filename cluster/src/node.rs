@@ -1,0 +1,393 @@
+//! One node of a cluster: its Raft log (fencelog's WAL), its state machine
+//! (the fencelog engine in cluster mode), the peer listener, and what the
+//! server asks of them.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{Config, ServerState, SnapshotPolicy};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+use crate::log_store::LogStore;
+use crate::network::{self, Network};
+use crate::state_machine::{Engine, StateMachine};
+use crate::types::{Member, NodeId, Raft, Request, Response, WireCommand};
+
+/// How a node is started.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// This node's id (1 and up; the same across restarts).
+    pub id: NodeId,
+    /// Its data directory: `raft/` (the Raft log) and `sm/` (the engine).
+    pub dir: PathBuf,
+    /// Where it listens for its peers' Raft messages.
+    pub raft_listen: SocketAddr,
+    /// This node as its peers and clients reach it.
+    pub member: Member,
+    /// The engine's options (cluster mode is set on them).
+    pub engine: fencelog::Options,
+    /// Segment size of the Raft log.
+    pub raft_segment_bytes: u64,
+    /// A follower that hears nothing from a leader for a time in this
+    /// range starts an election (ms).
+    pub election_timeout_ms: (u64, u64),
+    /// How often a leader sends heartbeats (ms).
+    pub heartbeat_ms: u64,
+    /// A snapshot after this many entries applied since the last one.
+    pub snapshot_every_entries: u64,
+}
+
+impl NodeConfig {
+    /// Defaults for a node: 8 MiB Raft segments, elections after 300–600 ms
+    /// of silence, heartbeats every 100 ms, a snapshot every 50 000 entries.
+    pub fn new(id: NodeId, dir: PathBuf, raft_listen: SocketAddr, member: Member) -> NodeConfig {
+        NodeConfig {
+            id,
+            dir,
+            raft_listen,
+            member,
+            engine: fencelog::Options::default(),
+            raft_segment_bytes: 8 << 20,
+            election_timeout_ms: (300, 600),
+            heartbeat_ms: 100,
+            snapshot_every_entries: 50_000,
+        }
+    }
+}
+
+/// Why a node could not start or act.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClusterError {
+    /// This node is not the leader; the leader, if known.
+    #[error("not the leader (leader: {leader:?})")]
+    NotLeader {
+        /// The leader's id and member, if this node knows one.
+        leader: Option<(NodeId, Member)>,
+    },
+    /// The engine failed.
+    #[error(transparent)]
+    Engine(#[from] fencelog::Error),
+    /// The Raft log failed.
+    #[error(transparent)]
+    Log(#[from] fencelog_wal::WalError),
+    /// Raft failed or refused (shutting down, a membership change under
+    /// way, …).
+    #[error("raft: {0}")]
+    Raft(String),
+    /// The write was proposed but its fate is unknown: the leader stopped
+    /// or lost its place before it could tell (the entry may yet commit
+    /// under the next leader, or may be gone). Not retried blindly: a
+    /// retry of an append may append twice (`LOG.APPENDAT` retries
+    /// safely).
+    #[error("the outcome of the write is unknown: {0}")]
+    Uncertain(String),
+    /// A request too large for one entry of the Raft log.
+    #[error("a request of {len} bytes (at most {max} in one replicated entry)")]
+    TooLarge {
+        /// Its encoded size.
+        len: u64,
+        /// The largest an entry holds.
+        max: u64,
+    },
+    /// An I/O error (binding the peer listener, …).
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A running node.
+pub struct Node {
+    id: NodeId,
+    raft: Raft,
+    engine: Engine,
+    log_store: LogStore,
+    max_request: u64,
+    started: Instant,
+    listener: parking_lot::Mutex<Option<JoinHandle<()>>>,
+}
+
+/// A write proposed, its answer to come (see [`Node::propose`]).
+pub type Proposal =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Response, ClusterError>> + Send>>;
+
+/// What `fencelog cluster status` shows of a node.
+#[derive(Debug, Clone)]
+pub struct Status {
+    /// This node.
+    pub id: NodeId,
+    /// Leader, follower, candidate, learner.
+    pub state: String,
+    /// The current term.
+    pub term: u64,
+    /// The leader, if known.
+    pub leader: Option<NodeId>,
+    /// The last entry of its log.
+    pub last_log_index: u64,
+    /// The last entry it knows committed.
+    pub committed: u64,
+    /// The last entry applied to its state machine.
+    pub last_applied: u64,
+    /// On the leader: ms since a quorum last acknowledged it.
+    pub millis_since_quorum_ack: Option<u64>,
+    /// On the leader: every member's last matched entry (lag = last log
+    /// index − matched).
+    pub matched: BTreeMap<NodeId, u64>,
+    /// The members: voters and learners, with their addresses.
+    pub members: BTreeMap<NodeId, (Member, bool)>,
+    /// The last entry in this node's snapshot.
+    pub snapshot_index: Option<u64>,
+    /// Snapshots installed since this node started.
+    pub snapshots_installed: u64,
+}
+
+impl Node {
+    /// Opens the node's logs and starts Raft and the peer listener.
+    pub async fn start(cfg: NodeConfig) -> Result<Node, ClusterError> {
+        let raft_dir = cfg.dir.join("raft");
+        let segment = cfg.raft_segment_bytes;
+        let log_store = tokio::task::spawn_blocking(move || LogStore::open(&raft_dir, segment))
+            .await
+            .map_err(|e| ClusterError::Raft(e.to_string()))??;
+        let max_request = log_store.max_request_bytes() as u64;
+        let log_store_view = log_store.clone();
+        let sm_dir = cfg.dir.clone();
+        let engine_opts = cfg.engine.clone();
+        let sm = tokio::task::spawn_blocking(move || StateMachine::open(&sm_dir, &engine_opts))
+            .await
+            .map_err(|e| ClusterError::Raft(e.to_string()))??;
+        let engine = sm.engine();
+        let config = Config {
+            cluster_name: "fencelog".into(),
+            election_timeout_min: cfg.election_timeout_ms.0,
+            election_timeout_max: cfg.election_timeout_ms.1,
+            heartbeat_interval: cfg.heartbeat_ms,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.snapshot_every_entries),
+            max_in_snapshot_log_to_keep: 1000,
+            max_payload_entries: 4096,
+            ..Config::default()
+        }
+        .validate()
+        .map_err(|e| ClusterError::Raft(e.to_string()))?;
+        let source = Some(cfg.raft_listen.ip()).filter(|ip| !ip.is_unspecified());
+        let raft = Raft::new(cfg.id, Arc::new(config), Network { source }, log_store, sm)
+            .await
+            .map_err(|e| ClusterError::Raft(e.to_string()))?;
+        let listener = TcpListener::bind(cfg.raft_listen)
+            .await
+            .map_err(|e| ClusterError::Io {
+                what: format!("listen for peers on {}", cfg.raft_listen),
+                source: e,
+            })?;
+        let listener = tokio::spawn(network::serve(listener, raft.clone()));
+        Ok(Node {
+            id: cfg.id,
+            raft,
+            engine,
+            log_store: log_store_view,
+            max_request,
+            started: Instant::now(),
+            listener: parking_lot::Mutex::new(Some(listener)),
+        })
+    }
+
+    /// Makes a new cluster of `members` (run once, on one node of a fresh
+    /// cluster; a node already initialized answers an error).
+    pub async fn initialize(&self, members: BTreeMap<NodeId, Member>) -> Result<(), ClusterError> {
+        self.raft
+            .initialize(members)
+            .await
+            .map_err(|e| ClusterError::Raft(e.to_string()))
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    /// The engine in use (reads go there, after [`Node::linearizable`]).
+    pub fn log(&self) -> fencelog::Log {
+        self.engine.log()
+    }
+
+    /// The leader's clock for a request: ms since this node started, never
+    /// 0 (0 means "no time" to the state machine).
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64 + 1
+    }
+
+    /// Proposes a write; answers once a majority holds it and it is applied
+    /// here (the leader's own decision), or says who leads.
+    pub async fn write(&self, cmd: WireCommand) -> Result<Response, ClusterError> {
+        self.propose(cmd).await?.await
+    }
+
+    /// Hands a write to Raft now, in the order of the calls (a
+    /// connection's pipelined writes keep their order), and answers a
+    /// future of its outcome: so many writes share a round of replication.
+    pub async fn propose(&self, cmd: WireCommand) -> Result<Proposal, ClusterError> {
+        let req = Request {
+            time_ms: self.now_ms(),
+            cmd,
+        };
+        // Refused here: an entry the log cannot hold would stop Raft.
+        let len = bincode::serialized_size(&req).map_err(|e| ClusterError::Raft(e.to_string()))?;
+        if len > self.max_request {
+            return Err(ClusterError::TooLarge {
+                len,
+                max: self.max_request,
+            });
+        }
+        // Not proposed at all unless this node leads: a follower's answer
+        // is certain (the write did not happen).
+        if self.raft.metrics().borrow().state != ServerState::Leader {
+            return Err(ClusterError::NotLeader {
+                leader: self.leader(),
+            });
+        }
+        let rx = self
+            .raft
+            .client_write_ff(req)
+            .await
+            .map_err(|e| ClusterError::Raft(e.to_string()))?;
+        Ok(Box::pin(async move {
+            match rx.await {
+                Ok(Ok(r)) => Ok(r.data),
+                // Refused by a leader deposed a moment ago, or appended and
+                // then cut from this log by a newer leader. In the second
+                // case another replica may still hold it and a later
+                // leader commit it (in a group of five): not certain.
+                Ok(Err(ClientWriteError::ForwardToLeader(_))) => Err(ClusterError::Uncertain(
+                    "this node stopped leading with the write in flight".into(),
+                )),
+                Ok(Err(e)) => Err(ClusterError::Raft(e.to_string())),
+                Err(_) => Err(ClusterError::Uncertain(
+                    "this node stopped before the write was decided".into(),
+                )),
+            }
+        }))
+    }
+
+    /// Waits until this node, as the leader, has applied every write
+    /// committed before now, confirmed by a quorum (Raft's ReadIndex: no
+    /// clock is trusted). A read after it misses no committed write.
+    pub async fn linearizable(&self) -> Result<(), ClusterError> {
+        match self.raft.ensure_linearizable().await {
+            Ok(_) => Ok(()),
+            Err(RaftError::APIError(openraft::error::CheckIsLeaderError::ForwardToLeader(f))) => {
+                Err(ClusterError::NotLeader {
+                    leader: f.leader_id.zip(f.leader_node),
+                })
+            }
+            Err(e) => Err(ClusterError::Raft(e.to_string())),
+        }
+    }
+
+    /// The leader as this node knows it.
+    pub fn leader(&self) -> Option<(NodeId, Member)> {
+        let m = self.raft.metrics().borrow().clone();
+        let id = m.current_leader?;
+        let member = m.membership_config.membership().get_node(&id).cloned()?;
+        Some((id, member))
+    }
+
+    /// What this node knows of the cluster.
+    pub fn status(&self) -> Status {
+        let m = self.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let members = membership
+            .nodes()
+            .map(|(id, n)| (*id, (n.clone(), voters.contains(id))))
+            .collect();
+        Status {
+            id: self.id,
+            state: match m.state {
+                ServerState::Leader => "leader",
+                ServerState::Follower => "follower",
+                ServerState::Candidate => "candidate",
+                ServerState::Learner => "learner",
+                ServerState::Shutdown => "shutdown",
+            }
+            .into(),
+            term: m.current_term,
+            leader: m.current_leader,
+            last_log_index: m.last_log_index.unwrap_or(0),
+            committed: self.log_store.committed().unwrap_or(0),
+            last_applied: m.last_applied.map_or(0, |l| l.index),
+            millis_since_quorum_ack: m.millis_since_quorum_ack,
+            matched: m
+                .replication
+                .map(|r| {
+                    r.into_iter()
+                        .map(|(id, l)| (id, l.map_or(0, |l| l.index)))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            members,
+            snapshot_index: m.snapshot.map(|l| l.index),
+            snapshots_installed: self.engine.snapshots_installed(),
+        }
+    }
+
+    /// Adds a node as a learner (it catches up, by snapshot if it is far
+    /// behind), waiting until it has.
+    pub async fn add_learner(&self, id: NodeId, member: Member) -> Result<(), ClusterError> {
+        self.raft
+            .add_learner(id, member, true)
+            .await
+            .map(|_| ())
+            .map_err(|e| ClusterError::Raft(e.to_string()))
+    }
+
+    /// Makes `voters` the voting members (joint consensus underneath).
+    pub async fn change_membership(&self, voters: BTreeSet<NodeId>) -> Result<(), ClusterError> {
+        self.raft
+            .change_membership(voters, false)
+            .await
+            .map(|_| ())
+            .map_err(|e| ClusterError::Raft(e.to_string()))
+    }
+
+    /// The Raft handle (for what this API does not cover).
+    pub fn raft(&self) -> &Raft {
+        &self.raft
+    }
+
+    /// Stops Raft and the peer listener.
+    pub async fn shutdown(&self) -> Result<(), ClusterError> {
+        let listener = self.listener.lock().take();
+        if let Some(listener) = listener {
+            listener.abort();
+            let _ = listener.await;
+        }
+        self.raft
+            .shutdown()
+            .await
+            .map_err(|e| ClusterError::Raft(e.to_string()))
+    }
+}
+
+/// Waits until `node` sees a leader, up to `timeout`.
+pub async fn wait_for_leader(node: &Node, timeout: Duration) -> Option<NodeId> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some((id, _)) = node.leader() {
+            return Some(id);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

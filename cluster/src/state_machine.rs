@@ -1,0 +1,362 @@
+//! The state machine: the fencelog engine in cluster mode (see
+//! `fencelog::Log::apply_replicated`), holding the streams, the leases and
+//! the token counter, decided in log order.
+//!
+//! Its data lives in `<dir>/sm/<generation>`; `<dir>/sm/CURRENT` names the
+//! generation in use. A snapshot is the engine's files (segments: the
+//! checkpoints and the records still live), taken after a sync; installing
+//! one writes them into a new generation, opens it, and switches to it, so
+//! readers of the old one finish undisturbed.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use fencelog::{Command, Log, LogPosition, Options};
+use openraft::storage::{RaftStateMachine, Snapshot};
+use openraft::{
+    AnyError, Entry, EntryPayload, LogId, RaftSnapshotBuilder, SnapshotMeta, StorageError,
+    StorageIOError, StoredMembership,
+};
+use parking_lot::RwLock;
+
+use crate::snapshot::{self, Store};
+use crate::types::{Member, NodeId, Response, TypeConfig, WireError};
+
+/// The current engine, shared with readers (the server reads from it).
+#[derive(Clone)]
+pub struct Engine {
+    current: Arc<RwLock<Log>>,
+    installed: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Engine {
+    /// Snapshots installed since this node started (a replica that fell
+    /// behind the purged log, or a new one).
+    pub fn snapshots_installed(&self) -> u64 {
+        self.installed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The engine in use now (a snapshot installed later replaces it).
+    pub fn log(&self) -> Log {
+        self.current.read().clone()
+    }
+}
+
+/// The state machine.
+pub struct StateMachine {
+    dir: PathBuf,
+    engine: Engine,
+    generation: u64,
+    opts: Options,
+    /// Applies and snapshots take turns: a snapshot holds exactly what
+    /// was applied up to its position.
+    turn: Arc<tokio::sync::Mutex<()>>,
+    snaps: Arc<Store>,
+    /// The file a snapshot is being received into.
+    incoming: Option<PathBuf>,
+}
+
+fn sm_err(e: impl std::fmt::Display) -> StorageError<NodeId> {
+    StorageIOError::write_state_machine(AnyError::error(e.to_string())).into()
+}
+
+fn position(id: &LogId<NodeId>) -> LogPosition {
+    LogPosition {
+        term: id.leader_id.term,
+        node: id.leader_id.node_id,
+        index: id.index,
+    }
+}
+
+fn log_id(p: LogPosition) -> LogId<NodeId> {
+    LogId::new(openraft::CommittedLeaderId::new(p.term, p.node), p.index)
+}
+
+/// The engine options of a replica: cluster mode, no sync per batch.
+pub fn engine_options(base: &Options) -> Options {
+    let mut o = base.clone();
+    o.replicated = true;
+    o.wal.sync_every_batch = false;
+    o
+}
+
+fn generation_dir(dir: &Path, generation: u64) -> PathBuf {
+    dir.join("sm").join(format!("{generation:020}"))
+}
+
+fn read_current(dir: &Path) -> u64 {
+    std::fs::read_to_string(dir.join("sm").join("CURRENT"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(1)
+}
+
+fn write_current(dir: &Path, generation: u64) -> std::io::Result<()> {
+    let sm = dir.join("sm");
+    let tmp = sm.join("CURRENT.tmp");
+    std::fs::write(&tmp, format!("{generation}\n"))?;
+    std::fs::File::open(&tmp)?.sync_all()?;
+    std::fs::rename(&tmp, sm.join("CURRENT"))?;
+    std::fs::File::open(&sm)?.sync_all()
+}
+
+impl StateMachine {
+    /// Opens the state machine in `dir` (its engine in the current
+    /// generation); removes generations no longer in use.
+    pub fn open(dir: &Path, base: &Options) -> Result<StateMachine, fencelog::Error> {
+        std::fs::create_dir_all(dir.join("sm")).map_err(|e| {
+            fencelog::Error::Io(fencelog_wal::WalError::Io {
+                op: "create",
+                path: dir.join("sm"),
+                source: e,
+            })
+        })?;
+        let generation = read_current(dir);
+        if let Ok(entries) = std::fs::read_dir(dir.join("sm")) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if let Ok(g) = name.parse::<u64>()
+                    && g != generation
+                {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+        let opts = engine_options(base);
+        let log = Log::open(generation_dir(dir, generation), opts.clone())?;
+        let snaps = Store::open(dir.join("snap")).map_err(|e| {
+            fencelog::Error::Io(fencelog_wal::WalError::Io {
+                op: "open the snapshot directory",
+                path: dir.join("snap"),
+                source: e,
+            })
+        })?;
+        Ok(StateMachine {
+            dir: dir.to_path_buf(),
+            engine: Engine {
+                current: Arc::new(RwLock::new(log)),
+                installed: Arc::default(),
+            },
+            generation,
+            opts,
+            turn: Arc::new(tokio::sync::Mutex::new(())),
+            snaps: Arc::new(snaps),
+            incoming: None,
+        })
+    }
+
+    /// The engine handle readers use.
+    pub fn engine(&self) -> Engine {
+        self.engine.clone()
+    }
+
+    fn membership(log: &Log) -> StoredMembership<NodeId, Member> {
+        let bytes = log.membership();
+        if bytes.is_empty() {
+            return StoredMembership::default();
+        }
+        bincode::deserialize(&bytes).unwrap_or_default()
+    }
+}
+
+/// Builds snapshots of the state machine.
+pub struct Builder {
+    engine: Engine,
+    turn: Arc<tokio::sync::Mutex<()>>,
+    snaps: Arc<Store>,
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> Result<T, StorageError<NodeId>> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(sm_err)?
+        .map_err(sm_err)
+}
+
+async fn open_snapshot(
+    saved: snapshot::Saved,
+) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
+    let file = tokio::fs::File::open(&saved.path).await.map_err(sm_err)?;
+    Ok(Snapshot {
+        meta: saved.meta,
+        snapshot: Box::new(file),
+    })
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for Builder {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
+        // Applies wait only while the engine is synced and its files
+        // staged (links, and a copy of the segment being written).
+        let (applied, membership, staging) = {
+            let _turn = self.turn.lock().await;
+            let log = self.engine.log();
+            let snaps = Arc::clone(&self.snaps);
+            let engine = log.clone();
+            let staging = blocking(move || {
+                engine.sync().map_err(std::io::Error::other)?;
+                let staging = snaps.staging()?;
+                snapshot::stage(engine.dir(), engine.active_segment(), &staging)?;
+                Ok(staging)
+            })
+            .await?;
+            (log.applied(), StateMachine::membership(&log), staging)
+        };
+        let meta = SnapshotMeta {
+            last_log_id: applied.map(log_id),
+            last_membership: membership,
+            snapshot_id: format!(
+                "{}-{}-{}",
+                applied.map_or(0, |a| a.term),
+                applied.map_or(0, |a| a.index),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis())
+            ),
+        };
+        let snaps = Arc::clone(&self.snaps);
+        let saved_meta = meta.clone();
+        let saved = blocking(move || {
+            let out = snaps.packing();
+            let bytes = snapshot::pack(&staging, &out)?;
+            std::fs::remove_dir_all(&staging)?;
+            tracing::info!(bytes, snapshot = %saved_meta.snapshot_id, "snapshot built");
+            snaps.save(&out, &saved_meta)
+        })
+        .await?;
+        open_snapshot(saved).await
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotBuilder = Builder;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, Member>), StorageError<NodeId>>
+    {
+        let log = self.engine.log();
+        Ok((log.applied().map(log_id), StateMachine::membership(&log)))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Response>, StorageError<NodeId>>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + Send,
+        I::IntoIter: Send,
+    {
+        let _turn = self.turn.lock().await;
+        let log = self.engine.log();
+        let mut out = Vec::new();
+        for entry in entries {
+            let at = position(&entry.log_id);
+            let (time_ms, cmd, rejected) = match entry.payload {
+                // A new leader's first entry: it takes over the leases.
+                EntryPayload::Blank => (0, Command::TakeOver, None),
+                EntryPayload::Normal(req) => match req.cmd.to_engine() {
+                    Ok(cmd) => (req.time_ms, cmd, None),
+                    // Decided alike on every replica; only the position moves.
+                    Err(e) => (
+                        req.time_ms,
+                        Command::Blank,
+                        Some(WireError::from_engine(&e)),
+                    ),
+                },
+                EntryPayload::Membership(m) => {
+                    let stored = StoredMembership::new(Some(entry.log_id), m);
+                    let bytes = bincode::serialize(&stored).map_err(sm_err)?;
+                    (0, Command::Membership(bytes.into()), None)
+                }
+            };
+            let applied = log
+                .apply_replicated(at, time_ms, &cmd)
+                .await
+                .map_err(sm_err)?;
+            out.push(match rejected {
+                Some(e) => Response::Rejected(e),
+                None => Response::from_applied(&applied),
+            });
+        }
+        Ok(out)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        Builder {
+            engine: self.engine.clone(),
+            turn: Arc::clone(&self.turn),
+            snaps: Arc::clone(&self.snaps),
+        }
+    }
+
+    async fn begin_receiving_snapshot(
+        &mut self,
+    ) -> Result<Box<tokio::fs::File>, StorageError<NodeId>> {
+        let snaps = Arc::clone(&self.snaps);
+        let (path, file) = blocking(move || snaps.incoming()).await?;
+        self.incoming = Some(path);
+        Ok(Box::new(tokio::fs::File::from_std(file)))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<NodeId, Member>,
+        mut snapshot: Box<tokio::fs::File>,
+    ) -> Result<(), StorageError<NodeId>> {
+        use tokio::io::AsyncWriteExt;
+        snapshot.flush().await.map_err(sm_err)?;
+        drop(snapshot);
+        let incoming = self
+            .incoming
+            .take()
+            .ok_or_else(|| sm_err("a snapshot to install that was never received"))?;
+        let _turn = self.turn.lock().await;
+        let next = self.generation + 1;
+        let dir = generation_dir(&self.dir, next);
+        let opts = self.opts.clone();
+        let (unpack_from, open_dir) = (incoming.clone(), dir.clone());
+        let log = blocking(move || {
+            if open_dir.exists() {
+                std::fs::remove_dir_all(&open_dir)?;
+            }
+            snapshot::unpack(std::fs::File::open(&unpack_from)?, &open_dir)?;
+            Log::open(open_dir, opts).map_err(std::io::Error::other)
+        })
+        .await?;
+        if log.applied().map(log_id) != meta.last_log_id {
+            return Err(sm_err(format!(
+                "the installed snapshot holds entries up to {:?}, its meta says {:?}",
+                log.applied(),
+                meta.last_log_id
+            )));
+        }
+        write_current(&self.dir, next).map_err(sm_err)?;
+        let old = std::mem::replace(&mut *self.engine.current.write(), log);
+        let old_dir = generation_dir(&self.dir, self.generation);
+        self.generation = next;
+        self.engine
+            .installed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // Reads go to the leader, which never installs a snapshot: nobody
+        // reads the old engine now.
+        let snaps = Arc::clone(&self.snaps);
+        let meta = meta.clone();
+        blocking(move || {
+            if let Err(e) = old.close() {
+                tracing::debug!(error = %e, "the replaced engine is still shared; dropped");
+            }
+            std::fs::remove_dir_all(&old_dir)?;
+            snaps.save(&incoming, &meta).map(|_| ())
+        })
+        .await
+    }
+
+    async fn get_current_snapshot(
+        &mut self,
+    ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
+        let snaps = Arc::clone(&self.snaps);
+        match blocking(move || snaps.current()).await? {
+            Some(saved) => open_snapshot(saved).await.map(Some),
+            None => Ok(None),
+        }
+    }
+}

@@ -1,0 +1,519 @@
+//! What travels through the replicated log: requests (commands stamped with
+//! the proposing leader's clock), their answers, and the Raft type
+//! configuration.
+
+use bytes::Bytes;
+use fencelog::{Applied, Command, Error, Token, TxOp};
+use serde::{Deserialize, Serialize};
+
+openraft::declare_raft_types!(
+    /// fencelog's Raft types: node ids are `u64`, nodes are addresses.
+    pub TypeConfig:
+        D = Request,
+        R = Response,
+        NodeId = u64,
+        Node = Member,
+        SnapshotData = tokio::fs::File,
+);
+
+/// A member of the cluster: where its peers send Raft messages, and where
+/// clients connect (what `-MOVED` and `CLUSTER SHARDS` tell them).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    /// Raft messages, `host:port`.
+    pub raft_addr: String,
+    /// Clients (the Redis protocol), `host:port`.
+    pub client_addr: String,
+}
+
+/// The Raft handle of a fencelog node.
+pub type Raft = openraft::Raft<TypeConfig>;
+/// A node id.
+pub type NodeId = u64;
+
+/// A write proposed to the replicated log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    /// The proposing leader's monotonic clock in ms (lease time follows it).
+    pub time_ms: u64,
+    /// What to decide when the entry is applied.
+    pub cmd: WireCommand,
+}
+
+/// A transaction's op, as the log carries it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[allow(missing_docs)]
+pub enum WireTxOp {
+    Append {
+        #[serde(with = "serde_bytes")]
+        stream: Vec<u8>,
+        token: u64,
+        payloads: Vec<serde_bytes::ByteBuf>,
+    },
+    AppendAt {
+        #[serde(with = "serde_bytes")]
+        stream: Vec<u8>,
+        token: u64,
+        expected_offset: u64,
+        payloads: Vec<serde_bytes::ByteBuf>,
+    },
+    Fence {
+        #[serde(with = "serde_bytes")]
+        stream: Vec<u8>,
+        token: u64,
+    },
+    Trim {
+        #[serde(with = "serde_bytes")]
+        stream: Vec<u8>,
+        token: u64,
+        before: u64,
+    },
+    Delete {
+        #[serde(with = "serde_bytes")]
+        stream: Vec<u8>,
+        token: u64,
+    },
+}
+
+/// A command, as the log carries it (see [`fencelog::Command`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[allow(missing_docs)]
+pub enum WireCommand {
+    Append {
+        #[serde(with = "serde_bytes")]
+        stream: Vec<u8>,
+        token: u64,
+        payloads: Vec<serde_bytes::ByteBuf>,
+    },
+    AppendAt {
+        #[serde(with = "serde_bytes")]
+        stream: Vec<u8>,
+        token: u64,
+        expected_offset: u64,
+        payloads: Vec<serde_bytes::ByteBuf>,
+    },
+    Fence {
+        #[serde(with = "serde_bytes")]
+        stream: Vec<u8>,
+        token: u64,
+    },
+    Trim {
+        #[serde(with = "serde_bytes")]
+        stream: Vec<u8>,
+        token: u64,
+        before: u64,
+    },
+    Delete {
+        #[serde(with = "serde_bytes")]
+        stream: Vec<u8>,
+        token: u64,
+    },
+    Transact(Vec<WireTxOp>),
+    Acquire {
+        #[serde(with = "serde_bytes")]
+        name: Vec<u8>,
+        #[serde(with = "serde_bytes")]
+        owner: Vec<u8>,
+        ttl_ms: u64,
+        fence: bool,
+    },
+    Renew {
+        #[serde(with = "serde_bytes")]
+        name: Vec<u8>,
+        #[serde(with = "serde_bytes")]
+        owner: Vec<u8>,
+        token: u64,
+        ttl_ms: u64,
+    },
+    Release {
+        #[serde(with = "serde_bytes")]
+        name: Vec<u8>,
+        #[serde(with = "serde_bytes")]
+        owner: Vec<u8>,
+        token: u64,
+    },
+    /// Nothing but the leader's clock: moves lease time forward on every
+    /// replica (a lease read after it sees expiries up to its time).
+    Tick,
+}
+
+fn token(n: u64) -> Result<Token, Error> {
+    Token::new(n)
+}
+
+fn payloads(p: &[serde_bytes::ByteBuf]) -> Vec<Bytes> {
+    p.iter().map(|b| Bytes::copy_from_slice(b)).collect()
+}
+
+impl WireTxOp {
+    fn to_engine(&self) -> Result<TxOp, Error> {
+        Ok(match self {
+            WireTxOp::Append {
+                stream,
+                token: t,
+                payloads: p,
+            } => TxOp::Append {
+                stream: Bytes::copy_from_slice(stream),
+                token: token(*t)?,
+                payloads: payloads(p),
+            },
+            WireTxOp::AppendAt {
+                stream,
+                token: t,
+                expected_offset,
+                payloads: p,
+            } => TxOp::AppendAt {
+                stream: Bytes::copy_from_slice(stream),
+                token: token(*t)?,
+                expected_offset: *expected_offset,
+                payloads: payloads(p),
+            },
+            WireTxOp::Fence { stream, token: t } => TxOp::Fence {
+                stream: Bytes::copy_from_slice(stream),
+                token: token(*t)?,
+            },
+            WireTxOp::Trim {
+                stream,
+                token: t,
+                before,
+            } => TxOp::Trim {
+                stream: Bytes::copy_from_slice(stream),
+                token: token(*t)?,
+                before: *before,
+            },
+            WireTxOp::Delete { stream, token: t } => TxOp::Delete {
+                stream: Bytes::copy_from_slice(stream),
+                token: token(*t)?,
+            },
+        })
+    }
+
+    /// The op as the log carries it.
+    pub fn from_engine(op: &TxOp) -> WireTxOp {
+        let buf = |v: &[Bytes]| {
+            v.iter()
+                .map(|b| serde_bytes::ByteBuf::from(b.to_vec()))
+                .collect()
+        };
+        match op {
+            TxOp::Append {
+                stream,
+                token,
+                payloads,
+            } => WireTxOp::Append {
+                stream: stream.to_vec(),
+                token: token.get(),
+                payloads: buf(payloads),
+            },
+            TxOp::AppendAt {
+                stream,
+                token,
+                expected_offset,
+                payloads,
+            } => WireTxOp::AppendAt {
+                stream: stream.to_vec(),
+                token: token.get(),
+                expected_offset: *expected_offset,
+                payloads: buf(payloads),
+            },
+            TxOp::Fence { stream, token } => WireTxOp::Fence {
+                stream: stream.to_vec(),
+                token: token.get(),
+            },
+            TxOp::Trim {
+                stream,
+                token,
+                before,
+            } => WireTxOp::Trim {
+                stream: stream.to_vec(),
+                token: token.get(),
+                before: *before,
+            },
+            TxOp::Delete { stream, token } => WireTxOp::Delete {
+                stream: stream.to_vec(),
+                token: token.get(),
+            },
+        }
+    }
+}
+
+impl WireCommand {
+    /// A single write, as the log carries it.
+    pub fn from_op(op: &TxOp) -> WireCommand {
+        match WireTxOp::from_engine(op) {
+            WireTxOp::Append {
+                stream,
+                token,
+                payloads,
+            } => WireCommand::Append {
+                stream,
+                token,
+                payloads,
+            },
+            WireTxOp::AppendAt {
+                stream,
+                token,
+                expected_offset,
+                payloads,
+            } => WireCommand::AppendAt {
+                stream,
+                token,
+                expected_offset,
+                payloads,
+            },
+            WireTxOp::Fence { stream, token } => WireCommand::Fence { stream, token },
+            WireTxOp::Trim {
+                stream,
+                token,
+                before,
+            } => WireCommand::Trim {
+                stream,
+                token,
+                before,
+            },
+            WireTxOp::Delete { stream, token } => WireCommand::Delete { stream, token },
+        }
+    }
+
+    /// The engine's command; a token out of range is a rejection every
+    /// replica reaches alike.
+    pub fn to_engine(&self) -> Result<Command, Error> {
+        Ok(match self {
+            WireCommand::Append {
+                stream,
+                token: t,
+                payloads: p,
+            } => Command::Append {
+                stream: Bytes::copy_from_slice(stream),
+                token: token(*t)?,
+                payloads: payloads(p),
+            },
+            WireCommand::AppendAt {
+                stream,
+                token: t,
+                expected_offset,
+                payloads: p,
+            } => Command::AppendAt {
+                stream: Bytes::copy_from_slice(stream),
+                token: token(*t)?,
+                expected_offset: *expected_offset,
+                payloads: payloads(p),
+            },
+            WireCommand::Fence { stream, token: t } => Command::Fence {
+                stream: Bytes::copy_from_slice(stream),
+                token: token(*t)?,
+            },
+            WireCommand::Trim {
+                stream,
+                token: t,
+                before,
+            } => Command::Trim {
+                stream: Bytes::copy_from_slice(stream),
+                token: token(*t)?,
+                before: *before,
+            },
+            WireCommand::Delete { stream, token: t } => Command::Delete {
+                stream: Bytes::copy_from_slice(stream),
+                token: token(*t)?,
+            },
+            WireCommand::Transact(ops) => Command::Transact(
+                ops.iter()
+                    .map(WireTxOp::to_engine)
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+            WireCommand::Acquire {
+                name,
+                owner,
+                ttl_ms,
+                fence,
+            } => Command::Acquire {
+                name: Bytes::copy_from_slice(name),
+                owner: Bytes::copy_from_slice(owner),
+                ttl_ms: *ttl_ms,
+                fence: *fence,
+            },
+            WireCommand::Renew {
+                name,
+                owner,
+                token: t,
+                ttl_ms,
+            } => Command::Renew {
+                name: Bytes::copy_from_slice(name),
+                owner: Bytes::copy_from_slice(owner),
+                token: token(*t)?,
+                ttl_ms: *ttl_ms,
+            },
+            WireCommand::Release {
+                name,
+                owner,
+                token: t,
+            } => Command::Release {
+                name: Bytes::copy_from_slice(name),
+                owner: Bytes::copy_from_slice(owner),
+                token: token(*t)?,
+            },
+            WireCommand::Tick => Command::Blank,
+        })
+    }
+}
+
+/// Why a command was rejected, as the log's answer carries it (the
+/// engine's [`Error`], the kinds a rejection can be).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[allow(missing_docs)]
+pub enum WireError {
+    Stale { presented: u64, highest: u64 },
+    Mismatch { expected: u64, next: u64 },
+    Trimmed { requested: u64, start: u64 },
+    TrimBeyondEnd { before: u64, next: u64 },
+    TooLarge { what: String, len: u64, max: u64 },
+    Invalid { what: String, reason: String },
+    Held { remaining_ms: u64 },
+    Lost,
+    TooManyLeases { live: u64, max: u64 },
+    Aborted { index: usize, cause: Box<WireError> },
+    Other(String),
+}
+
+impl WireError {
+    /// The rejection as the log's answer carries it.
+    pub fn from_engine(e: &Error) -> WireError {
+        match e {
+            Error::Stale { presented, highest } => WireError::Stale {
+                presented: *presented,
+                highest: *highest,
+            },
+            Error::OffsetMismatch { expected, next } => WireError::Mismatch {
+                expected: *expected,
+                next: *next,
+            },
+            Error::Trimmed { requested, start } => WireError::Trimmed {
+                requested: *requested,
+                start: *start,
+            },
+            Error::TrimBeyondEnd { before, next } => WireError::TrimBeyondEnd {
+                before: *before,
+                next: *next,
+            },
+            Error::TooLarge { what, len, max } => WireError::TooLarge {
+                what: (*what).to_string(),
+                len: *len,
+                max: *max,
+            },
+            Error::Invalid { what, reason } => WireError::Invalid {
+                what: (*what).to_string(),
+                reason: reason.clone(),
+            },
+            Error::Held { remaining_ms } => WireError::Held {
+                remaining_ms: *remaining_ms,
+            },
+            Error::Lost => WireError::Lost,
+            Error::TooManyLeases { live, max } => WireError::TooManyLeases {
+                live: *live,
+                max: *max,
+            },
+            Error::Aborted { index, cause } => WireError::Aborted {
+                index: *index,
+                cause: Box::new(WireError::from_engine(cause)),
+            },
+            other => WireError::Other(other.to_string()),
+        }
+    }
+
+    /// Back to the engine's error, so the server answers as on one node.
+    pub fn to_engine(&self) -> Error {
+        match self {
+            WireError::Stale { presented, highest } => Error::Stale {
+                presented: *presented,
+                highest: *highest,
+            },
+            WireError::Mismatch { expected, next } => Error::OffsetMismatch {
+                expected: *expected,
+                next: *next,
+            },
+            WireError::Trimmed { requested, start } => Error::Trimmed {
+                requested: *requested,
+                start: *start,
+            },
+            WireError::TrimBeyondEnd { before, next } => Error::TrimBeyondEnd {
+                before: *before,
+                next: *next,
+            },
+            WireError::TooLarge { what, len, max } => Error::TooLarge {
+                what: static_what(what),
+                len: *len,
+                max: *max,
+            },
+            WireError::Invalid { what, reason } => Error::Invalid {
+                what: static_what(what),
+                reason: reason.clone(),
+            },
+            WireError::Held { remaining_ms } => Error::Held {
+                remaining_ms: *remaining_ms,
+            },
+            WireError::Lost => Error::Lost,
+            WireError::TooManyLeases { live, max } => Error::TooManyLeases {
+                live: *live,
+                max: *max,
+            },
+            WireError::Aborted { index, cause } => Error::Aborted {
+                index: *index,
+                cause: Box::new(cause.to_engine()),
+            },
+            WireError::Other(s) => Error::Invalid {
+                what: "replicated command",
+                reason: s.clone(),
+            },
+        }
+    }
+}
+
+/// The engine's error kinds name what they concern with static strings;
+/// the few that travel are mapped back to them.
+fn static_what(s: &str) -> &'static str {
+    [
+        "payload bytes",
+        "records per append",
+        "entry bytes",
+        "streams",
+        "token",
+        "stream name",
+        "owner",
+        "ttl",
+        "transaction",
+        "payloads",
+        "mode",
+    ]
+    .into_iter()
+    .find(|w| *w == s)
+    .unwrap_or("argument")
+}
+
+/// What applying an entry answered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[allow(missing_docs)]
+pub enum Response {
+    Value(u64),
+    Values(Vec<u64>),
+    Grant { token: u64, ttl_ms: u64 },
+    Released(bool),
+    Done,
+    Rejected(WireError),
+}
+
+impl Response {
+    /// The answer as the log carries it.
+    pub fn from_applied(a: &Applied) -> Response {
+        match a {
+            Applied::Value(v) => Response::Value(*v),
+            Applied::Values(v) => Response::Values(v.clone()),
+            Applied::Grant { token, ttl_ms } => Response::Grant {
+                token: token.get(),
+                ttl_ms: *ttl_ms,
+            },
+            Applied::Released(r) => Response::Released(*r),
+            Applied::Done => Response::Done,
+            Applied::Rejected(e) => Response::Rejected(WireError::from_engine(e)),
+        }
+    }
+}

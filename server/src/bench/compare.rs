@@ -1,0 +1,370 @@
+//! `fencelog bench --compare-redis`: fencelog and redis-server under the
+//! same load generator, in alternating runs, on this machine and in this
+//! run. Redis is made as durable as fencelog (`appendonly yes`,
+//! `appendfsync always`) and does the same fencing decision in a Lua
+//! script. Each run reads each server's CPU time from `/proc/PID/stat`
+//! (utime + stime) before and after, so the table shows CPU seconds per
+//! million requests beside the throughput; medians over `--runs`.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use super::*;
+
+/// A server this comparison started: killed (and its directory removed)
+/// when dropped.
+struct Started {
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One side of the comparison.
+struct Side {
+    name: &'static str,
+    target: Target,
+    pid: Option<u32>,
+    _started: Option<Started>,
+}
+
+/// What one side measured for one workload, run by run.
+#[derive(Default)]
+struct Samples {
+    ops_per_sec: Vec<f64>,
+    p50_ns: Vec<f64>,
+    cpu_secs_per_million: Vec<f64>,
+    unexpected: u64,
+}
+
+pub(super) fn run(args: &BenchArgs) -> ExitCode {
+    match compare(args) {
+        Ok(table) => {
+            print!("{table}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("fencelog bench --compare-redis: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn free_port() -> Result<u16, String> {
+    let probe = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| format!("cannot find a free port: {e}"))?;
+    probe
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|e| e.to_string())
+}
+
+/// Waits until `addr` accepts connections, up to 10 s.
+fn wait_listening(addr: SocketAddr, child: &mut Child, what: &str) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if std::net::TcpStream::connect(addr).is_ok() {
+            return Ok(());
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("{what} exited at start ({status})"));
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{what} does not listen on {addr} after 10 s"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn start_redis(program: &Path) -> Result<Side, String> {
+    let dir = tempfile::Builder::new()
+        .prefix("fencelog-bench-redis-")
+        .tempdir()
+        .map_err(|e| format!("cannot create a directory for redis-server: {e}"))?;
+    let port = free_port()?;
+    let mut child = Command::new(program)
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .arg("--dir")
+        .arg(dir.path())
+        .args([
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--save",
+            "",
+            "--daemonize",
+            "no",
+            "--logfile",
+            "",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| {
+            format!(
+                "cannot start {} ({e}); install Redis (apt-get install redis-server) or pass \
+                 --redis-server PATH",
+                program.display()
+            )
+        })?;
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    wait_listening(addr, &mut child, "redis-server")?;
+    Ok(Side {
+        name: "redis",
+        target: Target::Tcp {
+            addr,
+            password: None,
+            dialect: Dialect::Redis,
+        },
+        pid: Some(child.id()),
+        _started: Some(Started { child, _dir: dir }),
+    })
+}
+
+fn start_fencelog() -> Result<Side, String> {
+    let dir = tempfile::Builder::new()
+        .prefix("fencelog-bench-server-")
+        .tempdir()
+        .map_err(|e| format!("cannot create a directory for the server: {e}"))?;
+    let port = free_port()?;
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
+    let mut child = Command::new(exe)
+        .args(["serve", "--addr", &port.to_string(), "--log-level", "warn"])
+        .arg("--dir")
+        .arg(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start fencelog serve: {e}"))?;
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    wait_listening(addr, &mut child, "fencelog serve")?;
+    Ok(Side {
+        name: "fencelog",
+        target: Target::Tcp {
+            addr,
+            password: None,
+            dialect: Dialect::Fencelog,
+        },
+        pid: Some(child.id()),
+        _started: Some(Started { child, _dir: dir }),
+    })
+}
+
+/// A server at `--addr`: its process id from `INFO server`, when that
+/// process is on this machine (its CPU time is read from `/proc`).
+fn existing_fencelog(runtime: &tokio::runtime::Runtime, args: &BenchArgs) -> Result<Side, String> {
+    let addr_text = args.addr.as_deref().unwrap_or_default();
+    let addr = runtime
+        .block_on(tokio::net::lookup_host(addr_text))
+        .map_err(|e| format!("cannot resolve {addr_text}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{addr_text} resolves to no address"))?;
+    let pid = runtime.block_on(async {
+        let mut conn = Conn::connect(addr, args.password.as_deref()).await.ok()?;
+        match conn.request(&[b"INFO", b"server"]).await.ok()? {
+            Reply::Bulk(Some(text)) => String::from_utf8_lossy(&text).lines().find_map(|l| {
+                l.trim_end()
+                    .strip_prefix("process_id:")?
+                    .parse::<u32>()
+                    .ok()
+            }),
+            _ => None,
+        }
+    });
+    let pid = pid.filter(|p| cpu_seconds(*p).is_some() && addr.ip().is_loopback());
+    Ok(Side {
+        name: "fencelog",
+        target: Target::Tcp {
+            addr,
+            password: args.password.clone(),
+            dialect: Dialect::Fencelog,
+        },
+        pid,
+        _started: None,
+    })
+}
+
+/// utime + stime of process `pid`, in seconds.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses: fields follow the
+    // last ')'. utime and stime are fields 14 and 15 (state is field 3).
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    // SAFETY: sysconf reads a constant of the system; no memory is shared.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (ticks > 0).then(|| (utime + stime) / ticks as f64)
+}
+
+fn median(v: &[f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
+}
+
+fn compare(args: &BenchArgs) -> Result<String, String> {
+    let workloads = match args.workload {
+        Some(w) => vec![w],
+        None => vec![Workload::Append, Workload::Reject],
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    let redis = start_redis(&args.redis_server)?;
+    let fencelog = match &args.addr {
+        Some(_) => existing_fencelog(&runtime, args)?,
+        None => start_fencelog()?,
+    };
+    let sides = [fencelog, redis];
+    // samples[side][workload]
+    let mut samples: Vec<Vec<Samples>> = (0..2)
+        .map(|_| workloads.iter().map(|_| Samples::default()).collect())
+        .collect();
+    for run in 0..args.runs {
+        // Alternate who goes first, so that neither always meets a warmer
+        // (or more tired) machine.
+        let order: [usize; 2] = if run % 2 == 0 { [0, 1] } else { [1, 0] };
+        for &i in &order {
+            let side = &sides[i];
+            for (w, &workload) in workloads.iter().enumerate() {
+                let plan = Arc::new(Plan::new(args, workload, &run_id())?);
+                eprintln!(
+                    "bench: run {}/{}: {} {} ({} clients × pipeline {})",
+                    run + 1,
+                    args.runs,
+                    side.name,
+                    workload.name(),
+                    plan.clients,
+                    plan.pipeline
+                );
+                let before = side.pid.and_then(cpu_seconds);
+                let result = runtime.block_on(run_workload(&side.target, Arc::clone(&plan)))?;
+                let after = side.pid.and_then(cpu_seconds);
+                if args.cleanup
+                    && let Err(e) = runtime.block_on(cleanup(&side.target, &plan))
+                {
+                    eprintln!("bench: cleanup: {e}");
+                }
+                let s = &mut samples[i][w];
+                s.ops_per_sec.push(result.ops_per_sec());
+                s.p50_ns.push(result.latency.quantile(0.5) as f64);
+                s.unexpected += result.unexpected;
+                if let (Some(b), Some(a)) = (before, after)
+                    && result.requests > 0
+                {
+                    s.cpu_secs_per_million
+                        .push((a - b) / result.requests as f64 * 1e6);
+                }
+                if result.unexpected > 0 {
+                    eprintln!(
+                        "bench: {} {}: {} unexpected answers: {:?}",
+                        side.name,
+                        workload.name(),
+                        result.unexpected,
+                        result.unexpected_samples
+                    );
+                }
+            }
+        }
+    }
+    drop(runtime);
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "\nfencelog vs redis-server (appendonly yes, appendfsync always; a Lua script fences \
+         each append), measured in this run"
+    );
+    let _ = writeln!(
+        s,
+        "{} clients, pipeline {}, {}-byte records, median of {} alternating run(s); CPU: the \
+         server process' utime+stime per million requests",
+        args.clients, args.pipeline, args.payload_bytes, args.runs
+    );
+    let header = [
+        "workload",
+        "fencelog ops/s",
+        "redis ops/s",
+        "ratio",
+        "fencelog p50",
+        "redis p50",
+        "fencelog CPU s/M",
+        "redis CPU s/M",
+    ];
+    let mut rows = vec![header.iter().map(|h| h.to_string()).collect::<Vec<_>>()];
+    let mut failed = 0;
+    for (w, workload) in workloads.iter().enumerate() {
+        let (f, r) = (&samples[0][w], &samples[1][w]);
+        failed += f.unexpected + r.unexpected;
+        let ops = |x: &Samples| median(&x.ops_per_sec).unwrap_or(0.0);
+        let cpu = |x: &Samples| {
+            median(&x.cpu_secs_per_million).map_or_else(|| "-".to_string(), |c| format!("{c:.2}"))
+        };
+        let p50 = |x: &Samples| fmt_ns(median(&x.p50_ns).unwrap_or(0.0) as u64);
+        let ratio = if ops(r) > 0.0 {
+            format!("{:.2}x", ops(f) / ops(r))
+        } else {
+            "-".into()
+        };
+        rows.push(vec![
+            workload.name().to_string(),
+            fmt_count(ops(f)),
+            fmt_count(ops(r)),
+            ratio,
+            p50(f),
+            p50(r),
+            cpu(f),
+            cpu(r),
+        ]);
+    }
+    let widths: Vec<usize> = (0..header.len())
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    s.push('\n');
+    for row in &rows {
+        let mut line = String::new();
+        for (c, cell) in row.iter().enumerate() {
+            if c == 0 {
+                let _ = write!(line, "{cell:<w$}", w = widths[c]);
+            } else {
+                let _ = write!(line, "  {cell:>w$}", w = widths[c]);
+            }
+        }
+        let _ = writeln!(s, "{}", line.trim_end());
+    }
+    if failed > 0 {
+        return Err(format!("{failed} unexpected answers (see above)\n{s}"));
+    }
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians_and_cpu_time() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
+        assert_eq!(median(&[]), None);
+        assert!(cpu_seconds(std::process::id()).is_some());
+    }
+}

@@ -1,0 +1,356 @@
+//! `fencelog cluster …`: a local cluster in one command, and the
+//! operator's view and changes of a running one (over the Redis protocol,
+//! like `redis-cli --cluster`).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+use crate::bench::{Reply, encode_command, read_reply};
+
+/// `fencelog cluster`
+#[derive(clap::Args, Debug)]
+pub struct ClusterArgs {
+    #[command(subcommand)]
+    command: ClusterCommand,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum ClusterCommand {
+    /// Run a cluster of N nodes on this machine (127.0.0.1, client ports
+    /// from --port up, Raft ports 10000 above), each in its own process and
+    /// directory under --dir, until Ctrl-C.
+    Local {
+        /// How many nodes (3 or 5 tolerate 1 or 2 lost).
+        #[arg(long, default_value_t = 3)]
+        nodes: u64,
+        /// The first node's client port.
+        #[arg(long, default_value_t = 7379)]
+        port: u16,
+        /// Where the nodes keep their data (`n1`, `n2`, …).
+        #[arg(long, default_value = "./fencelog-cluster")]
+        dir: PathBuf,
+    },
+    /// Show every member: its role, term, last log index, commit index,
+    /// applied index and lag behind the leader.
+    Status {
+        /// Any member's client address.
+        #[arg(long, default_value = "127.0.0.1:7379")]
+        addr: String,
+        /// The password, if the cluster has one.
+        #[arg(long, env = "FENCELOG_REQUIREPASS", hide_env_values = true)]
+        password: Option<String>,
+    },
+    /// Add a node (started with --cluster-node-id and no --cluster-initial):
+    /// it catches up as a learner, by snapshot if far behind, then votes.
+    Add {
+        /// Any member's client address (the leader is found from there).
+        #[arg(long, default_value = "127.0.0.1:7379")]
+        addr: String,
+        /// The new node's id.
+        #[arg(long)]
+        node_id: u64,
+        /// Its Raft address (its --cluster-raft-addr).
+        #[arg(long)]
+        raft_addr: String,
+        /// Its client address.
+        #[arg(long)]
+        client_addr: String,
+        /// The password, if the cluster has one.
+        #[arg(long, env = "FENCELOG_REQUIREPASS", hide_env_values = true)]
+        password: Option<String>,
+    },
+    /// Remove a node from the cluster.
+    Remove {
+        /// Any member's client address.
+        #[arg(long, default_value = "127.0.0.1:7379")]
+        addr: String,
+        /// The node to remove.
+        #[arg(long)]
+        node_id: u64,
+        /// The password, if the cluster has one.
+        #[arg(long, env = "FENCELOG_REQUIREPASS", hide_env_values = true)]
+        password: Option<String>,
+    },
+}
+
+/// Runs `fencelog cluster …`.
+pub fn run(args: ClusterArgs) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("fencelog cluster: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(async move {
+        match args.command {
+            ClusterCommand::Local { nodes, port, dir } => local(nodes, port, dir).await,
+            ClusterCommand::Status { addr, password } => status(&addr, password.as_deref()).await,
+            ClusterCommand::Add {
+                addr,
+                node_id,
+                raft_addr,
+                client_addr,
+                password,
+            } => {
+                let id = node_id.to_string();
+                let args: [&[u8]; 5] = [
+                    b"CLUSTER",
+                    b"ADDNODE",
+                    id.as_bytes(),
+                    raft_addr.as_bytes(),
+                    client_addr.as_bytes(),
+                ];
+                to_leader(&addr, password.as_deref(), &args).await
+            }
+            ClusterCommand::Remove {
+                addr,
+                node_id,
+                password,
+            } => {
+                let id = node_id.to_string();
+                let args: [&[u8]; 3] = [b"CLUSTER", b"REMOVENODE", id.as_bytes()];
+                to_leader(&addr, password.as_deref(), &args).await
+            }
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fencelog cluster: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Sends one command to `addr` (after AUTH if a password is given) and
+/// answers the reply, within `timeout`.
+pub(crate) async fn request_auth(
+    addr: &str,
+    password: Option<&str>,
+    args: &[&[u8]],
+    timeout: Duration,
+) -> Result<Reply, String> {
+    tokio::time::timeout(timeout, async {
+        let stream = TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
+        let (mut rd, mut wr) = stream.into_split();
+        let mut buf = bytes::BytesMut::new();
+        if let Some(pw) = password {
+            wr.write_all(&encode_command(&[b"AUTH", pw.as_bytes()]))
+                .await
+                .map_err(|e| format!("{addr}: {e}"))?;
+            match read_reply(&mut rd, &mut buf).await? {
+                Reply::Simple(ok) if ok == "OK" => {}
+                other => return Err(format!("{addr}: AUTH answered {other}")),
+            }
+        }
+        wr.write_all(&encode_command(args))
+            .await
+            .map_err(|e| format!("{addr}: {e}"))?;
+        read_reply(&mut rd, &mut buf).await
+    })
+    .await
+    .map_err(|_| format!("{addr} did not answer in {timeout:?}"))?
+}
+
+/// [`request_auth`] without a password.
+pub(crate) async fn request(
+    addr: &str,
+    args: &[&[u8]],
+    timeout: Duration,
+) -> Result<Reply, String> {
+    request_auth(addr, None, args, timeout).await
+}
+
+/// Sends a membership command, following `MOVED` to the leader.
+async fn to_leader(addr: &str, password: Option<&str>, args: &[&[u8]]) -> Result<(), String> {
+    let mut target = addr.to_string();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        match request_auth(&target, password, args, Duration::from_secs(300)).await? {
+            Reply::Simple(ok) if ok == "OK" => {
+                println!("OK ({target})");
+                return Ok(());
+            }
+            Reply::Error(e) if e.starts_with("MOVED ") => {
+                target = e
+                    .split_whitespace()
+                    .nth(2)
+                    .ok_or_else(|| format!("{target}: {e}"))?
+                    .to_string();
+            }
+            Reply::Error(e) if e.starts_with("TRYAGAIN") && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            other => return Err(format!("{target}: {other}")),
+        }
+    }
+}
+
+/// `CLUSTER INFO` of one node, as fields.
+async fn info(addr: &str, password: Option<&str>) -> Result<BTreeMap<String, String>, String> {
+    match request_auth(
+        addr,
+        password,
+        &[b"CLUSTER", b"INFO"],
+        Duration::from_secs(2),
+    )
+    .await?
+    {
+        Reply::Bulk(Some(text)) => Ok(String::from_utf8_lossy(&text)
+            .lines()
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.to_string(), v.trim().to_string()))
+            .collect()),
+        other => Err(format!("{addr}: CLUSTER INFO answered {other}")),
+    }
+}
+
+/// The members a node knows: (id, client address) from `CLUSTER NODES`.
+async fn members(addr: &str, password: Option<&str>) -> Result<Vec<(u64, String, bool)>, String> {
+    match request_auth(
+        addr,
+        password,
+        &[b"CLUSTER", b"NODES"],
+        Duration::from_secs(2),
+    )
+    .await?
+    {
+        Reply::Bulk(Some(text)) => Ok(String::from_utf8_lossy(&text)
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                let id = u64::from_str_radix(f.next()?, 16).ok()?;
+                let client = f.next()?.split('@').next()?.to_string();
+                let voter = !f.next()?.contains("nofailover");
+                Some((id, client, voter))
+            })
+            .collect()),
+        other => Err(format!("{addr}: CLUSTER NODES answered {other}")),
+    }
+}
+
+/// `fencelog cluster status`
+async fn status(addr: &str, password: Option<&str>) -> Result<(), String> {
+    let members = members(addr, password).await?;
+    let mut rows = Vec::new();
+    let mut lag: BTreeMap<u64, String> = BTreeMap::new();
+    for (id, client, voter) in &members {
+        let i = info(client, password).await;
+        if let Ok(i) = &i
+            && i.get("raft_state").is_some_and(|s| s == "leader")
+        {
+            for (k, v) in i {
+                if let Some(n) = k.strip_prefix("raft_replica_").and_then(|n| n.parse().ok()) {
+                    let l = v.split("lag=").nth(1).unwrap_or("?").to_string();
+                    lag.insert(n, l);
+                }
+            }
+        }
+        rows.push((*id, client.clone(), *voter, i));
+    }
+    println!(
+        "{:>4}  {:<22} {:<10} {:>6} {:>10} {:>10} {:>10} {:>8}",
+        "node", "address", "role", "term", "last log", "committed", "applied", "lag"
+    );
+    for (id, client, voter, i) in rows {
+        match i {
+            Ok(i) => {
+                let get = |k: &str| i.get(k).cloned().unwrap_or_else(|| "?".into());
+                let role = match (get("raft_state").as_str(), voter) {
+                    (s, true) => s.to_string(),
+                    (s, false) => format!("{s} (learner)"),
+                };
+                println!(
+                    "{:>4}  {:<22} {:<10} {:>6} {:>10} {:>10} {:>10} {:>8}",
+                    id,
+                    client,
+                    role,
+                    get("raft_term"),
+                    get("raft_last_log_index"),
+                    get("raft_committed"),
+                    get("raft_last_applied"),
+                    lag.get(&id).cloned().unwrap_or_else(|| "-".into())
+                );
+            }
+            Err(e) => println!("{id:>4}  {client:<22} unreachable: {e}"),
+        }
+    }
+    Ok(())
+}
+
+/// `fencelog cluster local`
+async fn local(nodes: u64, port: u16, dir: PathBuf) -> Result<(), String> {
+    if nodes == 0 || nodes > 9 {
+        return Err(format!("--nodes {nodes}: from 1 to 9"));
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
+    let client = |i: u64| format!("127.0.0.1:{}", u64::from(port) + i - 1);
+    let raft = |i: u64| format!("127.0.0.1:{}", u64::from(port) + 10_000 + i - 1);
+    let initial = (1..=nodes)
+        .map(|i| format!("{i}={}/{}", raft(i), client(i)))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut children = Vec::new();
+    for i in 1..=nodes {
+        let node_dir = dir.join(format!("n{i}"));
+        let child = std::process::Command::new(&exe)
+            .arg("serve")
+            .arg("--dir")
+            .arg(&node_dir)
+            .args(["--addr", &client(i)])
+            .args(["--cluster-node-id", &i.to_string()])
+            .args(["--cluster-raft-addr", &raft(i)])
+            .args(["--cluster-initial", &initial])
+            .spawn()
+            .map_err(|e| format!("cannot start node {i}: {e}"))?;
+        println!(
+            "node {i}: clients {} raft {} data {}",
+            client(i),
+            raft(i),
+            node_dir.display()
+        );
+        children.push(child);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(i) = info(&client(1), None).await
+            && i.get("raft_leader").is_some_and(|l| l != "none")
+        {
+            break;
+        }
+        if Instant::now() > deadline {
+            eprintln!("no leader after 20 s; the nodes keep trying");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    status(&client(1), None).await.ok();
+    println!(
+        "\nredis-cli -c -p {port} LOG.APPEND orders 1 hello   # -c follows MOVED\n\
+         fencelog cluster status --addr {}                 # Ctrl-C stops the nodes",
+        client(1)
+    );
+    let _ = tokio::signal::ctrl_c().await;
+    for child in &children {
+        // SIGTERM: each node stops gracefully.
+        // SAFETY: kill(2) on a child this process started.
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGTERM);
+        }
+    }
+    for mut child in children {
+        let _ = child.wait();
+    }
+    Ok(())
+}

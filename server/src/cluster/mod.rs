@@ -1,0 +1,222 @@
+//! Cluster mode in the server: a `fencelog serve` started with
+//! `--cluster-node-id` is one replica of a group replicated through Raft
+//! (the `fencelog-cluster` crate). Clients find the leader as Redis Cluster
+//! clients expect: `CLUSTER SLOTS`/`SHARDS`/`NODES` describe one group
+//! owning every slot, with the leader as its primary; a follower answers a
+//! data command `-MOVED slot leader`, and while no leader is known,
+//! `-TRYAGAIN`.
+//!
+//! - `route.rs`: data commands in cluster mode (writes proposed to Raft,
+//!   reads after a ReadIndex, leases through the log).
+//! - `slots.rs`: the `CLUSTER` commands and the key slot.
+//! - `cli.rs`: `fencelog cluster local`, `status`, `add`, `remove`.
+
+pub mod cli;
+pub mod route;
+pub mod slots;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use fencelog::Log;
+use fencelog_cluster::{Member, Node, NodeConfig, NodeId};
+
+/// What `fencelog serve` is told about its cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// This node's id (1 and up, the same across restarts).
+    pub node_id: NodeId,
+    /// Where peers' Raft messages arrive.
+    pub raft_addr: SocketAddr,
+    /// This node as peers and clients reach it.
+    pub member: Member,
+    /// The first members, to form a new cluster (`--cluster-initial`):
+    /// the one with the lowest id forms it, once.
+    pub initial: BTreeMap<NodeId, Member>,
+    /// A member to ask to add this node (`--cluster-join`), when it starts
+    /// with no state of its own.
+    pub join: Option<String>,
+    /// Elections after this much silence from a leader (the upper bound is
+    /// twice it); heartbeats at a third of it.
+    pub election_timeout: Duration,
+    /// A snapshot after this many entries.
+    pub snapshot_every: u64,
+    /// The Raft log's segment size.
+    pub raft_segment_bytes: u64,
+}
+
+/// Parses `--cluster-initial`: `ID=RAFT_ADDR/CLIENT_ADDR,…`.
+pub fn parse_members(text: &str) -> Result<BTreeMap<NodeId, Member>, String> {
+    let mut members = BTreeMap::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (id, addrs) = part
+            .split_once('=')
+            .ok_or_else(|| format!("{part:?}: expected ID=RAFT_ADDR/CLIENT_ADDR"))?;
+        let id: NodeId = id
+            .trim()
+            .parse()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| format!("{part:?}: the node id must be an integer from 1"))?;
+        let (raft, client) = addrs
+            .split_once('/')
+            .ok_or_else(|| format!("{part:?}: expected ID=RAFT_ADDR/CLIENT_ADDR"))?;
+        for a in [raft, client] {
+            if a.rsplit_once(':')
+                .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
+            {
+                return Err(format!("{part:?}: {a:?} is not HOST:PORT"));
+            }
+        }
+        let member = Member {
+            raft_addr: raft.to_string(),
+            client_addr: client.to_string(),
+        };
+        if members.insert(id, member).is_some() {
+            return Err(format!("node {id} is listed twice"));
+        }
+    }
+    Ok(members)
+}
+
+/// A running replica: its Raft node and how it was started.
+pub struct Cluster {
+    node: Node,
+    config: ClusterConfig,
+}
+
+impl Cluster {
+    /// Starts the node in `dir` (its `raft/`, `sm/` and `snap/`) and, on a
+    /// node with no state yet, forms the cluster or asks to join it.
+    pub async fn start(
+        config: ClusterConfig,
+        dir: &Path,
+        engine: fencelog::Options,
+    ) -> Result<Cluster, String> {
+        let timeout = config.election_timeout.as_millis() as u64;
+        let mut cfg = NodeConfig::new(
+            config.node_id,
+            dir.to_path_buf(),
+            config.raft_addr,
+            config.member.clone(),
+        );
+        cfg.engine = engine;
+        cfg.election_timeout_ms = (timeout, timeout * 2);
+        cfg.heartbeat_ms = (timeout / 3).max(10);
+        cfg.snapshot_every_entries = config.snapshot_every;
+        cfg.raft_segment_bytes = config.raft_segment_bytes;
+        let node = Node::start(cfg)
+            .await
+            .map_err(|e| format!("cannot start cluster node {}: {e}", config.node_id))?;
+        let pristine = !node
+            .raft()
+            .is_initialized()
+            .await
+            .map_err(|e| format!("raft: {e}"))?;
+        if pristine {
+            if let Some(join) = &config.join {
+                tracing::info!(event = "cluster_join", via = %join, "asking the cluster to add this node");
+            } else if config.initial.keys().next() == Some(&config.node_id) {
+                node.initialize(config.initial.clone())
+                    .await
+                    .map_err(|e| format!("cannot form the cluster: {e}"))?;
+                tracing::info!(
+                    event = "cluster_formed",
+                    members = config.initial.len(),
+                    "a new cluster was formed"
+                );
+            } else {
+                tracing::info!(
+                    event = "cluster_waiting",
+                    "waiting to be reached by the cluster's leader"
+                );
+            }
+        }
+        Ok(Cluster { node, config })
+    }
+
+    /// Asks the member at `--cluster-join` to add this node, until one
+    /// does (in the background: the server serves meanwhile, answering
+    /// TRYAGAIN).
+    pub async fn join(&self) {
+        let Some(via) = self.config.join.clone() else {
+            return;
+        };
+        if self.node.raft().is_initialized().await.unwrap_or(true) {
+            return;
+        }
+        let id = self.config.node_id.to_string();
+        let member = self.config.member.clone();
+        let mut target = via;
+        for attempt in 0u32.. {
+            let args: [&[u8]; 5] = [
+                b"CLUSTER",
+                b"ADDNODE",
+                id.as_bytes(),
+                member.raft_addr.as_bytes(),
+                member.client_addr.as_bytes(),
+            ];
+            match cli::request(&target, &args, Duration::from_secs(120)).await {
+                Ok(crate::bench::Reply::Simple(ok)) if ok == "OK" => {
+                    tracing::info!(event = "cluster_joined", via = %target, "added to the cluster");
+                    return;
+                }
+                Ok(crate::bench::Reply::Error(e)) if e.starts_with("MOVED ") => {
+                    if let Some(addr) = e.split_whitespace().nth(2) {
+                        target = addr.to_string();
+                        continue;
+                    }
+                }
+                Ok(other) => tracing::warn!(via = %target, reply = %other, attempt, "join refused"),
+                Err(e) => tracing::warn!(via = %target, error = %e, attempt, "join failed"),
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// The engine in use (a snapshot installed later replaces it).
+    pub fn log(&self) -> Log {
+        self.node.log()
+    }
+
+    /// The Raft node.
+    pub fn node(&self) -> &Node {
+        &self.node
+    }
+
+    /// How it was started.
+    pub fn config(&self) -> &ClusterConfig {
+        &self.config
+    }
+
+    /// Stops Raft and the peer listener.
+    pub async fn shutdown(&self) {
+        if let Err(e) = self.node.shutdown().await {
+            tracing::warn!(error = %e, "stopping the cluster node");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn members_parse_and_bad_ones_say_why() {
+        let m = parse_members("1=127.0.0.1:17379/127.0.0.1:7379, 2=h:2/h:3").unwrap();
+        assert_eq!(m.len(), 2);
+        assert_eq!(m[&1].raft_addr, "127.0.0.1:17379");
+        assert_eq!(m[&2].client_addr, "h:3");
+        for bad in [
+            "1=a:1",
+            "x=a:1/b:2",
+            "0=a:1/b:2",
+            "1=a/b:2",
+            "1=a:1/b:2,1=c:1/d:2",
+        ] {
+            assert!(parse_members(bad).is_err(), "{bad}");
+        }
+    }
+}

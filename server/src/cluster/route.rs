@@ -1,0 +1,298 @@
+//! Data commands in cluster mode.
+//!
+//! - Writes (`LOG.APPEND`, …, and `EXEC`'s entry) are proposed to Raft in
+//!   the order a connection sends them and answered once a majority holds
+//!   them and the leader applied them; a connection's pipelined writes
+//!   share rounds of replication.
+//! - Lease commands go through the log too (the decision is the state
+//!   machine's, on every replica alike). `LEASE.INFO` first puts the
+//!   leader's clock in the log, so its answer counts expiries up to now.
+//! - Reads (`LOG.READ`, `LOG.STAT`, `LOG.STREAMS`, `DBSIZE`) first confirm
+//!   leadership with a quorum (Raft's ReadIndex): a deposed leader never
+//!   answers a read that misses a committed write.
+//!
+//! A node that is not the leader answers `-MOVED slot host:port` (the
+//! leader's client address) when it knows the leader, `-TRYAGAIN` while an
+//! election runs. A write whose fate cannot be known (the node stopped
+//! leading with it in flight) answers `-UNCERTAIN`: cluster clients do not
+//! retry it blindly, since an append retried could land twice.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use fencelog::{Error, TxOp};
+use fencelog_cluster::{ClusterError, Response, WireCommand, WireTxOp};
+
+use super::Cluster;
+use super::slots::key_slot;
+use crate::commands::{self, Blocking, ClientTag, Context, Outcome};
+use crate::connection::Session;
+use crate::protocol::Reply;
+
+/// A write's answer to come.
+pub type ReplyFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Reply> + Send>>;
+
+/// How long a proposed write may wait for its answer: longer means the
+/// node is cut off from its quorum, and the client is told the outcome is
+/// unknown rather than kept waiting.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Runs `cmd` if cluster mode answers it differently (`None`: the
+/// standalone handler runs, against the cluster's engine).
+pub(crate) async fn run(
+    ctx: &Arc<Context>,
+    c: &Arc<Cluster>,
+    session: &mut Session,
+    cmd: &str,
+    args: &[Bytes],
+) -> Option<Outcome> {
+    let a = &args[1..];
+    if let Some(parsed) = commands::parse_write(cmd, a) {
+        return Some(match parsed {
+            Ok(op) => {
+                let key = commands::op_stream(&op).clone();
+                propose(ctx, c, session.tag(), key, WireCommand::from_op(&op)).await
+            }
+            Err(reply) => Outcome::Reply(reply),
+        });
+    }
+    match cmd {
+        "LEASE.ACQUIRE" => Some(acquire(ctx, c, session, cmd, a)),
+        "LEASE.RENEW" | "LEASE.RELEASE" => Some(renew_or_release(ctx, c, session, cmd, a).await),
+        "LEASE.INFO" => {
+            if a.len() != 1 {
+                return Some(commands::wrong_arity(cmd));
+            }
+            Some(lease_info(c, a[0].clone()))
+        }
+        "LOG.READ" | "LOG.STAT" | "LOG.STREAMS" | "DBSIZE" => {
+            let key = a.first().cloned().unwrap_or_default();
+            match c.node().linearizable().await {
+                Ok(()) => None,
+                Err(e) => Some(Outcome::Reply(redirect(c, &key, &e))),
+            }
+        }
+        "CLUSTER" => Some(Outcome::Reply(super::slots::cluster(c, a).await)),
+        // Cluster clients send these; reads always go to the leader here.
+        "READONLY" | "READWRITE" | "ASKING" if a.is_empty() => Some(Outcome::Reply(Reply::ok())),
+        _ => None,
+    }
+}
+
+/// Where to send the client, or why its command failed.
+pub(crate) fn redirect(c: &Cluster, key: &[u8], e: &ClusterError) -> Reply {
+    match e {
+        ClusterError::NotLeader {
+            leader: Some((id, m)),
+        } if *id != c.config().node_id => {
+            Reply::Error(format!("MOVED {} {}", key_slot(key), m.client_addr))
+        }
+        ClusterError::NotLeader { .. } => {
+            Reply::Error("TRYAGAIN no leader yet: an election is in progress".into())
+        }
+        ClusterError::Uncertain(why) => Reply::Error(format!(
+            "UNCERTAIN the write may or may not have been applied ({why}); read before \
+             retrying, or retry with LOG.APPENDAT"
+        )),
+        ClusterError::TooLarge { len, max } => Reply::Error(format!(
+            "TOOBIG a request of {len} bytes is over the limit of {max} for one replicated entry"
+        )),
+        other => Reply::Error(format!("CLUSTERDOWN {other}")),
+    }
+}
+
+/// The answer of an applied entry, as the standalone server words it.
+fn answer(ctx: &Context, client: &ClientTag, key: &[u8], r: Response) -> Reply {
+    let int = |n: u64| Reply::Integer(i64::try_from(n).unwrap_or(i64::MAX));
+    match r {
+        Response::Value(v) => int(v),
+        Response::Values(v) => Reply::Array(v.into_iter().map(int).collect()),
+        Response::Grant { token, ttl_ms } => Reply::Array(vec![int(token), int(ttl_ms)]),
+        Response::Released(r) => Reply::Integer(i64::from(r)),
+        Response::Done => Reply::ok(),
+        Response::Rejected(e) => {
+            let e = e.to_engine();
+            commands::note_error(ctx, client, key, &e);
+            commands::error_reply(&e)
+        }
+    }
+}
+
+/// Waits for a proposal's outcome, at most [`WRITE_TIMEOUT`].
+async fn settle(
+    c: &Cluster,
+    proposal: fencelog_cluster::Proposal,
+) -> Result<Response, ClusterError> {
+    match tokio::time::timeout(WRITE_TIMEOUT, proposal).await {
+        Ok(r) => r,
+        Err(_) => Err(ClusterError::Uncertain(format!(
+            "no quorum answered node {} in {} s",
+            c.config().node_id,
+            WRITE_TIMEOUT.as_secs()
+        ))),
+    }
+}
+
+/// Proposes a write now (keeping the connection's order) and answers it
+/// once applied.
+async fn propose(
+    ctx: &Arc<Context>,
+    c: &Arc<Cluster>,
+    client: ClientTag,
+    key: Bytes,
+    cmd: WireCommand,
+) -> Outcome {
+    match c.node().propose(cmd).await {
+        Ok(proposal) => {
+            let (ctx, c) = (Arc::clone(ctx), Arc::clone(c));
+            Outcome::Replicated(Box::pin(async move {
+                match settle(&c, proposal).await {
+                    Ok(r) => answer(&ctx, &client, &key, r),
+                    Err(e) => redirect(&c, &key, &e),
+                }
+            }))
+        }
+        Err(e) => Outcome::Reply(redirect(c, &key, &e)),
+    }
+}
+
+/// Proposes and waits (the lease commands, one at a time).
+async fn write(c: &Cluster, cmd: WireCommand) -> Result<Response, ClusterError> {
+    let proposal = c.node().propose(cmd).await?;
+    settle(c, proposal).await
+}
+
+/// `LEASE.ACQUIRE`: parsed as on one node; with `WAIT`, tried again while
+/// the lease is held, until the wait runs out.
+fn acquire(
+    ctx: &Arc<Context>,
+    c: &Arc<Cluster>,
+    session: &Session,
+    cmd: &str,
+    a: &[Bytes],
+) -> Outcome {
+    let Outcome::Blocking(Blocking::Acquire {
+        name,
+        owner,
+        ttl,
+        opts,
+        ..
+    }) = commands::acquire(cmd, a, ctx, session)
+    else {
+        // A parse error: its answer.
+        return commands::acquire(cmd, a, ctx, session);
+    };
+    let (ctx, c) = (Arc::clone(ctx), Arc::clone(c));
+    let client = session.tag();
+    let deadline = opts.wait.and_then(|w| Instant::now().checked_add(w));
+    let waits = opts.wait.is_some();
+    Outcome::Replicated(Box::pin(async move {
+        let cmd = WireCommand::Acquire {
+            name: name.to_vec(),
+            owner: owner.to_vec(),
+            ttl_ms: ttl.as_millis() as u64,
+            fence: opts.fence,
+        };
+        loop {
+            match write(&c, cmd.clone()).await {
+                Ok(Response::Rejected(fencelog_cluster::WireError::Held { remaining_ms }))
+                    if waits && deadline.is_none_or(|d| Instant::now() < d) =>
+                {
+                    // Asked again when it may be free (a release is not
+                    // announced across the cluster: polled, at most 50 ms
+                    // late).
+                    let mut pause = Duration::from_millis(remaining_ms.clamp(1, 50));
+                    if let Some(d) = deadline {
+                        pause = pause.min(d.saturating_duration_since(Instant::now()));
+                    }
+                    tokio::time::sleep(pause).await;
+                }
+                Ok(r) => return answer(&ctx, &client, &name, r),
+                Err(e) => return redirect(&c, &name, &e),
+            }
+        }
+    }))
+}
+
+fn parse_token(b: &[u8]) -> Option<u64> {
+    std::str::from_utf8(b).ok()?.parse().ok().filter(|&t| t > 0)
+}
+
+/// `LEASE.RENEW name owner token ttl_ms` and `LEASE.RELEASE name owner
+/// token`, through the log.
+async fn renew_or_release(
+    ctx: &Arc<Context>,
+    c: &Arc<Cluster>,
+    session: &Session,
+    cmd: &str,
+    a: &[Bytes],
+) -> Outcome {
+    let renew = cmd == "LEASE.RENEW";
+    if a.len() != if renew { 4 } else { 3 } {
+        return commands::wrong_arity(cmd);
+    }
+    let Some(token) = parse_token(&a[2]) else {
+        return commands::err("ERR token is not an integer or out of range");
+    };
+    let wire = if renew {
+        let Some(ttl_ms) = std::str::from_utf8(&a[3]).ok().and_then(|s| s.parse().ok()) else {
+            return commands::err("ERR value is not an integer or out of range");
+        };
+        WireCommand::Renew {
+            name: a[0].to_vec(),
+            owner: a[1].to_vec(),
+            token,
+            ttl_ms,
+        }
+    } else {
+        WireCommand::Release {
+            name: a[0].to_vec(),
+            owner: a[1].to_vec(),
+            token,
+        }
+    };
+    propose(ctx, c, session.tag(), a[0].clone(), wire).await
+}
+
+/// `LEASE.INFO name`: the leader's clock goes through the log first, so
+/// the answer is as of now on a quorum, then the lease is read.
+fn lease_info(c: &Arc<Cluster>, name: Bytes) -> Outcome {
+    let c = Arc::clone(c);
+    Outcome::Replicated(Box::pin(async move {
+        if let Err(e) = write(&c, WireCommand::Tick).await {
+            return redirect(&c, &name, &e);
+        }
+        match c.log().lease_info(&name) {
+            Ok(Some(info)) => Reply::Array(vec![
+                Reply::Bulk(info.owner),
+                Reply::Integer(i64::try_from(info.token.get()).unwrap_or(i64::MAX)),
+                Reply::Integer(info.remaining.as_millis() as i64),
+            ]),
+            Ok(None) => Reply::Null,
+            Err(e) => commands::error_reply(&e),
+        }
+    }))
+}
+
+/// `EXEC`'s writes as one replicated entry: their answers, the engine's
+/// rejection (`Error::Aborted`), or the reply for a node that cannot take
+/// them (MOVED, TRYAGAIN, UNCERTAIN).
+pub(crate) async fn transact(
+    c: &Cluster,
+    ops: Vec<TxOp>,
+) -> Result<Result<Vec<u64>, Error>, Reply> {
+    let key = ops
+        .first()
+        .map(|op| commands::op_stream(op).clone())
+        .unwrap_or_default();
+    let wire = WireCommand::Transact(ops.iter().map(WireTxOp::from_engine).collect());
+    match write(c, wire).await {
+        Ok(Response::Values(v)) => Ok(Ok(v)),
+        Ok(Response::Rejected(e)) => Ok(Err(e.to_engine())),
+        Ok(other) => Err(Reply::Error(format!(
+            "ERR internal: a transaction answered {other:?}"
+        ))),
+        Err(e) => Err(redirect(c, &key, &e)),
+    }
+}

@@ -1,0 +1,366 @@
+//! The `CLUSTER` commands, in Redis Cluster's shapes: one group owns all
+//! 16384 slots, the leader is its primary and the other voters its
+//! replicas. Node ids are Redis' 40 hex digits (the node number, padded).
+//! `CLUSTER ADDNODE` and `CLUSTER REMOVENODE` are fencelog's own: the
+//! membership changes of Raft, run by the leader.
+
+use std::collections::BTreeSet;
+
+use bytes::Bytes;
+use fencelog_cluster::{Member, NodeId, Status};
+
+use super::Cluster;
+use crate::protocol::Reply;
+
+/// Redis Cluster's slot count.
+pub const SLOTS: u16 = 16384;
+
+const CRC16: crc::Crc<u16> = crc::Crc::<u16>::new(&crc::CRC_16_XMODEM);
+
+/// The slot of a key, as Redis Cluster computes it: CRC16 (XMODEM) of the
+/// key, or of its hash tag (the part between the first `{` and the next
+/// `}`, if not empty), mod 16384.
+pub fn key_slot(key: &[u8]) -> u16 {
+    let hashed = match key.iter().position(|&b| b == b'{') {
+        Some(open) => match key[open + 1..].iter().position(|&b| b == b'}') {
+            Some(len) if len > 0 => &key[open + 1..open + 1 + len],
+            _ => key,
+        },
+        None => key,
+    };
+    CRC16.checksum(hashed) % SLOTS
+}
+
+/// A node's id as Redis clients expect it: 40 hex digits.
+pub fn node_name(id: NodeId) -> String {
+    format!("{id:040x}")
+}
+
+/// `host` and `port` of a `host:port` address.
+fn host_port(addr: &str) -> (String, i64) {
+    match addr.rsplit_once(':') {
+        Some((h, p)) => (
+            h.trim_matches(['[', ']']).to_string(),
+            p.parse().unwrap_or(0),
+        ),
+        None => (addr.to_string(), 0),
+    }
+}
+
+fn error(text: impl Into<String>) -> Reply {
+    Reply::Error(text.into())
+}
+
+/// The primary clients should use: the leader if known, else this node (a
+/// command sent here then answers TRYAGAIN until there is a leader).
+fn primary(c: &Cluster, status: &Status) -> NodeId {
+    status.leader.unwrap_or(c.config().node_id)
+}
+
+/// Voters first (the primary leading), then learners.
+fn ordered_members(c: &Cluster, status: &Status) -> Vec<(NodeId, Member, bool)> {
+    let primary = primary(c, status);
+    let mut out: Vec<(NodeId, Member, bool)> = status
+        .members
+        .iter()
+        .map(|(id, (m, voter))| (*id, m.clone(), *voter))
+        .collect();
+    if out.is_empty() {
+        // Not part of a cluster yet: only this node is known.
+        out.push((c.config().node_id, c.config().member.clone(), true));
+    }
+    out.sort_by_key(|(id, _, voter)| (*id != primary, !*voter, *id));
+    out
+}
+
+/// `CLUSTER <subcommand> …`
+pub async fn cluster(c: &Cluster, a: &[Bytes]) -> Reply {
+    let Some(sub) = a.first() else {
+        return error("ERR wrong number of arguments for 'cluster' command");
+    };
+    let sub = String::from_utf8_lossy(sub).to_ascii_uppercase();
+    let status = c.node().status();
+    match (sub.as_str(), &a[1..]) {
+        ("SLOTS", []) => slots(c, &status),
+        ("SHARDS", []) => shards(c, &status),
+        ("NODES", []) => Reply::Verbatim(nodes(c, &status)),
+        ("INFO", []) => Reply::Verbatim(info(c, &status)),
+        ("MYID", []) => Reply::text(node_name(c.config().node_id)),
+        ("KEYSLOT", [key]) => Reply::Integer(i64::from(key_slot(key))),
+        ("ADDNODE", [id, raft, client]) => add_node(c, id, raft, client).await,
+        ("REMOVENODE", [id]) => remove_node(c, id).await,
+        (
+            "SLOTS" | "SHARDS" | "NODES" | "INFO" | "MYID" | "KEYSLOT" | "ADDNODE" | "REMOVENODE",
+            _,
+        ) => error(format!(
+            "ERR wrong number of arguments for 'cluster|{}' command",
+            sub.to_ascii_lowercase()
+        )),
+        _ => error(format!(
+            "ERR unknown subcommand '{}'. Try CLUSTER HELP.",
+            String::from_utf8_lossy(&a[0])
+        )),
+    }
+}
+
+/// `CLUSTER SLOTS`: `[[0, 16383, [host, port, id], …]]`.
+fn slots(c: &Cluster, status: &Status) -> Reply {
+    let mut range = vec![Reply::Integer(0), Reply::Integer(i64::from(SLOTS - 1))];
+    for (id, m, voter) in ordered_members(c, status) {
+        if !voter {
+            continue;
+        }
+        let (host, port) = host_port(&m.client_addr);
+        range.push(Reply::Array(vec![
+            Reply::text(host),
+            Reply::Integer(port),
+            Reply::text(node_name(id)),
+        ]));
+    }
+    Reply::Array(vec![Reply::Array(range)])
+}
+
+/// `CLUSTER SHARDS`: one shard with every slot and every member.
+fn shards(c: &Cluster, status: &Status) -> Reply {
+    let primary = primary(c, status);
+    let nodes = ordered_members(c, status)
+        .into_iter()
+        .map(|(id, m, _)| {
+            let (host, port) = host_port(&m.client_addr);
+            let offset = if id == c.config().node_id {
+                status.last_applied
+            } else {
+                status.matched.get(&id).copied().unwrap_or(0)
+            };
+            Reply::Map(vec![
+                (Reply::text("id"), Reply::text(node_name(id))),
+                (Reply::text("port"), Reply::Integer(port)),
+                (Reply::text("ip"), Reply::text(host.clone())),
+                (Reply::text("endpoint"), Reply::text(host)),
+                (
+                    Reply::text("role"),
+                    Reply::text(if id == primary { "master" } else { "replica" }),
+                ),
+                (
+                    Reply::text("replication-offset"),
+                    Reply::Integer(i64::try_from(offset).unwrap_or(i64::MAX)),
+                ),
+                (Reply::text("health"), Reply::text("online")),
+            ])
+        })
+        .collect();
+    Reply::Array(vec![Reply::Map(vec![
+        (
+            Reply::text("slots"),
+            Reply::Array(vec![
+                Reply::Integer(0),
+                Reply::Integer(i64::from(SLOTS - 1)),
+            ]),
+        ),
+        (Reply::text("nodes"), Reply::Array(nodes)),
+    ])])
+}
+
+/// `CLUSTER NODES`: Redis' line format.
+fn nodes(c: &Cluster, status: &Status) -> String {
+    let primary = primary(c, status);
+    let mut out = String::new();
+    for (id, m, voter) in ordered_members(c, status) {
+        let (_, raft_port) = host_port(&m.raft_addr);
+        let mut flags = Vec::new();
+        if id == c.config().node_id {
+            flags.push("myself");
+        }
+        flags.push(if id == primary { "master" } else { "slave" });
+        if !voter {
+            flags.push("nofailover");
+        }
+        let master = if id == primary {
+            "-".to_string()
+        } else {
+            node_name(primary)
+        };
+        let slots = if id == primary { " 0-16383" } else { "" };
+        out.push_str(&format!(
+            "{} {}@{} {} {} 0 0 {} connected{}\n",
+            node_name(id),
+            m.client_addr,
+            raft_port,
+            flags.join(","),
+            master,
+            status.term,
+            slots
+        ));
+    }
+    out
+}
+
+/// `CLUSTER INFO`: Redis' fields, then Raft's.
+fn info(c: &Cluster, status: &Status) -> String {
+    let voters = status.members.values().filter(|(_, v)| *v).count().max(1);
+    let state = if status.leader.is_some() {
+        "ok"
+    } else {
+        "fail"
+    };
+    let mut s = format!(
+        "cluster_enabled:1\r\ncluster_state:{state}\r\ncluster_slots_assigned:{SLOTS}\r\n\
+         cluster_slots_ok:{}\r\ncluster_slots_pfail:0\r\ncluster_slots_fail:{}\r\n\
+         cluster_known_nodes:{}\r\ncluster_size:1\r\ncluster_current_epoch:{}\r\n\
+         cluster_my_epoch:{}\r\n",
+        if status.leader.is_some() { SLOTS } else { 0 },
+        if status.leader.is_some() { 0 } else { SLOTS },
+        status.members.len().max(1),
+        status.term,
+        status.term,
+    );
+    s.push_str(&format!(
+        "raft_node_id:{}\r\nraft_state:{}\r\nraft_term:{}\r\nraft_leader:{}\r\n\
+         raft_voters:{voters}\r\nraft_last_log_index:{}\r\nraft_committed:{}\r\n\
+         raft_last_applied:{}\r\nraft_snapshot_index:{}\r\nraft_snapshots_installed:{}\r\n\
+         raft_ms_since_quorum_ack:{}\r\n",
+        c.config().node_id,
+        status.state,
+        status.term,
+        status
+            .leader
+            .map_or_else(|| "none".to_string(), |l| l.to_string()),
+        status.last_log_index,
+        status.committed,
+        status.last_applied,
+        status
+            .snapshot_index
+            .map_or_else(|| "none".to_string(), |i| i.to_string()),
+        status.snapshots_installed,
+        status
+            .millis_since_quorum_ack
+            .map_or_else(|| "none".to_string(), |m| m.to_string()),
+    ));
+    for (id, matched) in &status.matched {
+        s.push_str(&format!(
+            "raft_replica_{id}:matched={matched},lag={}\r\n",
+            status.last_log_index.saturating_sub(*matched)
+        ));
+    }
+    s
+}
+
+fn parse_id(b: &[u8]) -> Option<NodeId> {
+    std::str::from_utf8(b).ok()?.parse().ok().filter(|&n| n > 0)
+}
+
+/// The leader's answer to a membership command sent elsewhere.
+fn not_leader(c: &Cluster) -> Option<Reply> {
+    let status = c.node().status();
+    if status.state == "leader" {
+        return None;
+    }
+    Some(match c.node().leader() {
+        Some((_, m)) => error(format!("MOVED 0 {}", m.client_addr)),
+        None => error("TRYAGAIN no leader yet: an election is in progress"),
+    })
+}
+
+/// `CLUSTER ADDNODE id raft_addr client_addr`: adds a node as a learner,
+/// waits until it has caught up (by snapshot when far behind), then makes
+/// it a voter. A node that is a voter already (its disk was wiped and it
+/// starts again empty) is first taken out, so it never votes with a
+/// forgotten log.
+async fn add_node(c: &Cluster, id: &[u8], raft: &[u8], client: &[u8]) -> Reply {
+    if let Some(r) = not_leader(c) {
+        return r;
+    }
+    let Some(id) = parse_id(id) else {
+        return error("ERR the node id must be an integer from 1");
+    };
+    let member = Member {
+        raft_addr: String::from_utf8_lossy(raft).into_owned(),
+        client_addr: String::from_utf8_lossy(client).into_owned(),
+    };
+    let node = c.node();
+    let status = node.status();
+    let voters: BTreeSet<NodeId> = status
+        .members
+        .iter()
+        .filter(|(_, (_, v))| *v)
+        .map(|(id, _)| *id)
+        .collect();
+    if voters.contains(&id) {
+        if id == c.config().node_id {
+            return error("ERR this node leads: it cannot add itself again");
+        }
+        let without: BTreeSet<NodeId> = voters.iter().copied().filter(|v| *v != id).collect();
+        if let Err(e) = node.change_membership(without).await {
+            return error(format!("ERR taking node {id} out first: {e}"));
+        }
+    }
+    if let Err(e) = node.add_learner(id, member).await {
+        return error(format!("ERR adding node {id} as a learner: {e}"));
+    }
+    let mut with: BTreeSet<NodeId> = node
+        .status()
+        .members
+        .iter()
+        .filter(|(_, (_, v))| *v)
+        .map(|(id, _)| *id)
+        .collect();
+    with.insert(id);
+    match node.change_membership(with).await {
+        Ok(()) => {
+            tracing::info!(
+                event = "cluster_node_added",
+                node = id,
+                "node added as a voter"
+            );
+            Reply::ok()
+        }
+        Err(e) => error(format!("ERR making node {id} a voter: {e}")),
+    }
+}
+
+/// `CLUSTER REMOVENODE id`: takes a node out of the cluster.
+async fn remove_node(c: &Cluster, id: &[u8]) -> Reply {
+    if let Some(r) = not_leader(c) {
+        return r;
+    }
+    let Some(id) = parse_id(id) else {
+        return error("ERR the node id must be an integer from 1");
+    };
+    let status = c.node().status();
+    if !status.members.contains_key(&id) {
+        return error(format!("ERR node {id} is not a member"));
+    }
+    let voters: BTreeSet<NodeId> = status
+        .members
+        .iter()
+        .filter(|(m, (_, v))| *v && **m != id)
+        .map(|(id, _)| *id)
+        .collect();
+    if voters.is_empty() {
+        return error("ERR the last voter cannot be removed");
+    }
+    match c.node().change_membership(voters).await {
+        Ok(()) => {
+            tracing::info!(event = "cluster_node_removed", node = id, "node removed");
+            Reply::ok()
+        }
+        Err(e) => error(format!("ERR removing node {id}: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_slots_match_redis() {
+        // Values from Redis' CLUSTER KEYSLOT.
+        assert_eq!(key_slot(b"foo"), 12182);
+        assert_eq!(key_slot(b"bar"), 5061);
+        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
+        assert_eq!(key_slot(b"foo{}{bar}"), key_slot(b"foo{}{bar}"));
+        assert_ne!(key_slot(b"foo{}{bar}"), key_slot(b"bar"));
+        assert_eq!(key_slot(b"foo{{bar}}zap"), key_slot(b"{bar"));
+        assert_eq!(key_slot(b""), 0);
+    }
+}

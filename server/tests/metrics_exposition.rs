@@ -1,0 +1,139 @@
+//! The Prometheus endpoint as Prometheus' own tools read it. It once typed
+//! every ever-growing counter `gauge`, named them without `_total`, used
+//! microseconds, answered `HEAD` with 404, and failed `promtool check
+//! metrics`.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+
+use common::*;
+
+fn http(addr: SocketAddr, request: &str) -> String {
+    let mut http = std::net::TcpStream::connect(addr).unwrap();
+    http.write_all(request.as_bytes()).unwrap();
+    let mut response = String::new();
+    http.read_to_string(&mut response).unwrap();
+    response
+}
+
+fn free_port() -> SocketAddr {
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    probe.local_addr().unwrap()
+}
+
+/// A server with some traffic: appends, a stale write, a lease.
+fn busy_server(dir: &std::path::Path, metrics: SocketAddr) -> ServerProcess {
+    let server = ServerProcess::start(dir, &["--metrics-addr", &metrics.to_string()]);
+    let mut c = server.client();
+    c.cmd(&["LOG.APPEND", "s", "5", "x"]);
+    c.cmd(&["LOG.APPEND", "s", "4", "late"]);
+    c.cmd(&["LEASE.ACQUIRE", "job", "w1", "10000"]);
+    server
+}
+
+#[test]
+fn counters_are_counters_named_by_prometheus_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = free_port();
+    let _server = busy_server(dir.path(), metrics);
+    let response = http(metrics, "GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n");
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
+    assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+
+    // A real parser of the text format, whatever is installed.
+    let lines = body.lines().map(|l| Ok(l.to_string()));
+    let scrape = prometheus_parse::Scrape::parse(lines).expect("Prometheus text");
+    let value = |name: &str| {
+        scrape
+            .samples
+            .iter()
+            .find(|s| s.metric == name)
+            .map(|s| s.value.clone())
+            .unwrap_or_else(|| panic!("no sample {name}:\n{body}"))
+    };
+    assert_eq!(
+        value("fencelog_appends_total"),
+        prometheus_parse::Value::Counter(1.0)
+    );
+    assert_eq!(
+        value("fencelog_stale_rejections_total"),
+        prometheus_parse::Value::Counter(1.0)
+    );
+    assert_eq!(
+        value("fencelog_leases_held"),
+        prometheus_parse::Value::Gauge(1.0)
+    );
+    assert!(matches!(
+        value("fencelog_fsync_duration_seconds"),
+        prometheus_parse::Value::Histogram(_)
+    ));
+    // Every family by the rules: counters end in _total, nothing in
+    // microseconds.
+    for line in body.lines().filter(|l| l.starts_with("# TYPE ")) {
+        let mut words = line.split_whitespace().skip(2);
+        let (name, kind) = (words.next().unwrap(), words.next().unwrap());
+        assert!(name.starts_with("fencelog_"), "{line}");
+        assert_eq!(kind == "counter", name.ends_with("_total"), "{line}");
+        assert!(!name.contains("_us") && !name.contains("micro"), "{line}");
+    }
+
+    // Prometheus' own linter, where it is installed (CI installs it).
+    let promtool = if Command::new("promtool").arg("--version").output().is_ok() {
+        std::path::PathBuf::from("promtool")
+    } else {
+        target_dir().join("ci-bin/promtool")
+    };
+    match Command::new(&promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(mut child) => {
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(body.as_bytes())
+                .unwrap();
+            let out = child.wait_with_output().unwrap();
+            assert!(
+                out.status.success(),
+                "promtool check metrics: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Err(_) => missing(
+            "promtool",
+            "bash .ci/run installs it (Debian's prometheus package)",
+        ),
+    }
+}
+
+#[test]
+fn head_answers_the_headers_alone_and_other_paths_are_404() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = free_port();
+    let _server = busy_server(dir.path(), metrics);
+    let head = http(metrics, "HEAD /metrics HTTP/1.1\r\nhost: x\r\n\r\n");
+    assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
+    let (headers, body) = head.split_once("\r\n\r\n").unwrap();
+    assert!(body.is_empty(), "{body}");
+    let length: usize = headers
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(length > 1000, "{headers}");
+    let other = http(metrics, "GET / HTTP/1.1\r\n\r\n");
+    assert!(other.starts_with("HTTP/1.1 404"), "{other}");
+    let post = http(metrics, "POST /metrics HTTP/1.1\r\n\r\n");
+    assert!(post.starts_with("HTTP/1.1 405"), "{post}");
+}

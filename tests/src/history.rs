@@ -1,0 +1,643 @@
+//! A history checker for fenced streams and leases under faults.
+//!
+//! A test records every operation it runs against a cluster (which client,
+//! what, when it was invoked and when its answer came, and the answer),
+//! then reads every stream in full once the faults are over, and asks
+//! [`check`] whether that history could have happened on a correct
+//! fencelog. What is checked (each a [`Violation`] naming the operations):
+//!
+//! - **No acknowledged write lost**: every append answered with an offset
+//!   is in the final stream at that offset, with its payload.
+//! - **No phantom or doubled write**: every final record is a payload some
+//!   append sent (payloads are unique), at most once; one answered with a
+//!   definite refusal (STALE, MOVED, …) is not there at all.
+//! - **Fencing**: along each final stream the tokens never decrease, and no
+//!   append with token `t` is acknowledged when it began after an append
+//!   or a fence with a token above `t` was acknowledged.
+//! - **Tokens strictly increase**: a token is granted to one lease and
+//!   owner only (the holder acquiring again gets its token again), and a
+//!   new grant that began after another was answered has the larger token.
+//! - **One linear history, no stale read**: every read agrees with the
+//!   final stream record by record; a read that began after an append was
+//!   acknowledged sees it; a read that began after another read was
+//!   answered sees at least as much.
+//!
+//! Timestamps are nanoseconds from any fixed origin, taken on one machine.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+/// What a client asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// `LOG.APPEND stream token payload` (one payload, unique in the run).
+    Append {
+        /// The stream.
+        stream: String,
+        /// The token sent.
+        token: u64,
+        /// The payload sent.
+        payload: Vec<u8>,
+    },
+    /// `LOG.FENCE stream token`.
+    Fence {
+        /// The stream.
+        stream: String,
+        /// The token sent.
+        token: u64,
+    },
+    /// `LOG.READ stream from COUNT n`.
+    Read {
+        /// The stream.
+        stream: String,
+        /// The first offset asked for.
+        from: u64,
+    },
+    /// `LEASE.ACQUIRE name owner ttl`.
+    Acquire {
+        /// The lease.
+        name: String,
+        /// Who asks (a holder that acquires again gets its token again).
+        owner: String,
+    },
+}
+
+/// A record as a read answers it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// Its offset.
+    pub offset: u64,
+    /// The token it was appended with.
+    pub token: u64,
+    /// Its payload.
+    pub payload: Vec<u8>,
+}
+
+/// What the client got back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// An append's offset.
+    Appended(u64),
+    /// A fence's highest token.
+    Fenced(u64),
+    /// A read's records.
+    Records(Vec<Record>),
+    /// A lease's token.
+    Granted(u64),
+    /// A refusal that changed nothing (STALE, HELD, MOVED, TRYAGAIN, …).
+    Refused(String),
+    /// No answer, or one that leaves the effect unknown (a timeout, a
+    /// dropped connection): it may or may not have happened.
+    Unknown(String),
+}
+
+/// One operation: who, what, when, and what came back.
+#[derive(Debug, Clone)]
+pub struct Event {
+    /// The client that ran it (clients run one operation at a time).
+    pub client: u32,
+    /// What it asked.
+    pub op: Op,
+    /// When it was sent (ns).
+    pub invoked: u64,
+    /// When its answer came, or the client gave up (ns).
+    pub completed: u64,
+    /// The answer.
+    pub outcome: Outcome,
+}
+
+/// A way the history could not have happened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Violation {
+    /// An acknowledged append is not in the final stream where it said.
+    LostWrite {
+        /// The stream.
+        stream: String,
+        /// The offset it was acknowledged at.
+        offset: u64,
+        /// What the final stream holds there (`None`: the stream is shorter).
+        found: Option<Vec<u8>>,
+    },
+    /// A final record no append sent, or sent once but there twice.
+    PhantomOrDoubled {
+        /// The stream.
+        stream: String,
+        /// The record's offset.
+        offset: u64,
+    },
+    /// A refused append's payload is in the final stream.
+    RefusedButWritten {
+        /// The stream.
+        stream: String,
+        /// Where it is.
+        offset: u64,
+        /// What the refusal said.
+        refusal: String,
+    },
+    /// The final stream's tokens go down at `offset`.
+    TokenWentDown {
+        /// The stream.
+        stream: String,
+        /// The offset whose token is below its predecessor's.
+        offset: u64,
+        /// The token before.
+        before: u64,
+        /// The token at `offset`.
+        token: u64,
+    },
+    /// An append with `token` was acknowledged though it began after one
+    /// with `newer` had been acknowledged on the same stream.
+    StaleAccepted {
+        /// The stream.
+        stream: String,
+        /// The stale token accepted.
+        token: u64,
+        /// The newer token acknowledged before it began.
+        newer: u64,
+    },
+    /// Two grants with the same token, or a later grant with a smaller one.
+    TokenNotIncreasing {
+        /// The earlier grant's token.
+        earlier: u64,
+        /// The later grant's token.
+        later: u64,
+    },
+    /// A read disagrees with the final stream at `offset`.
+    ReadDiverges {
+        /// The stream.
+        stream: String,
+        /// The offset.
+        offset: u64,
+    },
+    /// A read missed a write acknowledged before it began (or went back
+    /// behind an earlier read).
+    StaleRead {
+        /// The stream.
+        stream: String,
+        /// The next offset the read saw.
+        saw: u64,
+        /// The next offset known before the read began.
+        known: u64,
+    },
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self:?}")
+    }
+}
+
+/// Checks `history` against `final_streams` (each stream read in full after
+/// the faults were healed); answers every violation found.
+pub fn check(history: &[Event], final_streams: &BTreeMap<String, Vec<Record>>) -> Vec<Violation> {
+    let mut v = Vec::new();
+    let empty = Vec::new();
+    let stream_of = |s: &str| final_streams.get(s).unwrap_or(&empty);
+
+    // Payload → every append that sent it (payloads are unique per run;
+    // a retried payload is the same operation sent again).
+    let mut sent: HashMap<(&str, &[u8]), Vec<&Event>> = HashMap::new();
+    for e in history {
+        if let Op::Append {
+            stream, payload, ..
+        } = &e.op
+        {
+            sent.entry((stream.as_str(), payload.as_slice()))
+                .or_default()
+                .push(e);
+        }
+    }
+
+    // Acknowledged appends are where they said.
+    for e in history {
+        if let (
+            Op::Append {
+                stream, payload, ..
+            },
+            Outcome::Appended(offset),
+        ) = (&e.op, &e.outcome)
+        {
+            let found = stream_of(stream)
+                .iter()
+                .find(|r| r.offset == *offset)
+                .map(|r| r.payload.clone());
+            if found.as_deref() != Some(payload.as_slice()) {
+                v.push(Violation::LostWrite {
+                    stream: stream.clone(),
+                    offset: *offset,
+                    found,
+                });
+            }
+        }
+    }
+
+    for (stream, records) in final_streams {
+        // No phantom, no double, nothing refused.
+        let mut seen: HashMap<&[u8], u64> = HashMap::new();
+        for r in records {
+            let senders = sent.get(&(stream.as_str(), r.payload.as_slice()));
+            let doubled = seen.insert(&r.payload, r.offset).is_some();
+            match senders {
+                None => v.push(Violation::PhantomOrDoubled {
+                    stream: stream.clone(),
+                    offset: r.offset,
+                }),
+                Some(_) if doubled => v.push(Violation::PhantomOrDoubled {
+                    stream: stream.clone(),
+                    offset: r.offset,
+                }),
+                Some(events) => {
+                    let ok = events
+                        .iter()
+                        .any(|e| !matches!(e.outcome, Outcome::Refused(_)));
+                    if !ok && let Some(Outcome::Refused(why)) = events.first().map(|e| &e.outcome) {
+                        v.push(Violation::RefusedButWritten {
+                            stream: stream.clone(),
+                            offset: r.offset,
+                            refusal: why.clone(),
+                        });
+                    }
+                }
+            }
+        }
+        // Tokens never go down along the stream.
+        for pair in records.windows(2) {
+            if pair[1].token < pair[0].token {
+                v.push(Violation::TokenWentDown {
+                    stream: stream.clone(),
+                    offset: pair[1].offset,
+                    before: pair[0].token,
+                    token: pair[1].token,
+                });
+            }
+        }
+    }
+
+    // No stale token acknowledged after a newer one was: per stream, the
+    // acknowledged fencing writes by completion time, and each acknowledged
+    // append against the highest completed before it began.
+    let mut acked: BTreeMap<&str, Vec<(u64, u64)>> = BTreeMap::new();
+    for e in history {
+        let (stream, token) = match (&e.op, &e.outcome) {
+            (Op::Append { stream, token, .. }, Outcome::Appended(_)) => (stream, *token),
+            (Op::Fence { stream, token }, Outcome::Fenced(_)) => (stream, *token),
+            _ => continue,
+        };
+        acked.entry(stream).or_default().push((e.completed, token));
+    }
+    let mut highest_by: BTreeMap<&str, Vec<(u64, u64)>> = BTreeMap::new();
+    for (stream, mut list) in acked {
+        list.sort();
+        let mut high = 0;
+        let prefix = list
+            .into_iter()
+            .map(|(at, t)| {
+                high = high.max(t);
+                (at, high)
+            })
+            .collect();
+        highest_by.insert(stream, prefix);
+    }
+    let highest_before = |stream: &str, at: u64| -> u64 {
+        highest_by.get(stream).map_or(0, |list| {
+            let n = list.partition_point(|(done, _)| *done < at);
+            if n == 0 { 0 } else { list[n - 1].1 }
+        })
+    };
+    for e in history {
+        if let (Op::Append { stream, token, .. }, Outcome::Appended(_)) = (&e.op, &e.outcome) {
+            let newer = highest_before(stream, e.invoked);
+            if newer > *token {
+                v.push(Violation::StaleAccepted {
+                    stream: stream.clone(),
+                    token: *token,
+                    newer,
+                });
+            }
+        }
+    }
+
+    // Grants: a token belongs to one lease and owner; a new grant (not a
+    // holder's re-grant) is larger than every grant answered before it
+    // began.
+    let mut grants: Vec<(u64, u64, u64, (&str, &str))> = history
+        .iter()
+        .filter_map(|e| match (&e.op, &e.outcome) {
+            (Op::Acquire { name, owner }, Outcome::Granted(t)) => {
+                Some((e.invoked, e.completed, *t, (name.as_str(), owner.as_str())))
+            }
+            _ => None,
+        })
+        .collect();
+    grants.sort_by_key(|g| g.1);
+    let mut holder_of: HashMap<u64, (&str, &str)> = HashMap::new();
+    let mut first_grant: HashMap<u64, u64> = HashMap::new();
+    for g in &grants {
+        match holder_of.get(&g.2) {
+            Some(h) if *h != g.3 => v.push(Violation::TokenNotIncreasing {
+                earlier: g.2,
+                later: g.2,
+            }),
+            Some(_) => {}
+            None => {
+                holder_of.insert(g.2, g.3);
+            }
+        }
+        let first = first_grant.entry(g.2).or_insert(g.1);
+        *first = (*first).min(g.1);
+    }
+    // The largest token among grants answered before each new one began.
+    let mut high = 0u64;
+    let mut done_prefix: Vec<(u64, u64)> = Vec::with_capacity(grants.len());
+    for g in &grants {
+        high = high.max(g.2);
+        done_prefix.push((g.1, high));
+    }
+    for g in &grants {
+        // A re-grant: its token was answered before this one began.
+        if first_grant.get(&g.2).is_some_and(|&first| first < g.0) {
+            continue;
+        }
+        let n = done_prefix.partition_point(|(done, _)| *done < g.0);
+        if n > 0 && done_prefix[n - 1].1 >= g.2 {
+            v.push(Violation::TokenNotIncreasing {
+                earlier: done_prefix[n - 1].1,
+                later: g.2,
+            });
+        }
+    }
+
+    // Reads: agree with the final stream; see everything known before
+    // they began (acknowledged appends, earlier reads).
+    let mut known: BTreeMap<&str, Vec<(u64, u64)>> = BTreeMap::new();
+    for e in history {
+        let (stream, next) = match (&e.op, &e.outcome) {
+            (Op::Append { stream, .. }, Outcome::Appended(o)) => (stream, o + 1),
+            (Op::Read { stream, from }, Outcome::Records(rs)) => {
+                (stream, rs.last().map_or(*from, |r| r.offset + 1))
+            }
+            _ => continue,
+        };
+        known.entry(stream).or_default().push((e.completed, next));
+    }
+    let mut known_by: BTreeMap<&str, Vec<(u64, u64)>> = BTreeMap::new();
+    for (stream, mut list) in known {
+        list.sort();
+        let mut high = 0;
+        known_by.insert(
+            stream,
+            list.into_iter()
+                .map(|(at, n)| {
+                    high = high.max(n);
+                    (at, high)
+                })
+                .collect(),
+        );
+    }
+    for e in history {
+        let (Op::Read { stream, from }, Outcome::Records(rs)) = (&e.op, &e.outcome) else {
+            continue;
+        };
+        let fin = stream_of(stream);
+        for r in rs {
+            if fin.iter().find(|f| f.offset == r.offset) != Some(r) {
+                v.push(Violation::ReadDiverges {
+                    stream: stream.clone(),
+                    offset: r.offset,
+                });
+                break;
+            }
+        }
+        let saw = rs.last().map_or(*from, |r| r.offset + 1);
+        let before = known_by.get(stream.as_str()).map_or(0, |list| {
+            let n = list.partition_point(|(done, _)| *done < e.invoked);
+            if n == 0 { 0 } else { list[n - 1].1 }
+        });
+        if saw < before {
+            v.push(Violation::StaleRead {
+                stream: stream.clone(),
+                saw,
+                known: before,
+            });
+        }
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn append(client: u32, at: (u64, u64), token: u64, payload: &str, outcome: Outcome) -> Event {
+        Event {
+            client,
+            op: Op::Append {
+                stream: "s".into(),
+                token,
+                payload: payload.as_bytes().to_vec(),
+            },
+            invoked: at.0,
+            completed: at.1,
+            outcome,
+        }
+    }
+
+    fn rec(offset: u64, token: u64, payload: &str) -> Record {
+        Record {
+            offset,
+            token,
+            payload: payload.as_bytes().to_vec(),
+        }
+    }
+
+    fn read(at: (u64, u64), records: Vec<Record>) -> Event {
+        Event {
+            client: 9,
+            op: Op::Read {
+                stream: "s".into(),
+                from: 0,
+            },
+            invoked: at.0,
+            completed: at.1,
+            outcome: Outcome::Records(records),
+        }
+    }
+
+    fn fin(records: Vec<Record>) -> BTreeMap<String, Vec<Record>> {
+        BTreeMap::from([("s".to_string(), records)])
+    }
+
+    fn good() -> (Vec<Event>, BTreeMap<String, Vec<Record>>) {
+        let h = vec![
+            append(1, (0, 10), 5, "a", Outcome::Appended(0)),
+            append(2, (11, 20), 6, "b", Outcome::Appended(1)),
+            append(1, (21, 30), 5, "c", Outcome::Refused("STALE".into())),
+            append(1, (31, 40), 7, "d", Outcome::Unknown("timeout".into())),
+            read((41, 50), vec![rec(0, 5, "a"), rec(1, 6, "b")]),
+            Event {
+                client: 3,
+                op: Op::Acquire {
+                    name: "l".into(),
+                    owner: "x".into(),
+                },
+                invoked: 0,
+                completed: 5,
+                outcome: Outcome::Granted(1),
+            },
+            Event {
+                client: 3,
+                op: Op::Acquire {
+                    name: "l".into(),
+                    owner: "y".into(),
+                },
+                invoked: 6,
+                completed: 9,
+                outcome: Outcome::Granted(2),
+            },
+            // x holds m and acquires it again: the same token, later.
+            Event {
+                client: 4,
+                op: Op::Acquire {
+                    name: "m".into(),
+                    owner: "x".into(),
+                },
+                invoked: 1,
+                completed: 2,
+                outcome: Outcome::Granted(0),
+            },
+            Event {
+                client: 4,
+                op: Op::Acquire {
+                    name: "m".into(),
+                    owner: "x".into(),
+                },
+                invoked: 10,
+                completed: 12,
+                outcome: Outcome::Granted(0),
+            },
+        ];
+        (h, fin(vec![rec(0, 5, "a"), rec(1, 6, "b")]))
+    }
+
+    #[test]
+    fn a_correct_history_passes_with_an_unknown_write_in_or_out() {
+        let (h, f) = good();
+        assert_eq!(check(&h, &f), vec![]);
+        let with_unknown = fin(vec![rec(0, 5, "a"), rec(1, 6, "b"), rec(2, 7, "d")]);
+        assert_eq!(check(&h, &with_unknown), vec![]);
+    }
+
+    #[test]
+    fn every_kind_of_violation_is_found() {
+        let (h, _) = good();
+        // Lost: b acknowledged at 1, missing.
+        let v = check(&h, &fin(vec![rec(0, 5, "a")]));
+        assert!(
+            matches!(v[0], Violation::LostWrite { offset: 1, .. }),
+            "{v:?}"
+        );
+        // Refused but written, and the token went down.
+        let v = check(
+            &h,
+            &fin(vec![rec(0, 5, "a"), rec(1, 6, "b"), rec(2, 5, "c")]),
+        );
+        assert!(
+            v.iter()
+                .any(|x| matches!(x, Violation::RefusedButWritten { offset: 2, .. })),
+            "{v:?}"
+        );
+        assert!(
+            v.iter()
+                .any(|x| matches!(x, Violation::TokenWentDown { offset: 2, .. })),
+            "{v:?}"
+        );
+        // Phantom and doubled.
+        let v = check(
+            &h,
+            &fin(vec![
+                rec(0, 5, "a"),
+                rec(1, 6, "b"),
+                rec(2, 6, "zz"),
+                rec(3, 6, "b"),
+            ]),
+        );
+        assert_eq!(
+            v.iter()
+                .filter(|x| matches!(x, Violation::PhantomOrDoubled { .. }))
+                .count(),
+            2,
+            "{v:?}"
+        );
+        // A stale token acknowledged after a newer one was.
+        let mut stale = h.clone();
+        stale[2].outcome = Outcome::Appended(2);
+        let v = check(
+            &stale,
+            &fin(vec![rec(0, 5, "a"), rec(1, 6, "b"), rec(2, 5, "c")]),
+        );
+        assert!(
+            v.iter().any(|x| matches!(
+                x,
+                Violation::StaleAccepted {
+                    token: 5,
+                    newer: 6,
+                    ..
+                }
+            )),
+            "{v:?}"
+        );
+        // Tokens: repeated, and going down in real time.
+        let mut grants = h.clone();
+        grants[6].outcome = Outcome::Granted(1);
+        let v = check(&grants, &fin(vec![rec(0, 5, "a"), rec(1, 6, "b")]));
+        assert!(
+            v.iter()
+                .any(|x| matches!(x, Violation::TokenNotIncreasing { .. })),
+            "{v:?}"
+        );
+        // A stale read (misses b, acknowledged before it began), a
+        // diverging one, and one behind an earlier read.
+        let mut reads = h.clone();
+        reads[4].outcome = Outcome::Records(vec![rec(0, 5, "a")]);
+        let v = check(&reads, &fin(vec![rec(0, 5, "a"), rec(1, 6, "b")]));
+        assert!(
+            v.iter().any(|x| matches!(
+                x,
+                Violation::StaleRead {
+                    saw: 1,
+                    known: 2,
+                    ..
+                }
+            )),
+            "{v:?}"
+        );
+        reads[4].outcome = Outcome::Records(vec![rec(0, 5, "a"), rec(1, 6, "x")]);
+        let v = check(&reads, &fin(vec![rec(0, 5, "a"), rec(1, 6, "b")]));
+        assert!(
+            v.iter()
+                .any(|x| matches!(x, Violation::ReadDiverges { offset: 1, .. })),
+            "{v:?}"
+        );
+        let mut back = h.clone();
+        back.push(read(
+            (60, 70),
+            vec![rec(0, 5, "a"), rec(1, 6, "b"), rec(2, 7, "d")],
+        ));
+        back.push(read((80, 90), vec![rec(0, 5, "a"), rec(1, 6, "b")]));
+        let v = check(
+            &back,
+            &fin(vec![rec(0, 5, "a"), rec(1, 6, "b"), rec(2, 7, "d")]),
+        );
+        assert!(
+            v.iter().any(|x| matches!(
+                x,
+                Violation::StaleRead {
+                    saw: 2,
+                    known: 3,
+                    ..
+                }
+            )),
+            "{v:?}"
+        );
+    }
+}
