@@ -115,6 +115,70 @@ pub struct Node {
     max_request: u64,
     started: Instant,
     listener: parking_lot::Mutex<Option<JoinHandle<()>>>,
+    /// Stops Raft's runtime, and its thread.
+    runtime: parking_lot::Mutex<
+        Option<(
+            tokio::sync::oneshot::Sender<()>,
+            std::thread::JoinHandle<()>,
+        )>,
+    >,
+}
+
+/// What starting on the Raft runtime hands back.
+struct Parts {
+    raft: Raft,
+    engine: Engine,
+    log_store: LogStore,
+    max_request: u64,
+    listener: JoinHandle<()>,
+}
+
+/// Opens the logs and starts Raft and the peer listener on the runtime
+/// this runs on.
+async fn start_here(cfg: NodeConfig) -> Result<Parts, ClusterError> {
+    let raft_dir = cfg.dir.join("raft");
+    let segment = cfg.raft_segment_bytes;
+    let log_store = tokio::task::spawn_blocking(move || LogStore::open(&raft_dir, segment))
+        .await
+        .map_err(|e| ClusterError::Raft(e.to_string()))??;
+    let max_request = log_store.max_request_bytes() as u64;
+    let log_store_view = log_store.clone();
+    let sm_dir = cfg.dir.clone();
+    let engine_opts = cfg.engine.clone();
+    let sm = tokio::task::spawn_blocking(move || StateMachine::open(&sm_dir, &engine_opts))
+        .await
+        .map_err(|e| ClusterError::Raft(e.to_string()))??;
+    let engine = sm.engine();
+    let config = Config {
+        cluster_name: "fencelog".into(),
+        election_timeout_min: cfg.election_timeout_ms.0,
+        election_timeout_max: cfg.election_timeout_ms.1,
+        heartbeat_interval: cfg.heartbeat_ms,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.snapshot_every_entries),
+        max_in_snapshot_log_to_keep: 1000,
+        max_payload_entries: 1024,
+        ..Config::default()
+    }
+    .validate()
+    .map_err(|e| ClusterError::Raft(e.to_string()))?;
+    let source = Some(cfg.raft_listen.ip()).filter(|ip| !ip.is_unspecified());
+    let raft = Raft::new(cfg.id, Arc::new(config), Network { source }, log_store, sm)
+        .await
+        .map_err(|e| ClusterError::Raft(e.to_string()))?;
+    let listener = TcpListener::bind(cfg.raft_listen)
+        .await
+        .map_err(|e| ClusterError::Io {
+            what: format!("listen for peers on {}", cfg.raft_listen),
+            source: e,
+        })?;
+    let listener = tokio::spawn(network::serve(listener, raft.clone()));
+    Ok(Parts {
+        raft,
+        engine,
+        log_store: log_store_view,
+        max_request,
+        listener,
+    })
 }
 
 /// A write proposed, its answer to come (see [`Node::propose`]).
@@ -152,52 +216,66 @@ pub struct Status {
 }
 
 impl Node {
-    /// Opens the node's logs and starts Raft and the peer listener.
+    /// Opens the node's logs and starts Raft and the peer listener, on a
+    /// thread and runtime of their own: clients' connections on the
+    /// server's runtime can never delay a heartbeat (a leader whose
+    /// heartbeats wait behind fifty busy connections loses its followers).
     pub async fn start(cfg: NodeConfig) -> Result<Node, ClusterError> {
-        let raft_dir = cfg.dir.join("raft");
-        let segment = cfg.raft_segment_bytes;
-        let log_store = tokio::task::spawn_blocking(move || LogStore::open(&raft_dir, segment))
-            .await
-            .map_err(|e| ClusterError::Raft(e.to_string()))??;
-        let max_request = log_store.max_request_bytes() as u64;
-        let log_store_view = log_store.clone();
-        let sm_dir = cfg.dir.clone();
-        let engine_opts = cfg.engine.clone();
-        let sm = tokio::task::spawn_blocking(move || StateMachine::open(&sm_dir, &engine_opts))
-            .await
-            .map_err(|e| ClusterError::Raft(e.to_string()))??;
-        let engine = sm.engine();
-        let config = Config {
-            cluster_name: "fencelog".into(),
-            election_timeout_min: cfg.election_timeout_ms.0,
-            election_timeout_max: cfg.election_timeout_ms.1,
-            heartbeat_interval: cfg.heartbeat_ms,
-            snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.snapshot_every_entries),
-            max_in_snapshot_log_to_keep: 1000,
-            max_payload_entries: 4096,
-            ..Config::default()
-        }
-        .validate()
-        .map_err(|e| ClusterError::Raft(e.to_string()))?;
-        let source = Some(cfg.raft_listen.ip()).filter(|ip| !ip.is_unspecified());
-        let raft = Raft::new(cfg.id, Arc::new(config), Network { source }, log_store, sm)
-            .await
-            .map_err(|e| ClusterError::Raft(e.to_string()))?;
-        let listener = TcpListener::bind(cfg.raft_listen)
-            .await
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let id = cfg.id;
+        let thread = std::thread::Builder::new()
+            .name(format!("fencelog-raft-{id}"))
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = started_tx.send(Err(ClusterError::Io {
+                            what: "start the Raft runtime".into(),
+                            source: e,
+                        }));
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    let started = start_here(cfg).await;
+                    let ok = started.is_ok();
+                    let _ = started_tx.send(started);
+                    if ok {
+                        // Until the node shuts down or is dropped.
+                        let _ = stop_rx.await;
+                    }
+                });
+            })
             .map_err(|e| ClusterError::Io {
-                what: format!("listen for peers on {}", cfg.raft_listen),
+                what: "start the Raft thread".into(),
                 source: e,
             })?;
-        let listener = tokio::spawn(network::serve(listener, raft.clone()));
+        let parts = match started_rx.await {
+            Ok(Ok(parts)) => parts,
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(e);
+            }
+            Err(_) => {
+                let _ = thread.join();
+                return Err(ClusterError::Raft(
+                    "the Raft thread stopped while starting".into(),
+                ));
+            }
+        };
         Ok(Node {
-            id: cfg.id,
-            raft,
-            engine,
-            log_store: log_store_view,
-            max_request,
+            id,
+            raft: parts.raft,
+            engine: parts.engine,
+            log_store: parts.log_store,
+            max_request: parts.max_request,
             started: Instant::now(),
-            listener: parking_lot::Mutex::new(Some(listener)),
+            listener: parking_lot::Mutex::new(Some(parts.listener)),
+            runtime: parking_lot::Mutex::new(Some((stop_tx, thread))),
         })
     }
 
@@ -371,10 +449,17 @@ impl Node {
             listener.abort();
             let _ = listener.await;
         }
-        self.raft
+        let stopped = self
+            .raft
             .shutdown()
             .await
-            .map_err(|e| ClusterError::Raft(e.to_string()))
+            .map_err(|e| ClusterError::Raft(e.to_string()));
+        let runtime = self.runtime.lock().take();
+        if let Some((stop, thread)) = runtime {
+            let _ = stop.send(());
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
+        stopped
     }
 }
 

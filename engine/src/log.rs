@@ -1394,6 +1394,20 @@ impl Log {
         }
     }
 
+    /// The highest token accepted on `stream`, as far as durable (as
+    /// [`Log::stat`]'s `highest_token`, without its byte counts): a write
+    /// with a smaller token is rejected now and forever.
+    pub fn highest_token(&self, stream: impl AsRef<[u8]>) -> Result<u64> {
+        let stream = stream.as_ref();
+        check_stream_name(stream)?;
+        let floor = self.inner.views.floor.load(Ordering::Acquire);
+        Ok(self
+            .inner
+            .views
+            .get(stream)
+            .map_or(floor, |v| v.highest.load(Ordering::Acquire).max(floor)))
+    }
+
     /// The stream's durable state. A stream never written to is all zeros
     /// (but its highest token is the token floor, after a cut).
     pub fn stat(&self, stream: impl AsRef<[u8]>) -> Result<StreamStat> {

@@ -178,10 +178,10 @@ struct ClusterFlags {
     #[arg(long, value_name = "HOST:PORT", help_heading = "Cluster")]
     cluster_join: Option<String>,
     /// Milliseconds without a leader before an election (up to twice
-    /// that; heartbeats every third of it).
+    /// that; heartbeats every half of it).
     #[arg(
         long,
-        default_value_t = 300,
+        default_value_t = 500,
         value_name = "MS",
         help_heading = "Cluster"
     )]

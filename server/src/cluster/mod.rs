@@ -39,7 +39,7 @@ pub struct ClusterConfig {
     /// with no state of its own.
     pub join: Option<String>,
     /// Elections after this much silence from a leader (the upper bound is
-    /// twice it); heartbeats at a third of it.
+    /// twice it); heartbeats at half of it.
     pub election_timeout: Duration,
     /// A snapshot after this many entries.
     pub snapshot_every: u64,
@@ -104,7 +104,10 @@ impl Cluster {
         );
         cfg.engine = engine;
         cfg.election_timeout_ms = (timeout, timeout * 2);
-        cfg.heartbeat_ms = (timeout / 3).max(10);
+        // openraft gives an AppendEntries a heartbeat interval to answer:
+        // half the election timeout leaves a follower's fsync under load
+        // room, and still two heartbeats per timeout.
+        cfg.heartbeat_ms = (timeout / 2).max(10);
         cfg.snapshot_every_entries = config.snapshot_every;
         cfg.raft_segment_bytes = config.raft_segment_bytes;
         let node = Node::start(cfg)

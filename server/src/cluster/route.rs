@@ -52,6 +52,9 @@ pub(crate) async fn run(
         return Some(match parsed {
             Ok(op) => {
                 let key = commands::op_stream(&op).clone();
+                if let Some(stale) = stale_now(ctx, c, session, &op) {
+                    return Some(stale);
+                }
                 propose(ctx, c, session.tag(), key, WireCommand::from_op(&op)).await
             }
             Err(reply) => Outcome::Reply(reply),
@@ -78,6 +81,31 @@ pub(crate) async fn run(
         "READONLY" | "READWRITE" | "ASKING" if a.is_empty() => Some(Outcome::Reply(Reply::ok())),
         _ => None,
     }
+}
+
+/// A stale write answered without the log: a stream's highest token only
+/// grows, and what this replica applied is committed, so a token below it
+/// is rejected now and by every later decision (on any node, leader or
+/// not, deposed or not). `LOG.APPENDAT` is left to the log: its exact
+/// retry is answered with the original offset even after a newer token.
+fn stale_now(ctx: &Context, c: &Cluster, session: &Session, op: &TxOp) -> Option<Outcome> {
+    let (stream, token) = match op {
+        TxOp::Append { stream, token, .. }
+        | TxOp::Fence { stream, token }
+        | TxOp::Trim { stream, token, .. }
+        | TxOp::Delete { stream, token } => (stream, token.get()),
+        _ => return None,
+    };
+    let highest = c.log().highest_token(stream).ok()?;
+    if token >= highest {
+        return None;
+    }
+    let e = Error::Stale {
+        presented: token,
+        highest,
+    };
+    commands::note_error(ctx, &session.tag(), stream, &e);
+    Some(Outcome::Reply(commands::error_reply(&e)))
 }
 
 /// Where to send the client, or why its command failed.
