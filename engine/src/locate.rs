@@ -115,8 +115,13 @@ impl Locator {
         if let Some(ix) = self.footers.lock().get(segment) {
             return Ok(Some(ix));
         }
-        let Some(bytes) = wal.footer(segment)? else {
-            return Ok(None);
+        let bytes = match wal.footer(segment) {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => return Ok(None),
+            // Removed by the collector since the caller saw it: it held no
+            // live record, so a search goes on past it.
+            Err(_) if gone(wal, segment) => return Ok(None),
+            Err(e) => return Err(e.into()),
         };
         let ix = Arc::new(SegmentIndex::parse(bytes).map_err(|why| damaged(wal, segment, why))?);
         let size = ix.len();
@@ -133,7 +138,12 @@ impl Locator {
         if self.links.lock().get(&segment).is_some() {
             return Ok(None);
         }
-        let entry = wal.read_entry(segment, HEADER_LEN)?;
+        let entry = match wal.read_entry(segment, HEADER_LEN) {
+            Ok(entry) => entry,
+            // Removed meanwhile: searched past, as a link is (not cached).
+            Err(_) if gone(wal, segment) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
         if entry.kind != EntryKind::Checkpoint {
             self.links.lock().put(segment, ());
             return Ok(None);
@@ -272,6 +282,11 @@ impl Locator {
             end_offset: found.dir.end_offset,
         };
     }
+}
+
+/// Whether `segment` is no longer in the log (the collector removed it).
+fn gone(wal: &Wal<Core>, segment: u64) -> bool {
+    wal.segment_at_or_before(segment) != Some(segment)
 }
 
 fn damaged(wal: &Wal<Core>, segment: u64, why: String) -> Error {
