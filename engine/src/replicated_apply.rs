@@ -117,10 +117,33 @@ fn decide_command(w: &mut Writer<'_, Core>, log: &Log, cmd: &Command) -> Result<
                 .map_err(crate::log::internal)?;
             Pending::Done(w.ticket())
         }
-        // The position is kept in memory; nothing else changes, and a
-        // blank applied again after a restart changes nothing either.
+        // Nothing changes but the position, which `apply` writes (a
+        // position-only entry).
         Command::Blank => Pending::Done(w.ticket_for(0)),
     })
+}
+
+/// Decides `cmd` with every entry it writes wrapped in `header`.
+fn decide_wrapped(
+    w: &mut Writer<'_, Core>,
+    log: &Log,
+    cmd: &Command,
+    checked: Result<()>,
+    header: [u8; op::REPLICATED_HEADER],
+) -> Result<Pending> {
+    if let Err(e) = checked {
+        return Ok(Pending::Rejected(e));
+    }
+    w.state().wrap = Some(header);
+    let decided = decide_command(w, log, cmd);
+    w.state().wrap = None;
+    match decided {
+        Ok(p) => Ok(p),
+        // A rule refused it (too many streams, an exhausted counter):
+        // every replica refuses it alike.
+        Err(e @ (Error::TooLarge { .. } | Error::Invalid { .. })) => Ok(Pending::Rejected(e)),
+        Err(e) => Err(e),
+    }
 }
 
 pub(crate) async fn apply(
@@ -139,21 +162,17 @@ pub(crate) async fn apply(
                 return Err(Error::invalid("mode", "not a replica"));
             };
             repl.enter(at, time_ms);
-            if let Err(e) = checked {
-                return Ok(Pending::Rejected(e));
+            let header = op::replicated_header(at.term, at.node, at.index, time_ms);
+            let before = w.next_lsn();
+            let pending = decide_wrapped(w, log, cmd, checked, header);
+            // Every entry applied leaves an entry on disk, even one that
+            // changed nothing (a blank, a rejection): a snapshot of this
+            // engine then holds exactly the position and clock the replicas
+            // that applied the entry have.
+            if w.next_lsn() == before && matches!(pending, Ok(_)) {
+                w.append(op::REPLICATED_HEADER, |b| b.copy_from_slice(&header))?;
             }
-            core.wrap = Some(op::replicated_header(at.term, at.node, at.index, time_ms));
-            let decided = decide_command(w, log, cmd);
-            w.state().wrap = None;
-            match decided {
-                Ok(p) => Ok(p),
-                // A rule refused it (too many streams, an exhausted counter):
-                // every replica refuses it alike.
-                Err(e @ (Error::TooLarge { .. } | Error::Invalid { .. })) => {
-                    Ok(Pending::Rejected(e))
-                }
-                Err(e) => Err(e),
-            }
+            pending
         })
         .await??;
     Ok(match pending {
