@@ -23,6 +23,7 @@
 // openraft's storage traits answer its own (large) StorageError.
 #![allow(clippy::result_large_err)]
 
+mod batcher;
 pub mod log_store;
 pub mod network;
 pub mod node;
@@ -31,4 +32,4 @@ pub mod state_machine;
 pub mod types;
 
 pub use node::{ClusterError, Node, NodeConfig, Proposal, Status, wait_for_leader};
-pub use types::{Member, NodeId, Request, Response, WireCommand, WireError, WireTxOp};
+pub use types::{Member, NodeId, Request, Response, Responses, WireCommand, WireError, WireTxOp};

@@ -317,11 +317,11 @@ mod tests {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
             payload: EntryPayload::Normal(Request {
                 time_ms: 1,
-                cmd: WireCommand::Append {
+                cmds: vec![WireCommand::Append {
                     stream: b"s".to_vec(),
                     token: 1,
                     payloads: vec![serde_bytes::ByteBuf::from(vec![7u8; bytes])],
-                },
+                }],
             }),
         }
     }

@@ -8,15 +8,16 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use openraft::error::{ClientWriteError, RaftError};
+use openraft::error::RaftError;
 use openraft::{Config, ServerState, SnapshotPolicy};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
+use crate::batcher::Batcher;
 use crate::log_store::LogStore;
 use crate::network::{self, Network};
 use crate::state_machine::{Engine, StateMachine};
-use crate::types::{Member, NodeId, Raft, Request, Response, WireCommand};
+use crate::types::{Member, NodeId, Raft, Response, WireCommand};
 
 /// How a node is started.
 #[derive(Debug, Clone)]
@@ -113,7 +114,7 @@ pub struct Node {
     engine: Engine,
     log_store: LogStore,
     max_request: u64,
-    started: Instant,
+    batcher: Batcher,
     listener: parking_lot::Mutex<Option<JoinHandle<()>>>,
     /// Stops Raft's runtime, and its thread.
     runtime: parking_lot::Mutex<
@@ -130,6 +131,7 @@ struct Parts {
     engine: Engine,
     log_store: LogStore,
     max_request: u64,
+    batcher: Batcher,
     listener: JoinHandle<()>,
 }
 
@@ -172,7 +174,11 @@ async fn start_here(cfg: NodeConfig) -> Result<Parts, ClusterError> {
             source: e,
         })?;
     let listener = tokio::spawn(network::serve(listener, raft.clone()));
+    // An entry holds at most half of what one may (its writes' framing and
+    // the rest of the entry fit in the other half).
+    let batcher = Batcher::spawn(raft.clone(), Instant::now(), max_request / 2);
     Ok(Parts {
+        batcher,
         raft,
         engine,
         log_store: log_store_view,
@@ -273,7 +279,7 @@ impl Node {
             engine: parts.engine,
             log_store: parts.log_store,
             max_request: parts.max_request,
-            started: Instant::now(),
+            batcher: parts.batcher,
             listener: parking_lot::Mutex::new(Some(parts.listener)),
             runtime: parking_lot::Mutex::new(Some((stop_tx, thread))),
         })
@@ -298,12 +304,6 @@ impl Node {
         self.engine.log()
     }
 
-    /// The leader's clock for a request: ms since this node started, never
-    /// 0 (0 means "no time" to the state machine).
-    fn now_ms(&self) -> u64 {
-        self.started.elapsed().as_millis() as u64 + 1
-    }
-
     /// Proposes a write; answers once a majority holds it and it is applied
     /// here (the leader's own decision), or says who leads.
     pub async fn write(&self, cmd: WireCommand) -> Result<Response, ClusterError> {
@@ -312,14 +312,11 @@ impl Node {
 
     /// Hands a write to Raft now, in the order of the calls (a
     /// connection's pipelined writes keep their order), and answers a
-    /// future of its outcome: so many writes share a round of replication.
+    /// future of its outcome: writes proposed together share an entry
+    /// and a round of replication (see `batcher.rs`).
     pub async fn propose(&self, cmd: WireCommand) -> Result<Proposal, ClusterError> {
-        let req = Request {
-            time_ms: self.now_ms(),
-            cmd,
-        };
         // Refused here: an entry the log cannot hold would stop Raft.
-        let len = bincode::serialized_size(&req).map_err(|e| ClusterError::Raft(e.to_string()))?;
+        let len = bincode::serialized_size(&cmd).map_err(|e| ClusterError::Raft(e.to_string()))?;
         if len > self.max_request {
             return Err(ClusterError::TooLarge {
                 len,
@@ -333,26 +330,13 @@ impl Node {
                 leader: self.leader(),
             });
         }
-        let rx = self
-            .raft
-            .client_write_ff(req)
-            .await
-            .map_err(|e| ClusterError::Raft(e.to_string()))?;
+        let rx = self.batcher.queue(cmd, len)?;
         Ok(Box::pin(async move {
-            match rx.await {
-                Ok(Ok(r)) => Ok(r.data),
-                // Refused by a leader deposed a moment ago, or appended and
-                // then cut from this log by a newer leader. In the second
-                // case another replica may still hold it and a later
-                // leader commit it (in a group of five): not certain.
-                Ok(Err(ClientWriteError::ForwardToLeader(_))) => Err(ClusterError::Uncertain(
-                    "this node stopped leading with the write in flight".into(),
-                )),
-                Ok(Err(e)) => Err(ClusterError::Raft(e.to_string())),
-                Err(_) => Err(ClusterError::Uncertain(
+            rx.await.unwrap_or_else(|_| {
+                Err(ClusterError::Uncertain(
                     "this node stopped before the write was decided".into(),
-                )),
-            }
+                ))
+            })
         }))
     }
 

@@ -20,7 +20,7 @@ use openraft::{
 use parking_lot::RwLock;
 
 use crate::snapshot::{self, Store};
-use crate::types::{Member, NodeId, Response, TypeConfig, WireError};
+use crate::types::{Member, NodeId, Response, Responses, TypeConfig, WireError};
 
 /// The current engine, shared with readers (the server reads from it).
 #[derive(Clone)]
@@ -60,16 +60,44 @@ fn sm_err(e: impl std::fmt::Display) -> StorageError<NodeId> {
     StorageIOError::write_state_machine(AnyError::error(e.to_string())).into()
 }
 
-fn position(id: &LogId<NodeId>) -> LogPosition {
+/// Bits of an engine position's index that number the writes of one
+/// Raft entry (see [`position`]).
+const SUB_BITS: u32 = 16;
+/// The low bits of an entry's last write (or of an entry of one command).
+const LAST: u64 = (1 << SUB_BITS) - 1;
+
+/// The engine position of write `sub` of the `count` an entry holds.
+///
+/// An entry holds many writes (see `batcher.rs`), and the engine, not
+/// synced per batch, may come back from a crash with only the first few of
+/// them: so each write has a position of its own, `index << 16 | sub + 1`,
+/// the entry's last `index << 16 | 0xffff`. [`log_id`] reads a position
+/// back: an entry is applied once its last write is, and a write at or
+/// below the engine's position is never applied again.
+fn position(id: &LogId<NodeId>, sub: usize, count: usize) -> LogPosition {
+    let low = if sub + 1 >= count {
+        LAST
+    } else {
+        sub as u64 + 1
+    };
     LogPosition {
         term: id.leader_id.term,
         node: id.leader_id.node_id,
-        index: id.index,
+        index: (id.index << SUB_BITS) | low,
     }
 }
 
-fn log_id(p: LogPosition) -> LogId<NodeId> {
-    LogId::new(openraft::CommittedLeaderId::new(p.term, p.node), p.index)
+/// The last Raft entry applied whole, from the engine's position. Part of
+/// an entry applied means the entry before is the last whole one: it has
+/// the same leader (a leader's first entry, a blank, holds one command).
+fn log_id(p: LogPosition) -> Option<LogId<NodeId>> {
+    let index = p.index >> SUB_BITS;
+    let whole = if p.index & LAST == LAST {
+        index
+    } else {
+        index.checked_sub(1)?
+    };
+    (whole > 0).then(|| LogId::new(openraft::CommittedLeaderId::new(p.term, p.node), whole))
 }
 
 /// The engine options of a replica: cluster mode, no sync per batch.
@@ -204,12 +232,12 @@ impl RaftSnapshotBuilder<TypeConfig> for Builder {
             (log.applied(), StateMachine::membership(&log), staging)
         };
         let meta = SnapshotMeta {
-            last_log_id: applied.map(log_id),
+            last_log_id: applied.and_then(log_id),
             last_membership: membership,
             snapshot_id: format!(
                 "{}-{}-{}",
-                applied.map_or(0, |a| a.term),
-                applied.map_or(0, |a| a.index),
+                applied.and_then(log_id).map_or(0, |a| a.leader_id.term),
+                applied.and_then(log_id).map_or(0, |a| a.index),
                 std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_millis())
@@ -237,47 +265,86 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     ) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, Member>), StorageError<NodeId>>
     {
         let log = self.engine.log();
-        Ok((log.applied().map(log_id), StateMachine::membership(&log)))
+        Ok((
+            log.applied().and_then(log_id),
+            StateMachine::membership(&log),
+        ))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Response>, StorageError<NodeId>>
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Responses>, StorageError<NodeId>>
     where
         I: IntoIterator<Item = Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
     {
         let _turn = self.turn.lock().await;
         let log = self.engine.log();
-        let mut out = Vec::new();
+        // Every write of every entry, with its position; what the engine
+        // applied already (before a crash) is not applied again.
+        let done = log.applied().map_or(0, |p| p.index);
+        let mut batch = Vec::new();
+        // Per entry: per write, its place in `batch` or the answer it has.
+        let mut shape: Vec<Vec<Result<usize, Response>>> = Vec::new();
         for entry in entries {
-            let at = position(&entry.log_id);
-            let (time_ms, cmd, rejected) = match entry.payload {
+            let cmds: Vec<(u64, Command, Option<WireError>)> = match entry.payload {
                 // A new leader's first entry: it takes over the leases.
-                EntryPayload::Blank => (0, Command::TakeOver, None),
-                EntryPayload::Normal(req) => match req.cmd.to_engine() {
-                    Ok(cmd) => (req.time_ms, cmd, None),
-                    // Decided alike on every replica; only the position moves.
-                    Err(e) => (
-                        req.time_ms,
-                        Command::Blank,
-                        Some(WireError::from_engine(&e)),
-                    ),
-                },
+                EntryPayload::Blank => vec![(0, Command::TakeOver, None)],
+                EntryPayload::Normal(req) if req.cmds.is_empty() => {
+                    vec![(req.time_ms, Command::Blank, None)]
+                }
+                EntryPayload::Normal(req) => req
+                    .cmds
+                    .iter()
+                    .map(|c| match c.to_engine() {
+                        Ok(cmd) => (req.time_ms, cmd, None),
+                        // Decided alike on every replica; only the position
+                        // moves.
+                        Err(e) => (
+                            req.time_ms,
+                            Command::Blank,
+                            Some(WireError::from_engine(&e)),
+                        ),
+                    })
+                    .collect(),
                 EntryPayload::Membership(m) => {
                     let stored = StoredMembership::new(Some(entry.log_id), m);
                     let bytes = bincode::serialize(&stored).map_err(sm_err)?;
-                    (0, Command::Membership(bytes.into()), None)
+                    vec![(0, Command::Membership(bytes.into()), None)]
                 }
             };
-            let applied = log
-                .apply_replicated(at, time_ms, &cmd)
-                .await
-                .map_err(sm_err)?;
-            out.push(match rejected {
-                Some(e) => Response::Rejected(e),
-                None => Response::from_applied(&applied),
-            });
+            let count = cmds.len();
+            let mut answers = Vec::with_capacity(count);
+            for (sub, (time_ms, cmd, refused)) in cmds.into_iter().enumerate() {
+                let at = position(&entry.log_id, sub, count);
+                if at.index <= done {
+                    answers.push(Err(Response::Done));
+                    continue;
+                }
+                match refused {
+                    Some(e) => answers.push(Err(Response::Rejected(e))),
+                    None => answers.push(Ok(batch.len())),
+                }
+                batch.push((at, time_ms, cmd));
+            }
+            shape.push(answers);
         }
-        Ok(out)
+        // Decided in order, written out together: one write for the batch.
+        let applied = log.apply_replicated_many(&batch).await.map_err(sm_err)?;
+        Ok(shape
+            .into_iter()
+            .map(|answers| {
+                Responses(
+                    answers
+                        .into_iter()
+                        .map(|a| match a {
+                            Ok(i) => applied
+                                .get(i)
+                                .map_or(Response::Done, Response::from_applied),
+                            Err(r) => r,
+                        })
+                        .collect(),
+                )
+            })
+            .collect())
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
@@ -322,7 +389,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             Log::open(open_dir, opts).map_err(std::io::Error::other)
         })
         .await?;
-        if log.applied().map(log_id) != meta.last_log_id {
+        if log.applied().and_then(log_id) != meta.last_log_id {
             return Err(sm_err(format!(
                 "the installed snapshot holds entries up to {:?}, its meta says {:?}",
                 log.applied(),
@@ -358,5 +425,48 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             Some(saved) => open_snapshot(saved).await.map(Some),
             None => Ok(None),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(term: u64, index: u64) -> LogId<NodeId> {
+        LogId::new(openraft::CommittedLeaderId::new(term, 2), index)
+    }
+
+    #[test]
+    fn an_entry_is_applied_once_its_last_write_is() {
+        // One command: its position is the entry's.
+        assert_eq!(log_id(position(&id(3, 7), 0, 1)), Some(id(3, 7)));
+        // Three writes: the first two leave the entry before as the last
+        // whole one; the third completes it.
+        assert_eq!(log_id(position(&id(3, 7), 0, 3)), Some(id(3, 6)));
+        assert_eq!(log_id(position(&id(3, 7), 1, 3)), Some(id(3, 6)));
+        assert_eq!(log_id(position(&id(3, 7), 2, 3)), Some(id(3, 7)));
+        // Part of the first entry: nothing whole yet.
+        assert_eq!(log_id(position(&id(1, 1), 0, 2)), None);
+    }
+
+    #[test]
+    fn positions_grow_with_writes_and_entries() {
+        let mut all = Vec::new();
+        for index in 1..4 {
+            for sub in 0..3 {
+                all.push(position(&id(1, index), sub, 3).index);
+            }
+        }
+        all.push(position(&id(1, 4), 0, 1).index);
+        all.push(position(&id(1, 5), 0, crate::batcher::MAX_WRITES).index);
+        all.push(
+            position(
+                &id(1, 5),
+                crate::batcher::MAX_WRITES - 1,
+                crate::batcher::MAX_WRITES,
+            )
+            .index,
+        );
+        assert!(all.windows(2).all(|w| w[0] < w[1]), "{all:?}");
     }
 }

@@ -10,7 +10,7 @@ openraft::declare_raft_types!(
     /// fencelog's Raft types: node ids are `u64`, nodes are addresses.
     pub TypeConfig:
         D = Request,
-        R = Response,
+        R = Responses,
         NodeId = u64,
         Node = Member,
         SnapshotData = tokio::fs::File,
@@ -31,14 +31,21 @@ pub type Raft = openraft::Raft<TypeConfig>;
 /// A node id.
 pub type NodeId = u64;
 
-/// A write proposed to the replicated log.
+/// Writes proposed to the replicated log together, as one entry: the
+/// leader batches what clients sent while its last entry was on its way
+/// (openraft 0.9 syncs the leader's log once per entry, so one entry per
+/// write would cost a sync each, one after the other).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Request {
     /// The proposing leader's monotonic clock in ms (lease time follows it).
     pub time_ms: u64,
-    /// What to decide when the entry is applied.
-    pub cmd: WireCommand,
+    /// What to decide when the entry is applied, in order.
+    pub cmds: Vec<WireCommand>,
 }
+
+/// The answers of an entry's commands, in order.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Responses(pub Vec<Response>);
 
 /// A transaction's op, as the log carries it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

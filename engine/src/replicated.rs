@@ -297,6 +297,23 @@ impl Log {
         crate::replicated_apply::apply(self, at, time_ms, cmd).await
     }
 
+    /// Applies entries of the replicated log in order, as
+    /// [`Log::apply_replicated`] one by one would, answering alike; their
+    /// writes go out together, so a batch costs one write, not one per
+    /// entry.
+    pub async fn apply_replicated_many(
+        &self,
+        entries: &[(LogPosition, u64, Command)],
+    ) -> Result<Vec<Applied>> {
+        if !self.options().replicated {
+            return Err(Error::invalid(
+                "mode",
+                "apply_replicated needs a log opened with Options::replicated",
+            ));
+        }
+        crate::replicated_apply::apply_many(self, entries).await
+    }
+
     /// The last replicated entry applied: `None` before the first. After an
     /// open, what reached this engine's disk.
     pub fn applied(&self) -> Option<LogPosition> {

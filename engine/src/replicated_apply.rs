@@ -152,9 +152,52 @@ pub(crate) async fn apply(
     time_ms: u64,
     cmd: &Command,
 ) -> Result<Applied> {
+    let pending = decide(log, at, time_ms, cmd).await?;
+    finish(log, cmd, pending).await
+}
+
+/// Decides every entry in order, then waits for their answers: a batch of
+/// entries is written out together instead of one write (and one wake-up
+/// of the sync thread) per entry.
+pub(crate) async fn apply_many(
+    log: &Log,
+    entries: &[(LogPosition, u64, Command)],
+) -> Result<Vec<Applied>> {
+    let mut out = Vec::with_capacity(entries.len());
+    let mut pending = Vec::new();
+    for (at, time_ms, cmd) in entries {
+        // An exact retry's answer reads the stream when it is settled:
+        // settled at once, as alone, so it cannot depend on where a
+        // replica's batch of entries ends.
+        let alone = matches!(cmd, Command::AppendAt { .. });
+        if alone {
+            settle(log, &mut pending, &mut out).await?;
+        }
+        pending.push((cmd, decide(log, *at, *time_ms, cmd).await?));
+        if alone {
+            settle(log, &mut pending, &mut out).await?;
+        }
+    }
+    settle(log, &mut pending, &mut out).await?;
+    Ok(out)
+}
+
+async fn settle(
+    log: &Log,
+    pending: &mut Vec<(&Command, Pending)>,
+    out: &mut Vec<Applied>,
+) -> Result<()> {
+    for (cmd, p) in pending.drain(..) {
+        out.push(finish(log, cmd, p).await?);
+    }
+    Ok(())
+}
+
+/// Decides one entry in the serialized section; its answer may wait for
+/// the batch to be written ([`finish`]).
+async fn decide(log: &Log, at: LogPosition, time_ms: u64, cmd: &Command) -> Result<Pending> {
     let checked = precheck(log, cmd);
-    let pending = log
-        .inner()
+    log.inner()
         .wal
         .submit_async(|w| {
             let core = w.state();
@@ -174,7 +217,11 @@ pub(crate) async fn apply(
             }
             pending
         })
-        .await??;
+        .await?
+}
+
+/// The answer of an entry [`decide`]d.
+async fn finish(log: &Log, cmd: &Command, pending: Pending) -> Result<Applied> {
     Ok(match pending {
         Pending::Rejected(e) => Applied::Rejected(e),
         Pending::Op(d) => {

@@ -293,3 +293,59 @@ async fn a_synced_replica_reopens_at_its_exact_position_even_after_entries_that_
     );
     assert_eq!(before, after);
 }
+
+#[tokio::test]
+async fn a_batch_of_entries_answers_and_ends_as_the_same_entries_one_by_one() {
+    let mut entries = entries();
+    // An exact retry of an earlier append (settled alone inside a batch).
+    let n = entries.len() as u64;
+    entries.push((
+        LogPosition {
+            term: 2,
+            node: 2,
+            index: n + 1,
+        },
+        5_300,
+        Command::AppendAt {
+            stream: b("retry"),
+            token: t(9),
+            expected_offset: 0,
+            payloads: vec![b("once")],
+        },
+    ));
+    entries.push((
+        LogPosition {
+            term: 2,
+            node: 2,
+            index: n + 2,
+        },
+        5_301,
+        Command::AppendAt {
+            stream: b("retry"),
+            token: t(9),
+            expected_offset: 0,
+            payloads: vec![b("once")],
+        },
+    ));
+    let one_by_one = open(&SimStorage::new());
+    let answers = apply_all(&one_by_one, &entries).await;
+    let batched = open(&SimStorage::new());
+    let mut batch_answers = Vec::new();
+    // Batches of uneven sizes, as a replica's apply loop gets them.
+    let mut rest = &entries[..];
+    for size in [1usize, 7, 64, 3, 1000].iter().cycle() {
+        if rest.is_empty() {
+            break;
+        }
+        let (now, later) = rest.split_at((*size).min(rest.len()));
+        for a in batched.apply_replicated_many(now).await.unwrap() {
+            batch_answers.push(answer(&a));
+        }
+        rest = later;
+    }
+    assert_eq!(answers, batch_answers);
+    assert_eq!(state(&one_by_one), state(&batched));
+    assert_eq!(one_by_one.applied(), batched.applied());
+    let n = answers.len();
+    assert_eq!(answers[n - 2..], ["Value(0)", "Value(0)"], "{answers:?}");
+}

@@ -449,6 +449,7 @@ fn execute(args: &BenchArgs, progress: bool) -> Result<Report, String> {
                 .map_err(|e| format!("cannot resolve {addr}: {e}"))?
                 .next()
                 .ok_or_else(|| format!("{addr} resolves to no address"))?;
+            let resolved = runtime.block_on(leader::follow(resolved, args.password.as_deref()))?;
             (
                 Target::Tcp {
                     addr: resolved,
@@ -1256,6 +1257,7 @@ fn json_string(s: &str) -> String {
 // Side by side with Redis.
 
 mod compare;
+mod leader;
 
 // ---------------------------------------------------------------------------
 // The table.
