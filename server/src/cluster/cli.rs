@@ -338,10 +338,22 @@ async fn local(nodes: u64, port: u16, dir: PathBuf) -> Result<(), String> {
     status(&client(1), None).await.ok();
     println!(
         "\nredis-cli -c -p {port} LOG.APPEND orders 1 hello   # -c follows MOVED\n\
-         fencelog cluster status --addr {}                 # Ctrl-C stops the nodes",
+         fencelog cluster status --addr {}                 # Ctrl-C (or SIGTERM) stops the nodes",
         client(1)
     );
-    let _ = tokio::signal::ctrl_c().await;
+    // Ctrl-C, or SIGTERM from a supervisor or a script: the nodes stop
+    // with it (they would outlive it otherwise).
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
     for child in &children {
         // SIGTERM: each node stops gracefully.
         // SAFETY: kill(2) on a child this process started.

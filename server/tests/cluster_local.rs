@@ -1,0 +1,89 @@
+//! `fencelog cluster local`: three nodes come up with a leader, and a
+//! SIGTERM to the command stops every node (none outlives it).
+
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn free_port_run(n: u16) -> u16 {
+    // A base port with n client ports and n Raft ports (base + 10000) free.
+    for _ in 0..50 {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = l.local_addr().unwrap().port();
+        drop(l);
+        if base > 50_000 {
+            continue;
+        }
+        let free = (0..n).all(|i| {
+            std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok()
+                && std::net::TcpListener::bind(("127.0.0.1", base + 10_000 + i)).is_ok()
+        });
+        if free {
+            return base;
+        }
+    }
+    panic!("no free run of ports");
+}
+
+#[test]
+fn cluster_local_starts_a_cluster_and_sigterm_stops_every_node() {
+    let tmp = tempfile::tempdir().unwrap();
+    let port = free_port_run(3);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fencelog"))
+        .args([
+            "cluster",
+            "local",
+            "--nodes",
+            "3",
+            "--port",
+            &port.to_string(),
+        ])
+        .arg("--dir")
+        .arg(tmp.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let status = Command::new(env!("CARGO_BIN_EXE_fencelog"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let leader = loop {
+        let out = Command::new(status.get_program())
+            .args(["cluster", "status", "--addr", &format!("127.0.0.1:{port}")])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if text.contains("leader") && text.lines().count() >= 4 {
+            break text;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("no cluster with a leader in 30 s: {text}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(leader.matches("follower").count(), 2, "{leader}");
+    // SAFETY: kill(2) on the child this test started.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(code) = child.try_wait().unwrap() {
+            assert!(code.success(), "cluster local exited with {code}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "cluster local still runs 20 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Every node is gone: nothing listens on the client ports.
+    for i in 0..3 {
+        assert!(
+            TcpStream::connect(("127.0.0.1", port + i)).is_err(),
+            "node {} still serves after cluster local stopped",
+            i + 1
+        );
+    }
+}
