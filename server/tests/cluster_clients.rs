@@ -498,3 +498,52 @@ fn ioredis_cluster_runs_the_lock_workflow_across_a_leader_change() {
     drive_script(&mut cluster, cmd);
 }
 
+/// A node that no leader has reached yet (here: started with
+/// `--cluster-initial`, not the lowest id, and nobody else running) knows
+/// no member. It answered `CLUSTER SLOTS` with itself as the primary of
+/// every slot and no replica, and ioredis, asking it first, took that for
+/// the whole cluster. Now it claims nothing, and a client asks another
+/// node.
+#[test]
+fn a_node_no_leader_reached_yet_claims_no_slot() {
+    use common::Value;
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+    };
+    let (raft1, client1, raft2, client2) = (free(), free(), free(), free());
+    let dir = tempfile::tempdir().unwrap();
+    let initial = format!("1={raft1}/{client1},2={raft2}/{client2}");
+    let server = common::ServerProcess::start(
+        dir.path(),
+        &[
+            "--cluster-node-id",
+            "2",
+            "--cluster-raft-addr",
+            &raft2.to_string(),
+            "--cluster-initial",
+            &initial,
+        ],
+    );
+    server.wait_for_log("cluster_waiting");
+    let mut c = server.client();
+    for sub in ["SLOTS", "SHARDS"] {
+        let reply = c.cmd(&["CLUSTER", sub]);
+        assert!(
+            matches!(&reply, Value::Error(e) if e.starts_with("CLUSTERDOWN this node is not part of a cluster yet")),
+            "CLUSTER {sub}: {reply:?}"
+        );
+    }
+    // CLUSTER NODES still shows the node itself, as a new Redis node does.
+    match c.cmd(&["CLUSTER", "NODES"]) {
+        Value::Bulk(b) => assert!(String::from_utf8_lossy(&b).contains("myself"), "{b:?}"),
+        other => panic!("CLUSTER NODES: {other:?}"),
+    }
+    let write = c.cmd(&["LOG.APPEND", "jobs", "1", "x"]);
+    assert!(
+        matches!(&write, Value::Error(e) if e.starts_with("TRYAGAIN")),
+        "a write on a node without a leader: {write:?}"
+    );
+}
