@@ -683,6 +683,17 @@ pub static COMMANDS: &[CommandSpec] = &[
                 "O(N) in the commands named",
                 &[optional(multiple(string("command-name")))],
             ),
+            cmd(
+                "COMMAND|GETKEYS",
+                -3,
+                &["loading", "stale"],
+                NO_KEYS,
+                &["@slow", "@connection"],
+                "server",
+                "The key arguments of a whole command, by the table's key positions; cluster clients route by them",
+                "O(N) in the arguments",
+                &[string("command"), optional(multiple(string("arg")))],
+            ),
         ],
     ),
     with_subcommands(
@@ -896,6 +907,33 @@ impl CommandSpec {
         }
     }
 
+    /// The key arguments of a whole command (`args[0]` is its name), at
+    /// the positions `keys` gives (`COMMAND GETKEYS`): `None` if `args`
+    /// do not fit the arity, empty if the command has no key.
+    pub fn keys_of<'a, T>(&self, args: &'a [T]) -> Option<Vec<&'a T>> {
+        if !self.arity_fits(args.len()) {
+            return None;
+        }
+        let (first, last, step) = self.keys;
+        if first <= 0 || step <= 0 {
+            return Some(Vec::new());
+        }
+        let n = i64::try_from(args.len()).unwrap_or(i64::MAX);
+        let last = if last < 0 {
+            n + i64::from(last)
+        } else {
+            i64::from(last)
+        };
+        let last = last.min(n - 1);
+        let mut keys = Vec::new();
+        let mut at = i64::from(first);
+        while at <= last {
+            keys.push(&args[usize::try_from(at).ok()?]);
+            at += i64::from(step);
+        }
+        Some(keys)
+    }
+
     /// `COMMAND INFO`'s entry: name, arity, flags, first key, last key,
     /// step, ACL categories, tips, key specs, subcommands.
     pub fn info_reply(&self) -> Reply {
@@ -1027,6 +1065,44 @@ mod tests {
             "LEASE.ACQUIRE name owner ttl_ms [FENCE] [WAIT milliseconds]"
         );
         assert_eq!(s("CONFIG|GET"), "CONFIG GET parameter [parameter ...]");
+    }
+
+    /// What `COMMAND GETKEYS` answers, and so where a cluster client
+    /// that asks sends each command: the stream or lease name.
+    #[test]
+    fn keys_are_the_stream_or_lease_name() {
+        let keys = |line: &'static str| -> Option<Vec<&'static str>> {
+            let args: Vec<&'static str> = line.split(' ').collect();
+            lookup(&args[0].to_ascii_uppercase())
+                .unwrap()
+                .keys_of(&args)
+                .map(|k| k.into_iter().copied().collect())
+        };
+        assert_eq!(keys("LOG.APPEND jobs 7 a b c"), Some(vec!["jobs"]));
+        assert_eq!(keys("LOG.APPENDAT jobs 7 0 a"), Some(vec!["jobs"]));
+        assert_eq!(keys("LOG.READ jobs 0 COUNT 5"), Some(vec!["jobs"]));
+        assert_eq!(keys("LEASE.ACQUIRE jobs w 1000 FENCE"), Some(vec!["jobs"]));
+        assert_eq!(keys("LEASE.RELEASE jobs w 3"), Some(vec!["jobs"]));
+        assert_eq!(keys("LOG.STREAMS"), Some(vec![]));
+        assert_eq!(keys("LOG.APPEND jobs 7"), None, "too few arguments");
+        assert_eq!(keys("LOG.STAT jobs more"), None, "too many arguments");
+        // A negative last key counts from the end.
+        assert_eq!(keys("WATCH a b"), Some(vec!["a", "b"]));
+        // Every stream and lease command names one key, its first
+        // argument: a cluster client that takes the first argument as the
+        // key (the `redis` crate does, for commands it does not know)
+        // routes alike.
+        for c in COMMANDS
+            .iter()
+            .filter(|c| c.name.starts_with("LOG.") || c.name.starts_with("LEASE."))
+        {
+            assert!(
+                c.keys == NO_KEYS || c.keys == ONE_KEY,
+                "{} has keys {:?}",
+                c.name,
+                c.keys
+            );
+        }
     }
 
     /// docs/COMMANDS.md documents every command of this table, with the

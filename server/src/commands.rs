@@ -1145,7 +1145,8 @@ fn hello(_cmd: &str, a: &[Bytes], ctx: &Context, session: &mut Session) -> Outco
     ]))
 }
 
-/// `COMMAND [COUNT | LIST | INFO name… | DOCS name…]`, from the table.
+/// `COMMAND [COUNT | LIST | INFO name… | DOCS name… | GETKEYS command arg…]`,
+/// from the table.
 fn command(a: &[Bytes]) -> Outcome {
     let Some(sub) = a.first() else {
         return Outcome::Reply(Reply::Array(
@@ -1191,7 +1192,19 @@ fn command(a: &[Bytes]) -> Outcome {
                 .map(|c| (Reply::text(c.lower_name()), c.docs_reply()))
                 .collect(),
         )),
-        ("COUNT" | "LIST", _) => err(format!(
+        ("GETKEYS", [name, ..]) => {
+            let Some(spec) = command_table::lookup(upper(name).as_str()) else {
+                return err("ERR Invalid command specified");
+            };
+            match spec.keys_of(&a[1..]) {
+                None => err("ERR Invalid number of arguments specified for command"),
+                Some(keys) if keys.is_empty() => err("ERR The command has no key arguments"),
+                Some(keys) => Outcome::Reply(Reply::Array(
+                    keys.into_iter().map(|k| Reply::Bulk(k.clone())).collect(),
+                )),
+            }
+        }
+        ("COUNT" | "LIST" | "GETKEYS", _) => err(format!(
             "ERR unknown subcommand or wrong number of arguments for '{}'",
             quoted(sub)
         )),

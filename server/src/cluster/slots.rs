@@ -81,6 +81,7 @@ pub async fn cluster(c: &Cluster, a: &[Bytes]) -> Reply {
     let sub = String::from_utf8_lossy(sub).to_ascii_uppercase();
     let status = c.node().status();
     match (sub.as_str(), &a[1..]) {
+        ("SLOTS" | "SHARDS", []) if status.members.is_empty() => not_a_member_yet(),
         ("SLOTS", []) => slots(c, &status),
         ("SHARDS", []) => shards(c, &status),
         ("NODES", []) => Reply::Verbatim(nodes(c, &status)),
@@ -101,6 +102,20 @@ pub async fn cluster(c: &Cluster, a: &[Bytes]) -> Reply {
             String::from_utf8_lossy(&a[0])
         )),
     }
+}
+
+/// The slot map of a node that no leader has reached yet (started with
+/// `--cluster-initial` but not the one forming the cluster, or joining):
+/// it knows no member, not even itself, so it claims no slot. It used to
+/// answer itself as the primary of every slot, with no replica: ioredis
+/// took that for the cluster's whole topology when it asked this node
+/// first. An error makes a cluster client (redis-py, ioredis) ask the next
+/// node it knows.
+fn not_a_member_yet() -> Reply {
+    error(
+        "CLUSTERDOWN this node is not part of a cluster yet (no leader has reached it): \
+         ask another member",
+    )
 }
 
 /// `CLUSTER SLOTS`: `[[0, 16383, [host, port, id], …]]`.
