@@ -414,12 +414,24 @@ fn run_schedule(seed: u64, first: Fault) -> Run {
     let fin = final_streams(&cluster);
     let events = rec.events.lock().unwrap().clone();
     let violations = history::check(&events, &fin);
+    // The lease history, to read a violation by (grants are few).
+    let leases: Vec<String> = events
+        .iter()
+        .filter(|e| matches!(e.op, history::Op::Acquire { .. }))
+        .map(|e| {
+            format!(
+                "{:?} [{}, {}] {:?}",
+                e.op, e.invoked, e.completed, e.outcome
+            )
+        })
+        .collect();
     assert!(
         violations.is_empty(),
-        "seed {seed}: {} violations, first: {:?}\nfinal streams: {:?}\n{}",
+        "seed {seed}: {} violations, first: {:?}\nfinal streams: {:?}\nacquires:\n{}\n{}",
         violations.len(),
         &violations[..violations.len().min(5)],
         fin.iter().map(|(s, r)| (s, r.len())).collect::<Vec<_>>(),
+        leases.join("\n"),
         cluster.logs()
     );
     let acknowledged = events

@@ -353,12 +353,29 @@ pub fn check(history: &[Event], final_streams: &BTreeMap<String, Vec<Record>>) -
         high = high.max(g.2);
         done_prefix.push((g.1, high));
     }
+    // An acquire whose answer was lost (a timeout, UNCERTAIN) may still
+    // have been granted, and the owner's next acquire of the same lease is
+    // then answered that grant's token: the token may date from the
+    // earliest such acquire before this one, not from this one.
+    let mut unknown_since: HashMap<(&str, &str), Vec<u64>> = HashMap::new();
+    for e in history {
+        if let (Op::Acquire { name, owner }, Outcome::Unknown(_)) = (&e.op, &e.outcome) {
+            unknown_since
+                .entry((name.as_str(), owner.as_str()))
+                .or_default()
+                .push(e.invoked);
+        }
+    }
     for g in &grants {
         // A re-grant: its token was answered before this one began.
         if first_grant.get(&g.2).is_some_and(|&first| first < g.0) {
             continue;
         }
-        let n = done_prefix.partition_point(|(done, _)| *done < g.0);
+        let began = unknown_since
+            .get(&g.3)
+            .and_then(|list| list.iter().copied().filter(|&i| i < g.0).min())
+            .unwrap_or(g.0);
+        let n = done_prefix.partition_point(|(done, _)| *done < began);
         if n > 0 && done_prefix[n - 1].1 >= g.2 {
             v.push(Violation::TokenNotIncreasing {
                 earlier: done_prefix[n - 1].1,
@@ -525,6 +542,48 @@ mod tests {
         assert_eq!(check(&h, &f), vec![]);
         let with_unknown = fin(vec![rec(0, 5, "a"), rec(1, 6, "b"), rec(2, 7, "d")]);
         assert_eq!(check(&h, &with_unknown), vec![]);
+    }
+
+    #[test]
+    fn a_token_granted_by_an_acquire_whose_answer_was_lost_may_come_back_later() {
+        let acquire = |owner: &str, at: (u64, u64), outcome| Event {
+            client: 9,
+            op: Op::Acquire {
+                name: "n".into(),
+                owner: owner.into(),
+            },
+            invoked: at.0,
+            completed: at.1,
+            outcome,
+        };
+        let f = fin(vec![]);
+        // z's first acquire timed out (it was granted token 5); y got 7
+        // later; z asks again and is answered its grant: 5.
+        let h = vec![
+            acquire("z", (100, 110), Outcome::Unknown("timeout".into())),
+            acquire("y", (120, 130), Outcome::Granted(7)),
+            acquire("z", (140, 150), Outcome::Granted(5)),
+        ];
+        assert_eq!(check(&h, &f), vec![]);
+        // Without the lost answer, 5 after 7 is a token going down.
+        let v = check(&h[1..], &f);
+        assert!(
+            matches!(
+                v.as_slice(),
+                [Violation::TokenNotIncreasing {
+                    earlier: 7,
+                    later: 5
+                }]
+            ),
+            "{v:?}"
+        );
+        // A lost answer after the grant it would excuse excuses nothing.
+        let late = vec![
+            acquire("y", (120, 130), Outcome::Granted(7)),
+            acquire("z", (140, 150), Outcome::Granted(5)),
+            acquire("z", (160, 170), Outcome::Unknown("timeout".into())),
+        ];
+        assert_eq!(check(&late, &f).len(), 1);
     }
 
     #[test]
