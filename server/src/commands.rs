@@ -444,13 +444,27 @@ fn integer(n: u64) -> Reply {
     Reply::Integer(i64::try_from(n).unwrap_or(i64::MAX))
 }
 
+/// `STALE token 41 is below the highest accepted token 42`, in one
+/// allocation of the right size: the reply of every rejection, so without
+/// the formatting machinery.
+fn stale_text(presented: u64, highest: u64) -> String {
+    const HEAD: &str = "STALE token ";
+    const MIDDLE: &str = " is below the highest accepted token ";
+    let (mut p, mut h) = (itoa::Buffer::new(), itoa::Buffer::new());
+    let (p, h) = (p.format(presented), h.format(highest));
+    let mut text = String::with_capacity(HEAD.len() + p.len() + MIDDLE.len() + h.len());
+    text.push_str(HEAD);
+    text.push_str(p);
+    text.push_str(MIDDLE);
+    text.push_str(h);
+    text
+}
+
 /// The engine's errors on the wire: a code, then a sentence with the numbers.
 /// The first number of STALE, MISMATCH and TRIMMED is the client's.
 pub fn error_reply(e: &Error) -> Reply {
     let text = match e {
-        Error::Stale { presented, highest } => {
-            format!("STALE token {presented} is below the highest accepted token {highest}")
-        }
+        Error::Stale { presented, highest } => stale_text(*presented, *highest),
         Error::OffsetMismatch { expected, next } => {
             format!("MISMATCH expected offset {expected} but the next offset is {next}")
         }

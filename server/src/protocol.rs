@@ -717,7 +717,7 @@ fn put_number(out: &mut impl Sink, kind: u8, n: i64) {
 
 /// Simple strings and errors are one line: no CR or LF inside.
 fn clean_line(s: &str) -> std::borrow::Cow<'_, str> {
-    if s.contains(['\r', '\n']) {
+    if s.bytes().any(|b| b == b'\r' || b == b'\n') {
         s.replace(['\r', '\n'], " ").into()
     } else {
         s.into()
