@@ -226,6 +226,7 @@ pub async fn serve(
         closing: false,
         shutdown,
         shutting_down: false,
+        listed: None,
     };
     let end = conn.run().await;
     conn.ended(end)
@@ -249,6 +250,8 @@ struct Connection {
     closing: bool,
     shutdown: Shutdown,
     shutting_down: bool,
+    /// What `CLIENT LIST` was last told: name, protocol, commands queued.
+    listed: Option<(Option<Bytes>, u8, Option<usize>)>,
 }
 
 impl Connection {
@@ -354,11 +357,17 @@ impl Connection {
             let stream_arg = request.get(1).cloned().unwrap_or_default();
             let outcome = commands::execute(&self.ctx, &mut self.session, request).await;
             if let Some(r) = &self.session.registration {
-                r.update(
-                    self.session.name.as_ref(),
+                // `CLIENT LIST` learns what changed (most requests change
+                // nothing, and telling it takes its locks).
+                let now = (
+                    self.session.name.clone(),
                     self.session.proto,
                     self.session.multi.as_ref().map(Multi::len),
                 );
+                if self.listed.as_ref() != Some(&now) {
+                    r.update(now.0.as_ref(), now.1, now.2);
+                    self.listed = Some(now);
+                }
             }
             self.parser.set_unauthenticated(!self.session.authenticated);
             match outcome {
