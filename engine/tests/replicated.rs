@@ -278,10 +278,18 @@ async fn a_synced_replica_reopens_at_its_exact_position_even_after_entries_that_
     let answers = apply_all(&log, &entries).await;
     assert!(answers[answers.len() - 2].starts_with("rejected"));
     log.sync().unwrap();
-    let before = (log.applied(), state(&log), format!("{:?}", log.lease_info("job")));
+    let before = (
+        log.applied(),
+        state(&log),
+        format!("{:?}", log.lease_info("job")),
+    );
     drop(log);
     let log = open(&sim.cut_power(CrashMode::LoseUnsynced));
     assert_eq!(log.applied(), Some(at(n + 2)));
-    let after = (log.applied(), state(&log), format!("{:?}", log.lease_info("job")));
+    let after = (
+        log.applied(),
+        state(&log),
+        format!("{:?}", log.lease_info("job")),
+    );
     assert_eq!(before, after);
 }

@@ -768,7 +768,12 @@ pub(crate) async fn run(ctx: &Arc<Context>, session: &mut Session, args: &[Bytes
 }
 
 /// [`run`] with the command's name already in upper case.
-async fn run_named(ctx: &Arc<Context>, session: &mut Session, args: &[Bytes], cmd: &str) -> Outcome {
+async fn run_named(
+    ctx: &Arc<Context>,
+    session: &mut Session,
+    args: &[Bytes],
+    cmd: &str,
+) -> Outcome {
     let a = &args[1..];
     if let Some(cluster) = &ctx.cluster
         && let Some(outcome) = crate::cluster::route::run(ctx, cluster, session, cmd, args).await

@@ -566,7 +566,9 @@ pub fn info_text(ctx: &Context, sections: &[String]) -> String {
         let _ = write!(out, "{}:{}\r\n", metric.info, number(metric.value));
     }
     if wanted("commit") {
-        out.push_str(&commit_histogram_line(&ctx.engine().metrics().wal.commit_micros));
+        out.push_str(&commit_histogram_line(
+            &ctx.engine().metrics().wal.commit_micros,
+        ));
     }
     if wanted("memory") {
         // What redis-cli --stat and dashboards read; the resident set size

@@ -419,7 +419,13 @@ impl Worker {
         arrivals.close();
         while let Some(h) = arrivals.recv().await {
             if let Ok(stream) = TcpStream::from_std(h.stream) {
-                connections.spawn(serve_connection(h.open, stream, h.peer, h.id, shutdown.clone()));
+                connections.spawn(serve_connection(
+                    h.open,
+                    stream,
+                    h.peer,
+                    h.id,
+                    shutdown.clone(),
+                ));
             }
         }
         if tokio::time::timeout(grace, async {

@@ -195,9 +195,18 @@ fn commit_telemetry_exists_and_moves() {
         assert!(matches!(c.read(), Some(Value::Int(_))));
     }
     let after = info_commit(&mut c);
-    assert!(commit_entries(&after) >= commit_entries(&before) + 50, "{before}\n{after}");
-    assert!(info_number(&after, "commit_records_per_sync") >= 1.0, "{after}");
-    assert!(info_number(&after, "commit_latency_p99_us") > 0.0, "{after}");
+    assert!(
+        commit_entries(&after) >= commit_entries(&before) + 50,
+        "{before}\n{after}"
+    );
+    assert!(
+        info_number(&after, "commit_records_per_sync") >= 1.0,
+        "{after}"
+    );
+    assert!(
+        info_number(&after, "commit_latency_p99_us") > 0.0,
+        "{after}"
+    );
     assert!(
         info_number(&after, "sync_thread_idle_seconds")
             >= info_number(&before, "sync_thread_idle_seconds") + 0.2,

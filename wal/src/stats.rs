@@ -35,7 +35,8 @@ impl Histogram {
         let bucket = ((u64::BITS - value.leading_zeros()) as usize).min(BUCKETS - 1);
         self.buckets[bucket].fetch_add(n, Ordering::Relaxed);
         self.count.fetch_add(n, Ordering::Relaxed);
-        self.sum.fetch_add(value.saturating_mul(n), Ordering::Relaxed);
+        self.sum
+            .fetch_add(value.saturating_mul(n), Ordering::Relaxed);
     }
 
     /// A consistent-enough copy for reporting.
