@@ -169,7 +169,7 @@ pub(crate) async fn apply(
             // changed nothing (a blank, a rejection): a snapshot of this
             // engine then holds exactly the position and clock the replicas
             // that applied the entry have.
-            if w.next_lsn() == before && matches!(pending, Ok(_)) {
+            if w.next_lsn() == before && pending.is_ok() {
                 w.append(op::REPLICATED_HEADER, |b| b.copy_from_slice(&header))?;
             }
             pending
