@@ -516,6 +516,8 @@ fn serve(config: ServeConfig) -> ExitCode {
         }
     };
     runtime.block_on(async {
+        // Durable answers wake this thread once per group commit.
+        tokio::spawn(fencelog_server::connection::relay::run());
         // Handlers first: a signal that arrives once the server says it is
         // serving must be a graceful stop, not the default (death).
         let stop = shutdown_signal();

@@ -390,6 +390,8 @@ impl Worker {
         mut shutdown: Shutdown,
         grace: std::time::Duration,
     ) {
+        // Durable answers wake this thread once per group commit.
+        tokio::spawn(connection::relay::run());
         let mut connections = JoinSet::new();
         loop {
             tokio::select! {
