@@ -1244,12 +1244,14 @@ impl<S: Sequencer> Shared<S> {
         loop {
             {
                 let mut locked = self.locked.lock();
-                if locked.pending.is_empty() && !locked.shutdown {
+                while locked.pending.is_empty() && !locked.shutdown {
+                    locked.sync_thread_waiting = true;
+                    // Idle time is counted in slices of at most 100 ms, so
+                    // that a reading during a long wait is at most that
+                    // much behind.
                     let idle_since = Instant::now();
-                    while locked.pending.is_empty() && !locked.shutdown {
-                        locked.sync_thread_waiting = true;
-                        self.work.wait(&mut locked);
-                    }
+                    self.work
+                        .wait_for(&mut locked, std::time::Duration::from_millis(100));
                     self.stats
                         .sync_idle_micros
                         .fetch_add(idle_since.elapsed().as_micros() as u64, Ordering::Relaxed);
