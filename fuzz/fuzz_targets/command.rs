@@ -98,6 +98,7 @@ fn context(log: Log, dir: &Path, requirepass: Option<&str>) -> Arc<Context> {
         max_read_bytes: 64 << 10,
         max_pipeline: 64,
         max_connections: 16,
+        threads: 1,
         shutdown_grace: Duration::from_secs(1),
         flags: Vec::new(),
         cluster: None,

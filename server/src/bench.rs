@@ -126,9 +126,25 @@ pub struct BenchArgs {
     /// --compare-redis: the redis-server program.
     #[arg(long, default_value = "redis-server", value_name = "PATH")]
     pub redis_server: PathBuf,
+    /// --compare-redis: what Redis is asked. `lua`: the same fenced append
+    /// as a Lua script. `plain`: Redis' cheapest commands of the same
+    /// shape, `SET key payload` for an append (durable with appendfsync
+    /// always) and `GET key` for a rejection (a hash lookup, as a stale
+    /// rejection is).
+    #[arg(long, value_enum, default_value = "lua")]
+    pub redis_commands: RedisCommands,
     /// --history in process: the segment size (sizes like 1MiB or 65536).
     #[arg(long, default_value = "1MiB", value_parser = crate::history::parse_size, value_name = "BYTES")]
     pub segment_bytes: u64,
+}
+
+/// What Redis runs under `--compare-redis`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RedisCommands {
+    /// The fenced append and fence as Lua scripts (`EVAL`).
+    Lua,
+    /// `SET` for an append, `GET` for a rejection.
+    Plain,
 }
 
 /// A workload of `fencelog bench`.
@@ -280,6 +296,11 @@ enum Dialect {
     /// Redis: the same decisions by a Lua script per request (the highest
     /// token in `{stream}:token`, the records in a list).
     Redis,
+    /// Redis' cheapest commands of the same shape, for the per-request cost
+    /// of the server itself: an append is `SET stream payload` (durable
+    /// with `appendfsync always`), a stale write is `GET stream` (a hash
+    /// lookup, as a stale rejection is).
+    RedisPlain,
 }
 
 /// Redis' fenced append: STALE if the token is below the stream's highest,
@@ -303,6 +324,7 @@ impl Dialect {
             Dialect::Fencelog => {
                 encode_command(&[b"LOG.APPEND", stream, token.as_bytes(), payload])
             }
+            Dialect::RedisPlain => encode_command(&[b"SET", stream, payload]),
             Dialect::Redis => {
                 let tok_key = [stream, b":token"].concat();
                 encode_command(&[
@@ -318,10 +340,31 @@ impl Dialect {
         }
     }
 
+    /// A write meant to be rejected: an append with `token`, or under
+    /// [`Dialect::RedisPlain`] the lookup that stands for one.
+    fn stale(self, stream: &[u8], token: u64, payload: &[u8]) -> Vec<u8> {
+        match self {
+            Dialect::RedisPlain => encode_command(&[b"GET", stream]),
+            _ => self.append(stream, token, payload),
+        }
+    }
+
+    /// What an answer means in this dialect.
+    fn outcome(self, reply: Reply) -> Outcome {
+        match (self, reply) {
+            (Dialect::RedisPlain, Reply::Simple(s)) if s == "OK" => Outcome::Accepted,
+            (Dialect::RedisPlain, Reply::Bulk(Some(_))) => Outcome::Stale,
+            (_, reply) => reply_outcome(reply),
+        }
+    }
+
+    /// Sets a stream up for rejections: fenced at `token` (under
+    /// [`Dialect::RedisPlain`], a value for `GET` to find).
     fn fence(self, stream: &[u8], token: u64) -> Vec<u8> {
         let token = token.to_string();
         match self {
             Dialect::Fencelog => encode_command(&[b"LOG.FENCE", stream, token.as_bytes()]),
+            Dialect::RedisPlain => encode_command(&[b"SET", stream, token.as_bytes()]),
             Dialect::Redis => {
                 let tok_key = [stream, b":token"].concat();
                 encode_command(&[
@@ -345,6 +388,7 @@ impl Dialect {
                 let tok_key = [stream, b":token"].concat();
                 encode_command(&[b"DEL", stream, &tok_key])
             }
+            Dialect::RedisPlain => encode_command(&[b"DEL", stream]),
         }
     }
 }
@@ -614,8 +658,15 @@ async fn run_workload(target: &Target, plan: Arc<Plan>) -> Result<WorkloadResult
                 let client = Client::new(&plan, i, window);
                 let stream = plan.stream_of(i);
                 let valid = dialect.append(stream, plan.valid.get(), &plan.payload);
-                let stale = dialect.append(stream, plan.stale.get(), &plan.payload);
-                clients.spawn(tcp_client(conn, Arc::clone(&plan), client, valid, stale));
+                let stale = dialect.stale(stream, plan.stale.get(), &plan.payload);
+                clients.spawn(tcp_client(
+                    conn,
+                    Arc::clone(&plan),
+                    client,
+                    *dialect,
+                    valid,
+                    stale,
+                ));
             }
         }
     }
@@ -735,7 +786,11 @@ async fn fence_tcp(
         .await
         .map_err(|_| format!("fencing got no answer within {:?}", plan.timeout))??;
         for (stream, reply) in chunk.iter().zip(replies) {
-            if reply != Reply::Integer(plan.valid.get() as i64) {
+            let fenced = match dialect {
+                Dialect::RedisPlain => reply == Reply::Simple("OK".into()),
+                _ => reply == Reply::Integer(plan.valid.get() as i64),
+            };
+            if !fenced {
                 return Err(format!(
                     "cannot fence {} at {token}: {reply}",
                     String::from_utf8_lossy(stream)
@@ -905,6 +960,7 @@ async fn tcp_client(
     conn: Conn,
     plan: Arc<Plan>,
     mut c: Client,
+    dialect: Dialect,
     valid: Vec<u8>,
     stale: Vec<u8>,
 ) -> ClientStats {
@@ -937,7 +993,7 @@ async fn tcp_client(
         let read = async {
             for &meant_stale in &kinds {
                 let reply = read_reply(&mut rd, &mut buf).await?;
-                c.record(&batch, meant_stale, reply_outcome(reply));
+                c.record(&batch, meant_stale, dialect.outcome(reply));
             }
             Ok::<_, String>(())
         };
@@ -1089,41 +1145,74 @@ impl LatencyHistogram {
     }
 }
 
+/// Buckets of the engine's commit latency histogram (powers of two).
+const COMMIT_BUCKETS: usize = 40;
+
 /// Group-commit counters at one moment.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Persistence {
+    at: Instant,
     syncs: u64,
     entries: f64,
     sync_micros_sum: f64,
+    /// The sync thread's idle time so far (`None`: an older server).
+    idle_secs: Option<f64>,
+    /// Entries per commit latency bucket: bucket `i` holds latencies up to
+    /// `2^i - 1` µs (`None`: an older server).
+    commit_buckets: Option<[u64; COMMIT_BUCKETS]>,
 }
 
 impl Persistence {
     fn of_log(log: &Log) -> Persistence {
         let w = log.metrics().wal;
+        let mut buckets = [0; COMMIT_BUCKETS];
+        for (b, n) in buckets.iter_mut().zip(w.commit_micros.buckets) {
+            *b = n;
+        }
         Persistence {
+            at: Instant::now(),
             syncs: w.syncs,
             entries: w.entries as f64,
             sync_micros_sum: w.sync_micros.sum as f64,
+            idle_secs: Some(w.sync_idle_micros as f64 / 1e6),
+            commit_buckets: Some(buckets),
         }
     }
 
-    /// From `INFO persistence`: `fsyncs`, and `wal_entries` (or, from an
-    /// older server, `group_commit_avg_batch` × `fsyncs`).
+    /// From `INFO persistence commit`: `fsyncs`, and `wal_entries` (or, from
+    /// an older server, `group_commit_avg_batch` × `fsyncs`); the sync
+    /// thread's idle time and the commit latency histogram when the server
+    /// reports them.
     fn of_info(text: &str) -> Option<Persistence> {
-        let field = |name: &str| {
+        let value = |name: &str| {
             text.lines().find_map(|line| {
                 let (k, v) = line.trim_end_matches('\r').split_once(':')?;
-                (k == name).then(|| v.trim().parse::<f64>().ok()).flatten()
+                (k == name).then(|| v.trim().to_string())
             })
         };
+        let field = |name: &str| value(name)?.parse::<f64>().ok();
         let syncs = field("fsyncs")?;
         let entries = field("wal_entries")
             .or_else(|| field("group_commit_avg_batch").map(|avg| avg * syncs))?;
         let sync_micros_sum = field("fsync_latency_avg_us").map_or(0.0, |avg| avg * syncs);
+        let commit_buckets = value("commit_latency_us_le").and_then(|line| {
+            let mut buckets = [0; COMMIT_BUCKETS];
+            for pair in line.split(',').filter(|p| !p.is_empty()) {
+                let (upper, n) = pair.split_once('=')?;
+                let upper: u64 = upper.parse().ok()?;
+                // Upper bounds are 2^i - 1.
+                let i = (u64::BITS - upper.leading_zeros()) as usize;
+                *buckets.get_mut(i)? += n.parse::<u64>().ok()?;
+            }
+            Some(buckets)
+        });
         Some(Persistence {
+            at: Instant::now(),
             syncs: syncs as u64,
             entries,
             sync_micros_sum,
+            idle_secs: field("sync_thread_idle_seconds"),
+            commit_buckets,
         })
     }
 }
@@ -1134,16 +1223,47 @@ struct GroupCommit {
     syncs: u64,
     entries_per_sync: f64,
     sync_mean_us: f64,
+    /// The share of the window the sync thread waited for work.
+    idle_fraction: Option<f64>,
+    /// The 99th percentile of an entry's commit latency in the window (the
+    /// upper bound of its power-of-two bucket), µs.
+    commit_p99_us: Option<u64>,
 }
 
 impl GroupCommit {
     fn between(before: &Persistence, after: &Persistence) -> Option<GroupCommit> {
         let syncs = after.syncs.checked_sub(before.syncs)?;
         let per_sync = |x: f64| if syncs == 0 { 0.0 } else { x / syncs as f64 };
+        let window = after.at.saturating_duration_since(before.at).as_secs_f64();
+        let idle_fraction = match (before.idle_secs, after.idle_secs) {
+            (Some(b), Some(a)) if window > 0.0 => Some(((a - b) / window).clamp(0.0, 1.0)),
+            _ => None,
+        };
+        let commit_p99_us = match (&before.commit_buckets, &after.commit_buckets) {
+            (Some(b), Some(a)) => {
+                let diff: Vec<u64> = a.iter().zip(b).map(|(a, b)| a.saturating_sub(*b)).collect();
+                let total: u64 = diff.iter().sum();
+                (total > 0).then(|| {
+                    let rank = (total as f64 * 0.99).ceil() as u64;
+                    let mut seen = 0;
+                    let i = diff
+                        .iter()
+                        .position(|n| {
+                            seen += n;
+                            seen >= rank
+                        })
+                        .unwrap_or(COMMIT_BUCKETS - 1);
+                    if i == 0 { 0 } else { (1u64 << i) - 1 }
+                })
+            }
+            _ => None,
+        };
         Some(GroupCommit {
             syncs,
             entries_per_sync: per_sync((after.entries - before.entries).max(0.0)),
             sync_mean_us: per_sync((after.sync_micros_sum - before.sync_micros_sum).max(0.0)),
+            idle_fraction,
+            commit_p99_us,
         })
     }
 }
@@ -1220,6 +1340,18 @@ impl WorkloadResult {
                 );
             }
             None => s.push_str(",\"syncs\":null,\"entries_per_sync\":null,\"sync_mean_us\":null"),
+        }
+        match self.group_commit.and_then(|g| g.idle_fraction) {
+            Some(f) => {
+                let _ = write!(s, ",\"sync_thread_idle\":{f:.3}");
+            }
+            None => s.push_str(",\"sync_thread_idle\":null"),
+        }
+        match self.group_commit.and_then(|g| g.commit_p99_us) {
+            Some(us) => {
+                let _ = write!(s, ",\"commit_p99_us\":{us}");
+            }
+            None => s.push_str(",\"commit_p99_us\":null"),
         }
         s.push_str(",\"unexpected_samples\":[");
         for (i, e) in self.unexpected_samples.iter().enumerate() {
@@ -1353,13 +1485,20 @@ impl Report {
                 .filter(|g| g.syncs > 0)
                 .map(|g| (r.workload, g))
         }) {
-            let _ = writeln!(
+            let _ = write!(
                 s,
                 "\n{}: group commit wrote {:.1} entries per sync, mean write + fdatasync {:.0} µs",
                 g.0.name(),
                 g.1.entries_per_sync,
                 g.1.sync_mean_us
             );
+            if let Some(idle) = g.1.idle_fraction {
+                let _ = write!(s, ", sync thread idle {:.0}%", idle * 100.0);
+            }
+            if let Some(p99) = g.1.commit_p99_us {
+                let _ = write!(s, ", commit p99 ≤ {p99} µs");
+            }
+            s.push('\n');
         }
         s
     }
@@ -1577,7 +1716,7 @@ impl Conn {
     async fn persistence(&mut self) -> Option<Persistence> {
         let reply = tokio::time::timeout(
             Duration::from_secs(10),
-            self.request(&[b"INFO", b"persistence"]),
+            self.request(&[b"INFO", b"persistence", b"commit"]),
         )
         .await
         .ok()?
@@ -1787,6 +1926,23 @@ mod tests {
         let g = GroupCommit::between(&old, &p).unwrap();
         assert_eq!(g.syncs, 6);
         assert!((g.entries_per_sync - 3.5).abs() < 1e-9);
+        assert_eq!((g.idle_fraction, g.commit_p99_us), (None, None));
+        // The commit section: idle time and the latency histogram.
+        let before = Persistence::of_info(
+            "fsyncs:10\r\nwal_entries:31\r\nsync_thread_idle_seconds:1.00\r\n\
+             commit_latency_us_le:255=31\r\n",
+        )
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        let after = Persistence::of_info(
+            "fsyncs:20\r\nwal_entries:231\r\nsync_thread_idle_seconds:1.00\r\n\
+             commit_latency_us_le:255=131,511=90,2047=10\r\n",
+        )
+        .unwrap();
+        let g = GroupCommit::between(&before, &after).unwrap();
+        assert_eq!(g.idle_fraction, Some(0.0));
+        // 200 entries: 100 ≤ 255 µs, 90 ≤ 511 µs, 10 ≤ 2047 µs.
+        assert_eq!(g.commit_p99_us, Some(2047));
     }
 
     fn by_name(report: &Report, w: Workload) -> &WorkloadResult {
@@ -1897,6 +2053,7 @@ mod tests {
                 max_read_bytes: 16 << 20,
                 max_pipeline: 1024,
                 max_connections: 1000,
+                threads: 1,
                 shutdown_grace: Duration::from_secs(5),
                 flags: Vec::new(),
                 cluster: None,

@@ -101,6 +101,16 @@ impl ClientMemory {
         self.evicted.load(Ordering::Relaxed)
     }
 
+    /// Whether the clients not yet told to go hold more than the budget:
+    /// the check before [`ClientMemory::enforce`] takes the lock over every
+    /// client (a connection's bytes change with each request; the lock is
+    /// taken only when there is something to enforce).
+    fn over(&self) -> bool {
+        let total = self.total.load(Ordering::Acquire);
+        let doomed = self.doomed.load(Ordering::Acquire);
+        total.saturating_sub(doomed) > self.budget_bytes
+    }
+
     /// While the clients not yet told to go hold more than the budget, tells
     /// the one holding the most to go.
     fn enforce(&self) {
@@ -176,7 +186,7 @@ impl ClientShare {
                 .total
                 .fetch_sub(before - bytes, Ordering::AcqRel);
         }
-        if bytes > before && !self.gauge.evicted.load(Ordering::Acquire) {
+        if bytes > before && !self.gauge.evicted.load(Ordering::Acquire) && self.memory.over() {
             self.memory.enforce();
         }
     }

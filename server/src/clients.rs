@@ -28,7 +28,7 @@ pub struct ClientInfo {
     /// The server's end of the connection.
     pub laddr: Option<SocketAddr>,
     created: Instant,
-    /// Milliseconds after `created` of the last command.
+    /// The last command's time on [`crate::clock::coarse_ms`].
     last_command_ms: AtomicU64,
     /// The last command's name (upper case), as `cmd=`.
     last_command: Mutex<&'static str>,
@@ -55,7 +55,7 @@ impl Registry {
             addr,
             laddr,
             created: Instant::now(),
-            last_command_ms: AtomicU64::new(0),
+            last_command_ms: AtomicU64::new(crate::clock::coarse_ms()),
             last_command: Mutex::new("NULL"),
             name: Mutex::new(None),
             lib: Mutex::new((None, None)),
@@ -117,7 +117,7 @@ impl ClientInfo {
     fn write_line(&self, out: &mut String, tot_mem: usize) {
         let now = self.created.elapsed();
         let idle_ms =
-            (now.as_millis() as u64).saturating_sub(self.last_command_ms.load(Ordering::Relaxed));
+            crate::clock::coarse_ms().saturating_sub(self.last_command_ms.load(Ordering::Relaxed));
         let name = self.name.lock().clone();
         let (lib_name, lib_ver) = self.lib.lock().clone();
         let text = |b: &Option<Bytes>| {
@@ -161,10 +161,9 @@ impl Registered {
     /// Notes a command run now.
     pub fn command(&self, name: &'static str) {
         *self.info.last_command.lock() = name;
-        self.info.last_command_ms.store(
-            self.info.created.elapsed().as_millis() as u64,
-            Ordering::Relaxed,
-        );
+        self.info
+            .last_command_ms
+            .store(crate::clock::coarse_ms(), Ordering::Relaxed);
     }
 
     /// Notes the client's name, protocol and library, and the commands

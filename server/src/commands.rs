@@ -444,13 +444,27 @@ fn integer(n: u64) -> Reply {
     Reply::Integer(i64::try_from(n).unwrap_or(i64::MAX))
 }
 
+/// `STALE token 41 is below the highest accepted token 42`, in one
+/// allocation of the right size: the reply of every rejection, so without
+/// the formatting machinery.
+fn stale_text(presented: u64, highest: u64) -> String {
+    const HEAD: &str = "STALE token ";
+    const MIDDLE: &str = " is below the highest accepted token ";
+    let (mut p, mut h) = (itoa::Buffer::new(), itoa::Buffer::new());
+    let (p, h) = (p.format(presented), h.format(highest));
+    let mut text = String::with_capacity(HEAD.len() + p.len() + MIDDLE.len() + h.len());
+    text.push_str(HEAD);
+    text.push_str(p);
+    text.push_str(MIDDLE);
+    text.push_str(h);
+    text
+}
+
 /// The engine's errors on the wire: a code, then a sentence with the numbers.
 /// The first number of STALE, MISMATCH and TRIMMED is the client's.
 pub fn error_reply(e: &Error) -> Reply {
     let text = match e {
-        Error::Stale { presented, highest } => {
-            format!("STALE token {presented} is below the highest accepted token {highest}")
-        }
+        Error::Stale { presented, highest } => stale_text(*presented, *highest),
         Error::OffsetMismatch { expected, next } => {
             format!("MISMATCH expected offset {expected} but the next offset is {next}")
         }
@@ -526,8 +540,11 @@ impl Upper {
     const MAX: usize = 24;
 
     pub(crate) fn as_str(&self) -> &str {
-        // Only ASCII is ever copied in, so this cannot fail.
-        std::str::from_utf8(&self.buf[..self.len]).unwrap_or("")
+        debug_assert!(self.buf[..self.len].is_ascii());
+        // SAFETY: `upper` copies in nothing but ASCII (it checks), and
+        // ASCII is UTF-8. (Checked again here, this was 2 % of the CPU of
+        // a stale rejection: every request looks its name up twice.)
+        unsafe { std::str::from_utf8_unchecked(&self.buf[..self.len]) }
     }
 }
 
@@ -591,7 +608,7 @@ pub async fn execute(ctx: &Arc<Context>, session: &mut Session, args: Vec<Bytes>
         "EXEC" => transaction::exec(ctx, &args[1..], session).await,
         "DISCARD" => Outcome::Reply(transaction::discard(&args[1..], session)),
         "WATCH" => Outcome::Reply(transaction::watch(&args[1..], session)),
-        _ => run(ctx, session, &args).await,
+        _ => run_named(ctx, session, &args, cmd).await,
     }
 }
 
@@ -747,7 +764,16 @@ pub(crate) async fn run(ctx: &Arc<Context>, session: &mut Session, args: &[Bytes
         return err("ERR empty command");
     };
     let upper_cmd = upper(first);
-    let cmd = upper_cmd.as_str();
+    run_named(ctx, session, args, upper_cmd.as_str()).await
+}
+
+/// [`run`] with the command's name already in upper case.
+async fn run_named(
+    ctx: &Arc<Context>,
+    session: &mut Session,
+    args: &[Bytes],
+    cmd: &str,
+) -> Outcome {
     let a = &args[1..];
     if let Some(cluster) = &ctx.cluster
         && let Some(outcome) = crate::cluster::route::run(ctx, cluster, session, cmd, args).await

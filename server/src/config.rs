@@ -48,6 +48,10 @@ pub struct ServeConfig {
     pub max_pipeline: usize,
     /// Connections at once.
     pub max_connections: usize,
+    /// Threads that serve connections, each a single-threaded runtime that
+    /// owns its connections for their whole life (see `docs/DESIGN.md`,
+    /// "Threads"). Default: one per CPU; at least 1.
+    pub threads: usize,
     /// How the server was started, flag by flag, for `CONFIG GET`: every
     /// flag of `fencelog serve` with the value in force (sizes in bytes).
     pub flags: Vec<(String, String)>,

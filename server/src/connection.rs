@@ -110,12 +110,16 @@ enum Answered {
 }
 
 impl Answer {
-    fn poll(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Answered> {
+    /// Polls the answer; `relayed`: a durable answer wakes this thread's
+    /// [`relay`] rather than the task itself.
+    fn poll(&mut self, cx: &mut std::task::Context<'_>, relayed: bool) -> Poll<Answered> {
         match self {
             Answer::Ready(reply) => match reply.take() {
                 Some(reply) => Poll::Ready(Answered::Reply(reply)),
                 None => Poll::Pending,
             },
+            Answer::Later(later, stream) if relayed => relay::poll(cx, |cx| later.poll_result(cx))
+                .map(|r| Answered::Write(r, stream.clone())),
             Answer::Later(later, stream) => later
                 .poll_result(cx)
                 .map(|r| Answered::Write(r, stream.clone())),
@@ -226,6 +230,7 @@ pub async fn serve(
         closing: false,
         shutdown,
         shutting_down: false,
+        listed: None,
     };
     let end = conn.run().await;
     conn.ended(end)
@@ -249,6 +254,8 @@ struct Connection {
     closing: bool,
     shutdown: Shutdown,
     shutting_down: bool,
+    /// What `CLIENT LIST` was last told: name, protocol, commands queued.
+    listed: Option<(Option<Bytes>, u8, Option<usize>)>,
 }
 
 impl Connection {
@@ -354,11 +361,17 @@ impl Connection {
             let stream_arg = request.get(1).cloned().unwrap_or_default();
             let outcome = commands::execute(&self.ctx, &mut self.session, request).await;
             if let Some(r) = &self.session.registration {
-                r.update(
-                    self.session.name.as_ref(),
+                // `CLIENT LIST` learns what changed (most requests change
+                // nothing, and telling it takes its locks).
+                let now = (
+                    self.session.name.clone(),
                     self.session.proto,
                     self.session.multi.as_ref().map(Multi::len),
                 );
+                if self.listed.as_ref() != Some(&now) {
+                    r.update(now.0.as_ref(), now.1, now.2);
+                    self.listed = Some(now);
+                }
             }
             self.parser.set_unauthenticated(!self.session.authenticated);
             match outcome {
@@ -581,7 +594,29 @@ impl Connection {
         if self.input.capacity() - self.input.len() < READ_CHUNK_BYTES / 4 {
             self.input.reserve(READ_CHUNK_BYTES);
         }
-        match self.stream.try_read_buf(&mut self.input) {
+        let room = self.input.capacity() - self.input.len();
+        let (stream, input) = (&self.stream, &mut self.input);
+        let mut read = None;
+        // A read that leaves room in the buffer drained the socket: its
+        // readiness is cleared with it (as a `WouldBlock` does), so the
+        // connection next waits in epoll instead of asking the socket again
+        // only to hear `WouldBlock` (one system call of three per request
+        // at pipeline 1). Race-free: tokio clears the readiness only if no
+        // event came since the read began; data that arrives later is a new
+        // event.
+        let outcome = stream.try_io(tokio::io::Interest::READABLE, || {
+            let n = stream.try_read_buf(input)?;
+            read = Some(n);
+            if n > 0 && n < room {
+                return Err(std::io::ErrorKind::WouldBlock.into());
+            }
+            Ok(n)
+        });
+        let outcome = match (outcome, read) {
+            (Err(e), Some(n)) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(n),
+            (outcome, _) => outcome,
+        };
+        match outcome {
             // The client left: what it sent unanswered is dropped with it
             // (decided writes still become durable).
             Ok(0) => Err(End::Closed),
@@ -781,7 +816,7 @@ async fn killed(registration: &Option<crate::clients::Registered>) {
 /// The oldest pending answer, once it comes (it stays in the queue).
 async fn next_answer(pending: &mut VecDeque<Pending>) -> Answered {
     std::future::poll_fn(|cx| match pending.front_mut() {
-        Some(p) => p.answer.poll(cx),
+        Some(p) => p.answer.poll(cx, true),
         None => Poll::Pending,
     })
     .await
@@ -791,7 +826,7 @@ async fn next_answer(pending: &mut VecDeque<Pending>) -> Answered {
 fn ready_answer(pending: &mut VecDeque<Pending>) -> Option<Answered> {
     let front = pending.front_mut()?;
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    match front.answer.poll(&mut cx) {
+    match front.answer.poll(&mut cx, false) {
         Poll::Ready(reply) => Some(reply),
         Poll::Pending => None,
     }
@@ -807,4 +842,74 @@ async fn wait_blocked(blocked: &mut Option<Blocked>) -> Reply {
 /// What a request's arguments hold.
 fn request_bytes(request: &[Bytes]) -> usize {
     request.iter().map(|a| a.len() + ARG_OVERHEAD_BYTES).sum()
+}
+
+/// Durable answers, relayed: one wake-up per thread and group commit.
+///
+/// The sync thread completes a group commit by waking every task that
+/// waits on it. A task of a single-threaded runtime woken from another
+/// thread costs a write to the runtime's eventfd each (tokio does not
+/// coalesce them), so a commit that answers twenty connections cost twenty
+/// system calls on the sync thread and as many wake-ups of the runtime.
+/// Instead, each thread that serves connections runs one relay task: a
+/// connection waits on its oldest answer with the relay's waker and leaves
+/// its own with the relay; the sync thread wakes the relay (once: a task
+/// already woken is not woken again), and the relay wakes the connections
+/// of its thread, which costs no system call. A connection woken for a
+/// later commit than its own polls, finds nothing, and waits again.
+///
+/// Where no relay runs (a runtime the server did not build, before the
+/// relay's first turn), answers wake their tasks directly.
+pub mod relay {
+    use std::cell::RefCell;
+    use std::task::{Context, Poll, Waker};
+
+    #[derive(Default)]
+    struct Relay {
+        /// The relay task's waker, once it has run.
+        own: Option<Waker>,
+        /// Connections waiting for a durable answer.
+        waiting: Vec<Waker>,
+    }
+
+    thread_local! {
+        static RELAY: RefCell<Relay> = RefCell::new(Relay::default());
+    }
+
+    /// The relay of this thread: spawn it once on each single-threaded
+    /// runtime that serves connections; it runs until the runtime ends.
+    pub async fn run() {
+        std::future::poll_fn(|cx| {
+            let waiting = RELAY.with(|r| {
+                let mut r = r.borrow_mut();
+                if !r.own.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                    r.own = Some(cx.waker().clone());
+                }
+                std::mem::take(&mut r.waiting)
+            });
+            for waker in waiting {
+                waker.wake();
+            }
+            Poll::<()>::Pending
+        })
+        .await
+    }
+
+    /// Polls `answer` so that it wakes this thread's relay, which wakes the
+    /// task of `cx`; without a relay, polls it with `cx`.
+    pub fn poll<T>(
+        cx: &mut Context<'_>,
+        answer: impl FnOnce(&mut Context<'_>) -> Poll<T>,
+    ) -> Poll<T> {
+        let Some(own) = RELAY.with(|r| r.borrow().own.clone()) else {
+            return answer(cx);
+        };
+        let polled = answer(&mut Context::from_waker(&own));
+        if polled.is_pending() {
+            // Before this task yields: the relay runs on this thread, so it
+            // cannot take the list between the registration and this push.
+            RELAY.with(|r| r.borrow_mut().waiting.push(cx.waker().clone()));
+        }
+        polled
+    }
 }

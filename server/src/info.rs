@@ -442,7 +442,66 @@ pub fn metrics(ctx: &Context) -> Vec<Metric> {
             kind: Kind::Gauge,
             value: m.last_lease_token as f64,
         },
+        // Group commit as a client sees it. Last: the histogram line of
+        // `INFO commit` follows these.
+        Metric {
+            section: "commit",
+            info: "commit_records_per_sync",
+            prometheus: "",
+            help: "Mean entries made durable per group commit (write + fdatasync).",
+            kind: Kind::InfoOnly,
+            value: w.batch_entries.mean(),
+        },
+        Metric {
+            section: "commit",
+            info: "sync_thread_idle_seconds",
+            prometheus: "fencelog_sync_thread_idle_seconds_total",
+            help: "Time the log's sync thread waited for work; the rest it wrote, synced and \
+                   woke waiters.",
+            kind: Kind::Counter,
+            value: w.sync_idle_micros as f64 / 1e6,
+        },
+        Metric {
+            section: "commit",
+            info: "commit_latency_p50_us",
+            prometheus: "",
+            help: "Median commit latency of a durable entry (bucket upper bound), microseconds.",
+            kind: Kind::InfoOnly,
+            value: w.commit_micros.quantile_upper_bound(0.5) as f64,
+        },
+        Metric {
+            section: "commit",
+            info: "commit_latency_p99_us",
+            prometheus: "",
+            help: "99th percentile commit latency of a durable entry (bucket upper bound), \
+                   microseconds.",
+            kind: Kind::InfoOnly,
+            value: w.commit_micros.quantile_upper_bound(0.99) as f64,
+        },
     ]
+}
+
+/// `INFO commit`'s histogram line: entries per commit latency bucket,
+/// `commit_latency_us_le:<upper bound>=<entries>,…` (non-empty buckets
+/// only), so a client can diff two readings (`fencelog bench` does).
+fn commit_histogram_line(h: &fencelog_wal::HistogramSnapshot) -> String {
+    let mut line = String::from("commit_latency_us_le:");
+    let mut first = true;
+    let mut previous = 0;
+    for (upper, cumulative) in h.cumulative() {
+        let n = cumulative - previous;
+        previous = cumulative;
+        if n == 0 {
+            continue;
+        }
+        if !first {
+            line.push(',');
+        }
+        first = false;
+        let _ = write!(line, "{upper}={n}");
+    }
+    line.push_str("\r\n");
+    line
 }
 
 fn number(v: f64) -> String {
@@ -505,6 +564,11 @@ pub fn info_text(ctx: &Context, sections: &[String]) -> String {
             current = metric.section;
         }
         let _ = write!(out, "{}:{}\r\n", metric.info, number(metric.value));
+    }
+    if wanted("commit") {
+        out.push_str(&commit_histogram_line(
+            &ctx.engine().metrics().wal.commit_micros,
+        ));
     }
     if wanted("memory") {
         // What redis-cli --stat and dashboards read; the resident set size

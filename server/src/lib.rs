@@ -13,6 +13,7 @@
 pub mod bench;
 pub mod budget;
 pub mod clients;
+pub mod clock;
 pub mod cluster;
 pub mod command_table;
 pub mod commands;

@@ -15,7 +15,6 @@
 //! No payload is ever logged: events carry names, numbers and addresses.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
 
 use tracing_subscriber::EnvFilter;
 
@@ -80,8 +79,7 @@ pub fn init(opts: &LogOptions) -> Result<(), String> {
 /// `suppressed`. A client hammering stale writes (a benchmark rejects a
 /// million a second) cannot flood the log, and nothing is silently lost.
 pub struct RateLimit {
-    started: Instant,
-    /// The second (since `started`) the count below is for.
+    /// The second (on [`crate::clock::coarse_ms`]) the count below is for.
     window: AtomicU64,
     in_window: AtomicU64,
     suppressed: AtomicU64,
@@ -94,7 +92,6 @@ impl RateLimit {
     /// Nothing written yet.
     pub fn new() -> RateLimit {
         RateLimit {
-            started: Instant::now(),
             window: AtomicU64::new(0),
             in_window: AtomicU64::new(0),
             suppressed: AtomicU64::new(0),
@@ -105,7 +102,7 @@ impl RateLimit {
     /// of events suppressed since the last one written), `None` when it is
     /// suppressed.
     pub fn admit(&self) -> Option<u64> {
-        let now = self.started.elapsed().as_secs();
+        let now = crate::clock::coarse_ms() / 1000;
         let window = self.window.load(Ordering::Relaxed);
         if now != window
             && self

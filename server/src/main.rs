@@ -131,6 +131,10 @@ struct ServeArgs {
     /// Client connections at once.
     #[arg(long, default_value_t = 10_000)]
     max_connections: usize,
+    /// Threads serving connections: each runs its own connections start to
+    /// end (no task moves between threads). Default: one per CPU.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    threads: Option<u32>,
     /// Segment file size (64KiB to 1GiB).
     #[arg(long, default_value = "64MiB", value_name = "SIZE", value_parser = size_u64)]
     segment_bytes: u64,
@@ -359,6 +363,10 @@ impl ServeArgs {
             ..fencelog::Options::default()
         };
         let cluster = self.cluster.config(addr)?;
+        let threads = self.threads.map_or_else(
+            || std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
+            |n| n as usize,
+        );
         let mut flags: Vec<(String, String)> = vec![
             ("dir".into(), self.dir.display().to_string()),
             ("addr".into(), addr.to_string()),
@@ -379,6 +387,7 @@ impl ServeArgs {
             ("max-read-bytes".into(), self.max_read_bytes.to_string()),
             ("max-pipeline".into(), self.max_pipeline.to_string()),
             ("max-connections".into(), self.max_connections.to_string()),
+            ("threads".into(), threads.to_string()),
             ("segment-bytes".into(), self.segment_bytes.to_string()),
             (
                 "max-open-segments".into(),
@@ -423,6 +432,7 @@ impl ServeArgs {
             max_read_bytes: self.max_read_bytes,
             max_pipeline: self.max_pipeline,
             max_connections: self.max_connections,
+            threads,
             shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
             flags,
             cluster,
@@ -493,7 +503,9 @@ fn return_large_buffers_to_the_system() {
 
 fn serve(config: ServeConfig) -> ExitCode {
     return_large_buffers_to_the_system();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    // This thread accepts, and serves connections as the first of
+    // `--threads` single-threaded runtimes (server.rs, `Worker`).
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
@@ -504,6 +516,8 @@ fn serve(config: ServeConfig) -> ExitCode {
         }
     };
     runtime.block_on(async {
+        // Durable answers wake this thread once per group commit.
+        tokio::spawn(fencelog_server::connection::relay::run());
         // Handlers first: a signal that arrives once the server says it is
         // serving must be a graceful stop, not the default (death).
         let stop = shutdown_signal();

@@ -39,7 +39,18 @@ pub fn exposition(ctx: &Context) -> Result<String, String> {
         };
         families.push(family(m.prometheus, m.help, kind, metric));
     }
-    families.push(fsync_histogram(ctx));
+    let wal = ctx.engine().metrics().wal;
+    families.push(histogram(
+        &wal.sync_micros,
+        "fencelog_fsync_duration_seconds",
+        "Write + fdatasync latency of group commits.",
+    ));
+    families.push(histogram(
+        &wal.commit_micros,
+        "fencelog_commit_duration_seconds",
+        "Commit latency of each durable entry: from the first submission of its group \
+         commit until that commit's sync returned.",
+    ));
     let mut out = Vec::new();
     TextEncoder::new()
         .encode(&families, &mut out)
@@ -56,11 +67,9 @@ fn family(name: &str, help: &str, kind: MetricType, metric: Metric) -> MetricFam
     f
 }
 
-/// The group commits' write + fdatasync latency, in seconds, from the
-/// engine's log-scale histogram of microseconds (its buckets' upper
-/// bounds become `le`).
-fn fsync_histogram(ctx: &Context) -> MetricFamily {
-    let h = ctx.engine().metrics().wal.sync_micros;
+/// A latency in seconds, from the engine's log-scale histogram of
+/// microseconds (its buckets' upper bounds become `le`).
+fn histogram(h: &fencelog_wal::HistogramSnapshot, name: &str, help: &str) -> MetricFamily {
     let mut hist = Histogram::default();
     hist.set_sample_count(h.count);
     hist.set_sample_sum(h.sum as f64 / 1e6);
@@ -80,12 +89,7 @@ fn fsync_histogram(ctx: &Context) -> MetricFamily {
     hist.set_bucket(buckets);
     let mut metric = Metric::default();
     metric.set_histogram(hist);
-    family(
-        "fencelog_fsync_duration_seconds",
-        "Write + fdatasync latency of group commits.",
-        MetricType::HISTOGRAM,
-        metric,
-    )
+    family(name, help, MetricType::HISTOGRAM, metric)
 }
 
 /// This process' resident memory in bytes (`VmRSS`), where `/proc` has it.

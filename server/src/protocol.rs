@@ -529,11 +529,9 @@ impl Reply {
                 out.put(clean_line(s).as_bytes());
                 out.put(b"\r\n");
             }
-            Reply::Integer(n) => {
-                out.put(format!(":{n}\r\n").as_bytes());
-            }
+            Reply::Integer(n) => put_number(out, b':', *n),
             Reply::Bulk(b) => {
-                out.put(format!("${}\r\n", b.len()).as_bytes());
+                put_number(out, b'$', b.len() as i64);
                 out.put_bytes(b);
                 out.put(b"\r\n");
             }
@@ -546,7 +544,7 @@ impl Reply {
             Reply::Null if proto >= 3 => out.put(b"_\r\n"),
             Reply::Null => out.put(b"$-1\r\n"),
             Reply::Array(items) => {
-                out.put(format!("*{}\r\n", items.len()).as_bytes());
+                put_number(out, b'*', items.len() as i64);
                 for item in items {
                     item.encode_to(proto, out);
                 }
@@ -705,9 +703,21 @@ impl Output {
     }
 }
 
+/// A type byte, a number and CRLF (`:42\r\n`, `$5\r\n`), without an
+/// allocation: the number is formatted on the stack.
+fn put_number(out: &mut impl Sink, kind: u8, n: i64) {
+    let mut digits = itoa::Buffer::new();
+    let digits = digits.format(n).as_bytes();
+    let mut line = [0u8; 1 + 20 + 2];
+    line[0] = kind;
+    line[1..1 + digits.len()].copy_from_slice(digits);
+    line[1 + digits.len()..3 + digits.len()].copy_from_slice(b"\r\n");
+    out.put(&line[..3 + digits.len()]);
+}
+
 /// Simple strings and errors are one line: no CR or LF inside.
 fn clean_line(s: &str) -> std::borrow::Cow<'_, str> {
-    if s.contains(['\r', '\n']) {
+    if s.bytes().any(|b| b == b'\r' || b == b'\n') {
         s.replace(['\r', '\n'], " ").into()
     } else {
         s.into()

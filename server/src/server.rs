@@ -196,6 +196,10 @@ impl Server {
             .cluster
             .clone()
             .map(|c| tokio::spawn(async move { c.join().await }));
+        // The other threads that serve connections (this one is the first).
+        let workers: Vec<Worker> = (1..ctx.config.threads.max(1))
+            .map(|i| Worker::start(i, shutdown.clone(), ctx.config.shutdown_grace))
+            .collect::<Result<_, _>>()?;
         tokio::pin!(stop);
         let mut next_id = 1u64;
         // Leases granted here whose ttl ran out: logged once a second.
@@ -229,17 +233,16 @@ impl Server {
                     };
                     let id = next_id;
                     next_id += 1;
-                    let ctx = Arc::clone(&ctx);
-                    let shutdown = shutdown.clone();
                     ctx.stats.connections_total.fetch_add(1, Ordering::Relaxed);
                     ctx.stats.connections_now.fetch_add(1, Ordering::Relaxed);
-                    connections.spawn(async move {
-                        // Counted down even if the task is aborted.
-                        let _open = OpenConnection { ctx: Arc::clone(&ctx), _permit: permit };
-                        if let Err(e) = connection::serve(ctx, stream, peer, id, shutdown).await {
-                            tracing::debug!(%peer, error = %e, "connection ended");
-                        }
-                    });
+                    let open = OpenConnection { ctx: Arc::clone(&ctx), _permit: permit };
+                    // Round robin over the threads: this one is thread 0.
+                    let thread = (id % (workers.len() as u64 + 1)) as usize;
+                    if thread == 0 {
+                        connections.spawn(serve_connection(open, stream, peer, id, shutdown.clone()));
+                    } else {
+                        workers[thread - 1].hand_over(open, stream, peer, id);
+                    }
                 }
                 Some(_) = connections.join_next(), if !connections.is_empty() => {}
                 Some(_) = refusals.join_next(), if !refusals.is_empty() => {}
@@ -266,6 +269,10 @@ impl Server {
         }
         // Aborted or not, every task is waited for: each holds the context.
         while connections.join_next().await.is_some() {}
+        // The other threads did the same with theirs (the same grace).
+        for worker in workers {
+            worker.join().await;
+        }
         refusals.abort_all();
         while refusals.join_next().await.is_some() {}
         if let Some(task) = metrics_task {
@@ -307,6 +314,144 @@ fn first_missing_ancestor(dir: &std::path::Path) -> Option<std::path::PathBuf> {
         missing = Some(a.to_path_buf());
     }
     missing
+}
+
+/// Serves one accepted connection to its end, on the thread it was given to.
+async fn serve_connection(
+    open: OpenConnection,
+    stream: TcpStream,
+    peer: SocketAddr,
+    id: u64,
+    shutdown: Shutdown,
+) {
+    let ctx = Arc::clone(&open.ctx);
+    // Counted down even if the task is aborted.
+    let _open = open;
+    if let Err(e) = connection::serve(ctx, stream, peer, id, shutdown).await {
+        tracing::debug!(%peer, error = %e, "connection ended");
+    }
+}
+
+/// A connection on its way to the thread that serves it.
+struct HandOver {
+    open: OpenConnection,
+    stream: std::net::TcpStream,
+    peer: SocketAddr,
+    id: u64,
+}
+
+/// A thread that serves connections: a single-threaded runtime of its own,
+/// so that a connection's task, its reads and writes and the wake-ups of
+/// its durable answers all stay on one thread (no task is stolen by
+/// another thread, no wake-up crosses threads but the sync thread's). The
+/// accept loop hands connections over round robin.
+struct Worker {
+    handoff: tokio::sync::mpsc::UnboundedSender<HandOver>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Worker {
+    fn start(
+        index: usize,
+        shutdown: Shutdown,
+        grace: std::time::Duration,
+    ) -> Result<Worker, String> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start the runtime of thread {index}: {e}"))?;
+        let (handoff, arrivals) = tokio::sync::mpsc::unbounded_channel();
+        let thread = std::thread::Builder::new()
+            .name(format!("fencelog-conn-{index}"))
+            .spawn(move || runtime.block_on(Worker::run(arrivals, shutdown, grace)))
+            .map_err(|e| format!("cannot start thread {index}: {e}"))?;
+        Ok(Worker { handoff, thread })
+    }
+
+    /// Gives a connection to this thread. Should the thread be gone (it
+    /// never ends before shutdown), the connection is closed.
+    fn hand_over(&self, open: OpenConnection, stream: TcpStream, peer: SocketAddr, id: u64) {
+        // Out of this runtime's reactor; the thread registers it with its own.
+        let Ok(stream) = stream.into_std() else {
+            return;
+        };
+        let _ = self.handoff.send(HandOver {
+            open,
+            stream,
+            peer,
+            id,
+        });
+    }
+
+    /// Serves what it is handed until shutdown, then gives its connections
+    /// the same grace as the accept loop's thread gives its own.
+    async fn run(
+        mut arrivals: tokio::sync::mpsc::UnboundedReceiver<HandOver>,
+        mut shutdown: Shutdown,
+        grace: std::time::Duration,
+    ) {
+        // Durable answers wake this thread once per group commit.
+        tokio::spawn(connection::relay::run());
+        let mut connections = JoinSet::new();
+        loop {
+            tokio::select! {
+                arrived = arrivals.recv() => match arrived {
+                    Some(h) => {
+                        match TcpStream::from_std(h.stream) {
+                            Ok(stream) => {
+                                connections.spawn(serve_connection(
+                                    h.open,
+                                    stream,
+                                    h.peer,
+                                    h.id,
+                                    shutdown.clone(),
+                                ));
+                            }
+                            Err(e) => tracing::warn!(error = %e, "cannot serve a connection"),
+                        }
+                    }
+                    None => break,
+                },
+                Some(_) = connections.join_next(), if !connections.is_empty() => {}
+                () = shutdown.recv() => break,
+            }
+        }
+        // Connections handed over just before shutdown are served too
+        // (they see the signal at once and close).
+        arrivals.close();
+        while let Some(h) = arrivals.recv().await {
+            if let Ok(stream) = TcpStream::from_std(h.stream) {
+                connections.spawn(serve_connection(
+                    h.open,
+                    stream,
+                    h.peer,
+                    h.id,
+                    shutdown.clone(),
+                ));
+            }
+        }
+        if tokio::time::timeout(grace, async {
+            while connections.join_next().await.is_some() {}
+        })
+        .await
+        .is_err()
+        {
+            tracing::warn!(
+                ?grace,
+                left = connections.len(),
+                "connections still busy after the grace period; closing them"
+            );
+            connections.abort_all();
+        }
+        while connections.join_next().await.is_some() {}
+    }
+
+    /// Waits until the thread has ended (its connections with it).
+    async fn join(self) {
+        let Worker { handoff, thread } = self;
+        drop(handoff);
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+    }
 }
 
 /// A connection being served: counted in `connections_now` and holding its

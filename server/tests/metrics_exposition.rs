@@ -137,3 +137,102 @@ fn head_answers_the_headers_alone_and_other_paths_are_404() {
     let post = http(metrics, "POST /metrics HTTP/1.1\r\n\r\n");
     assert!(post.starts_with("HTTP/1.1 405"), "{post}");
 }
+
+/// `INFO commit` text as lines.
+fn info_commit(c: &mut Client) -> String {
+    match c.cmd(&["INFO", "commit"]) {
+        Value::Bulk(b) => String::from_utf8_lossy(&b).replace("\r\n", "\n"),
+        other => panic!("INFO commit answered {other:?}"),
+    }
+}
+
+/// Entries counted in `commit_latency_us_le:upper=n,...`.
+fn commit_entries(info: &str) -> u64 {
+    let line = info
+        .lines()
+        .find_map(|l| l.strip_prefix("commit_latency_us_le:"))
+        .unwrap_or_else(|| panic!("no histogram line:\n{info}"));
+    line.split(',')
+        .filter(|p| !p.is_empty())
+        .map(|p| p.split_once('=').unwrap().1.parse::<u64>().unwrap())
+        .sum()
+}
+
+fn info_number(info: &str, name: &str) -> f64 {
+    info.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .unwrap_or_else(|| panic!("no {name}:\n{info}"))
+        .parse()
+        .unwrap()
+}
+
+/// The group-commit telemetry the performance work reads (records per
+/// sync, the sync thread's idle time, an entry's commit latency) exists in
+/// `INFO commit` and `/metrics`, and moves with durable appends.
+#[test]
+fn commit_telemetry_exists_and_moves() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = free_port();
+    let server = ServerProcess::start(dir.path(), &["--metrics-addr", &metrics.to_string()]);
+    let mut c = server.client();
+    // A first append, then the idle sync thread: its idle time grows.
+    c.cmd(&["LOG.APPEND", "s", "1", "x"]);
+    let before = info_commit(&mut c);
+    assert!(before.starts_with("# Commit\n"), "{before}");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // A pipeline of appends shares group commits.
+    let mut pipeline = Vec::new();
+    for i in 0..50 {
+        pipeline.extend_from_slice(&Client::encode(&[
+            b"LOG.APPEND",
+            b"s",
+            b"1",
+            format!("p{i}").as_bytes(),
+        ]));
+    }
+    c.send_raw(&pipeline);
+    for _ in 0..50 {
+        assert!(matches!(c.read(), Some(Value::Int(_))));
+    }
+    let after = info_commit(&mut c);
+    assert!(
+        commit_entries(&after) >= commit_entries(&before) + 50,
+        "{before}\n{after}"
+    );
+    assert!(
+        info_number(&after, "commit_records_per_sync") >= 1.0,
+        "{after}"
+    );
+    assert!(
+        info_number(&after, "commit_latency_p99_us") > 0.0,
+        "{after}"
+    );
+    assert!(
+        info_number(&after, "sync_thread_idle_seconds")
+            >= info_number(&before, "sync_thread_idle_seconds") + 0.2,
+        "{before}\n{after}"
+    );
+    let response = http(metrics, "GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n");
+    let body = response.split_once("\r\n\r\n").unwrap().1;
+    let lines = body.lines().map(|l| Ok(l.to_string()));
+    let scrape = prometheus_parse::Scrape::parse(lines).expect("Prometheus text");
+    let sample = |name: &str| {
+        scrape
+            .samples
+            .iter()
+            .find(|s| s.metric == name)
+            .map(|s| s.value.clone())
+            .unwrap_or_else(|| panic!("no sample {name}:\n{body}"))
+    };
+    match sample("fencelog_commit_duration_seconds") {
+        prometheus_parse::Value::Histogram(buckets) => {
+            let count = buckets.iter().map(|b| b.count).fold(0.0, f64::max);
+            assert!(count >= 51.0, "{body}");
+        }
+        other => panic!("not a histogram: {other:?}"),
+    }
+    assert!(matches!(
+        sample("fencelog_sync_thread_idle_seconds_total"),
+        prometheus_parse::Value::Counter(v) if v > 0.2
+    ));
+}

@@ -26,10 +26,17 @@ impl Default for Histogram {
 impl Histogram {
     /// Records one value.
     pub fn record(&self, value: u64) {
+        self.record_n(value, 1);
+    }
+
+    /// Records `n` occurrences of one value (each entry of a batch that
+    /// waited as long).
+    pub fn record_n(&self, value: u64, n: u64) {
         let bucket = ((u64::BITS - value.leading_zeros()) as usize).min(BUCKETS - 1);
-        self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum.fetch_add(value, Ordering::Relaxed);
+        self.buckets[bucket].fetch_add(n, Ordering::Relaxed);
+        self.count.fetch_add(n, Ordering::Relaxed);
+        self.sum
+            .fetch_add(value.saturating_mul(n), Ordering::Relaxed);
     }
 
     /// A consistent-enough copy for reporting.
@@ -107,6 +114,8 @@ pub struct WalStats {
     pub(crate) oversized_checkpoints: AtomicU64,
     pub(crate) sync_micros: Histogram,
     pub(crate) batch_entries: Histogram,
+    pub(crate) sync_idle_micros: AtomicU64,
+    pub(crate) commit_micros: Histogram,
 }
 
 /// A copy of a log's counters.
@@ -145,6 +154,14 @@ pub struct WalStatsSnapshot {
     pub sync_micros: HistogramSnapshot,
     /// Entries per group commit.
     pub batch_entries: HistogramSnapshot,
+    /// Time the sync thread spent waiting for work, in microseconds: the
+    /// rest of its time it was writing, syncing or waking waiters.
+    pub sync_idle_micros: u64,
+    /// Commit latency of each entry, in microseconds: from the moment the
+    /// first entry of its group commit was submitted until that commit's
+    /// sync returned (an upper bound of each entry's own wait; every entry
+    /// of a batch counts once).
+    pub commit_micros: HistogramSnapshot,
 }
 
 impl WalStats {
@@ -167,6 +184,8 @@ impl WalStats {
             footer_cache_bytes: 0,
             sync_micros: self.sync_micros.snapshot(),
             batch_entries: self.batch_entries.snapshot(),
+            sync_idle_micros: self.sync_idle_micros.load(Ordering::Relaxed),
+            commit_micros: self.commit_micros.snapshot(),
         }
     }
 }
@@ -190,5 +209,9 @@ mod tests {
         assert_eq!(s.quantile_upper_bound(0.5), 3);
         assert_eq!(s.quantile_upper_bound(1.0), 1023);
         assert_eq!(s.cumulative().last(), Some(((1u64 << 39) - 1, 6)));
+        h.record_n(5000, 10);
+        let s = h.snapshot();
+        assert_eq!((s.count, s.sum), (16, 51_106));
+        assert_eq!(s.quantile_upper_bound(0.99), 8191);
     }
 }

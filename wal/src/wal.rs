@@ -210,6 +210,8 @@ struct Pending<E> {
     first_lsn: Option<u64>,
     bytes: u64,
     entries: u64,
+    /// When its first entry was submitted (for the commit latency).
+    opened: Option<Instant>,
     /// The ceiling this batch needs durable before it is acknowledged, and
     /// what to raise it to (see [`Writer::reserve`]).
     reserve: Option<(u64, u64)>,
@@ -224,6 +226,7 @@ impl<E> Pending<E> {
             first_lsn: None,
             bytes: 0,
             entries: 0,
+            opened: None,
             reserve: None,
         }
     }
@@ -478,6 +481,7 @@ impl<S: Sequencer> Locked<S> {
         self.since_checkpoint += total as u64;
         self.seg_pos += total as u64;
         self.pending.first_lsn.get_or_insert(lsn);
+        self.pending.opened.get_or_insert_with(Instant::now);
         self.pending.bytes += total as u64;
         self.pending.entries += 1;
         Appended {
@@ -1242,7 +1246,15 @@ impl<S: Sequencer> Shared<S> {
                 let mut locked = self.locked.lock();
                 while locked.pending.is_empty() && !locked.shutdown {
                     locked.sync_thread_waiting = true;
-                    self.work.wait(&mut locked);
+                    // Idle time is counted in slices of at most 100 ms, so
+                    // that a reading during a long wait is at most that
+                    // much behind.
+                    let idle_since = Instant::now();
+                    self.work
+                        .wait_for(&mut locked, std::time::Duration::from_millis(100));
+                    self.stats
+                        .sync_idle_micros
+                        .fetch_add(idle_since.elapsed().as_micros() as u64, Ordering::Relaxed);
                 }
                 locked.sync_thread_waiting = false;
                 if locked.pending.is_empty() {
@@ -1282,6 +1294,7 @@ impl<S: Sequencer> Shared<S> {
             batch,
             entries,
             reserve,
+            opened,
             ..
         } = pending;
         // The marks first: a failure there leaves none of the batch written,
@@ -1296,6 +1309,11 @@ impl<S: Sequencer> Shared<S> {
                     .sync_micros
                     .record(started.elapsed().as_micros() as u64);
                 stats.batch_entries.record(entries);
+                if let Some(opened) = opened {
+                    stats
+                        .commit_micros
+                        .record_n(opened.elapsed().as_micros() as u64, entries);
+                }
                 stats.syncs.fetch_add(1, Ordering::Relaxed);
                 stats.entries.fetch_add(entries, Ordering::Relaxed);
                 // The sync returned: the entries are durable, and the

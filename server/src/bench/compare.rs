@@ -2,7 +2,8 @@
 //! same load generator, in alternating runs, on this machine and in this
 //! run. Redis is made as durable as fencelog (`appendonly yes`,
 //! `appendfsync always`) and does the same fencing decision in a Lua
-//! script. Each run reads each server's CPU time from `/proc/PID/stat`
+//! script, or with `--redis-commands plain` runs its cheapest commands of
+//! the same shape (`SET` for an append, `GET` for a rejection). Each run reads each server's CPU time from `/proc/PID/stat`
 //! (utime + stime) before and after, so the table shows CPU seconds per
 //! million requests beside the throughput; medians over `--runs`.
 
@@ -38,7 +39,12 @@ struct Side {
 struct Samples {
     ops_per_sec: Vec<f64>,
     p50_ns: Vec<f64>,
+    p99_ns: Vec<f64>,
     cpu_secs_per_million: Vec<f64>,
+    /// fencelog's group commit, from `INFO` before and after.
+    entries_per_sync: Vec<f64>,
+    sync_idle: Vec<f64>,
+    commit_p99_us: Vec<f64>,
     unexpected: u64,
 }
 
@@ -81,7 +87,7 @@ fn wait_listening(addr: SocketAddr, child: &mut Child, what: &str) -> Result<(),
     }
 }
 
-fn start_redis(program: &Path) -> Result<Side, String> {
+fn start_redis(program: &Path, dialect: Dialect) -> Result<Side, String> {
     let dir = tempfile::Builder::new()
         .prefix("fencelog-bench-redis-")
         .tempdir()
@@ -121,7 +127,7 @@ fn start_redis(program: &Path) -> Result<Side, String> {
         target: Target::Tcp {
             addr,
             password: None,
-            dialect: Dialect::Redis,
+            dialect,
         },
         pid: Some(child.id()),
         _started: Some(Started { child, _dir: dir }),
@@ -229,7 +235,11 @@ fn compare(args: &BenchArgs) -> Result<String, String> {
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
-    let redis = start_redis(&args.redis_server)?;
+    let dialect = match args.redis_commands {
+        RedisCommands::Lua => Dialect::Redis,
+        RedisCommands::Plain => Dialect::RedisPlain,
+    };
+    let redis = start_redis(&args.redis_server, dialect)?;
     let fencelog = match &args.addr {
         Some(_) => existing_fencelog(&runtime, args)?,
         None => start_fencelog()?,
@@ -267,6 +277,16 @@ fn compare(args: &BenchArgs) -> Result<String, String> {
                 let s = &mut samples[i][w];
                 s.ops_per_sec.push(result.ops_per_sec());
                 s.p50_ns.push(result.latency.quantile(0.5) as f64);
+                s.p99_ns.push(result.latency.quantile(0.99) as f64);
+                if let Some(g) = result.group_commit.filter(|g| g.syncs > 0) {
+                    s.entries_per_sync.push(g.entries_per_sync);
+                    if let Some(idle) = g.idle_fraction {
+                        s.sync_idle.push(idle);
+                    }
+                    if let Some(p99) = g.commit_p99_us {
+                        s.commit_p99_us.push(p99 as f64);
+                    }
+                }
                 s.unexpected += result.unexpected;
                 if let (Some(b), Some(a)) = (before, after)
                     && result.requests > 0
@@ -288,10 +308,14 @@ fn compare(args: &BenchArgs) -> Result<String, String> {
     }
     drop(runtime);
     let mut s = String::new();
+    let redis_does = match args.redis_commands {
+        RedisCommands::Lua => "a Lua script fences each append",
+        RedisCommands::Plain => "Redis runs SET for an append, GET for a rejection",
+    };
     let _ = writeln!(
         s,
-        "\nfencelog vs redis-server (appendonly yes, appendfsync always; a Lua script fences \
-         each append), measured in this run"
+        "\nfencelog vs redis-server (appendonly yes, appendfsync always; {redis_does}), \
+         measured in this run"
     );
     let _ = writeln!(
         s,
@@ -306,6 +330,8 @@ fn compare(args: &BenchArgs) -> Result<String, String> {
         "ratio",
         "fencelog p50",
         "redis p50",
+        "fencelog p99",
+        "redis p99",
         "fencelog CPU s/M",
         "redis CPU s/M",
     ];
@@ -319,6 +345,7 @@ fn compare(args: &BenchArgs) -> Result<String, String> {
             median(&x.cpu_secs_per_million).map_or_else(|| "-".to_string(), |c| format!("{c:.2}"))
         };
         let p50 = |x: &Samples| fmt_ns(median(&x.p50_ns).unwrap_or(0.0) as u64);
+        let p99 = |x: &Samples| fmt_ns(median(&x.p99_ns).unwrap_or(0.0) as u64);
         let ratio = if ops(r) > 0.0 {
             format!("{:.2}x", ops(f) / ops(r))
         } else {
@@ -331,6 +358,8 @@ fn compare(args: &BenchArgs) -> Result<String, String> {
             ratio,
             p50(f),
             p50(r),
+            p99(f),
+            p99(r),
             cpu(f),
             cpu(r),
         ]);
@@ -349,6 +378,23 @@ fn compare(args: &BenchArgs) -> Result<String, String> {
             }
         }
         let _ = writeln!(s, "{}", line.trim_end());
+    }
+    for (w, workload) in workloads.iter().enumerate() {
+        let f = &samples[0][w];
+        if let Some(per_sync) = median(&f.entries_per_sync) {
+            let _ = write!(
+                s,
+                "\nfencelog {}: {per_sync:.1} records per sync",
+                workload.name()
+            );
+            if let Some(idle) = median(&f.sync_idle) {
+                let _ = write!(s, ", sync thread idle {:.0}%", idle * 100.0);
+            }
+            if let Some(p99) = median(&f.commit_p99_us) {
+                let _ = write!(s, ", commit latency p99 ≤ {p99:.0} µs");
+            }
+            s.push('\n');
+        }
     }
     if failed > 0 {
         return Err(format!("{failed} unexpected answers (see above)\n{s}"));
