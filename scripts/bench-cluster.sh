@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Durable appends and stale-write rejections through a 3-node cluster on
+# loopback against a single node, driven by the same load generator
+# (`fencelog bench`) in alternating runs; prints every run and the medians.
+#
+#   scripts/bench-cluster.sh [FENCELOG_BINARY] [RUNS] [SECONDS]
+#
+# Defaults: target/release/fencelog, 3 runs, 5 s per workload. Ports
+# 7601 (single node) and 7611-7613 (+10000 for Raft) on 127.0.0.1; data
+# under a temporary directory, removed afterwards.
+set -euo pipefail
+bin="${1:-target/release/fencelog}"
+runs="${2:-3}"
+secs="${3:-5}"
+work="$(mktemp -d)"
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+"$bin" serve --dir "$work/single" --addr 127.0.0.1:7601 --log-level warn >"$work/single.log" 2>&1 &
+pids+=($!)
+"$bin" cluster local --nodes 3 --port 7611 --dir "$work/cluster" --log-level warn >"$work/cluster.log" 2>&1 &
+pids+=($!)
+# Wait for both: the single node answers PING, the cluster has a leader.
+for _ in $(seq 1 100); do
+    if "$bin" cluster status --addr 127.0.0.1:7611 2>/dev/null | grep -q leader &&
+        "$bin" bench --addr 127.0.0.1:7601 --requests 1 --clients 1 --workload append >/dev/null 2>&1; then
+        break
+    fi
+    sleep 0.2
+done
+
+results="$work/results.jsonl"
+for run in $(seq 1 "$runs"); do
+    for pipeline in 1 16; do
+        for target in single:127.0.0.1:7601 cluster:127.0.0.1:7611; do
+            name="${target%%:*}"
+            addr="${target#*:}"
+            # The bench follows the cluster's leader (CLUSTER SLOTS).
+            "$bin" bench --addr "$addr" --clients 50 --pipeline "$pipeline" \
+                --duration "$secs" --warmup 1 --json 2>/dev/null |
+                sed "s/^{/{\"node\":\"$name\",\"run\":$run,/" >>"$results"
+        done
+    done
+done
+
+python3 - "$results" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print(f"{'run':>3} {'setup':8} {'workload':8} {'P':>3} {'ops/s':>10} {'p50 ms':>8} {'p99 ms':>8}")
+for r in rows:
+    l = r["latency_us"]
+    print(f"{r['run']:>3} {r['node']:8} {r['workload']:8} {r['pipeline']:>3} {r['ops_per_sec']:>10.0f}"
+          f" {l['p50']/1000:>8.2f} {l['p99']/1000:>8.2f}")
+print("\nmedians:")
+print(f"{'workload':8} {'P':>3} {'single':>10} {'3 nodes':>10} {'ratio':>6}")
+keys = sorted({(r["workload"], r["pipeline"]) for r in rows})
+for w, p in keys:
+    m = {n: statistics.median(r["ops_per_sec"] for r in rows
+                               if r["workload"] == w and r["pipeline"] == p and r["node"] == n)
+         for n in ("single", "cluster")}
+    print(f"{w:8} {p:>3} {m['single']:>10.0f} {m['cluster']:>10.0f} {m['cluster']/m['single']:>6.2f}")
+bad = [r for r in rows if r["unexpected_errors"]]
+if bad:
+    print(f"\n{len(bad)} runs had unexpected answers: {[r['unexpected_samples'] for r in bad]}")
+    sys.exit(1)
+PY
