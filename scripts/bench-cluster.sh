@@ -41,9 +41,13 @@ for run in $(seq 1 "$runs"); do
             name="${target%%:*}"
             addr="${target#*:}"
             # The bench follows the cluster's leader (CLUSTER SLOTS).
-            "$bin" bench --addr "$addr" --clients 50 --pipeline "$pipeline" \
-                --duration "$secs" --warmup 1 --json 2>/dev/null |
-                sed "s/^{/{\"node\":\"$name\",\"run\":$run,/" >>"$results"
+            if ! "$bin" bench --addr "$addr" --clients 50 --pipeline "$pipeline" \
+                --duration "$secs" --warmup 1 --json >"$work/run.json" 2>"$work/run.err"; then
+                echo "bench against the $name setup ($addr) failed:" >&2
+                cat "$work/run.err" "$work/single.log" "$work/cluster.log" >&2
+                exit 1
+            fi
+            sed "s/^{/{\"node\":\"$name\",\"run\":$run,/" "$work/run.json" >>"$results"
         done
     done
 done
