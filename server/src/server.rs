@@ -254,21 +254,7 @@ impl Server {
         drop(listener);
         trigger.fire();
         let grace = ctx.config.shutdown_grace;
-        if tokio::time::timeout(grace, async {
-            while connections.join_next().await.is_some() {}
-        })
-        .await
-        .is_err()
-        {
-            tracing::warn!(
-                ?grace,
-                left = connections.len(),
-                "connections still busy after the grace period; closing them"
-            );
-            connections.abort_all();
-        }
-        // Aborted or not, every task is waited for: each holds the context.
-        while connections.join_next().await.is_some() {}
+        drain(&mut connections, grace).await;
         // The other threads did the same with theirs (the same grace).
         for worker in workers {
             worker.join().await;
@@ -430,20 +416,7 @@ impl Worker {
                 ));
             }
         }
-        if tokio::time::timeout(grace, async {
-            while connections.join_next().await.is_some() {}
-        })
-        .await
-        .is_err()
-        {
-            tracing::warn!(
-                ?grace,
-                left = connections.len(),
-                "connections still busy after the grace period; closing them"
-            );
-            connections.abort_all();
-        }
-        while connections.join_next().await.is_some() {}
+        drain(&mut connections, grace).await;
     }
 
     /// Waits until the thread has ended (its connections with it).
@@ -596,4 +569,23 @@ fn fit_open_files(config: &mut ServeConfig) {
         }
         Err(e) => tracing::warn!(error = %e, "cannot read or raise the open-file limit"),
     }
+}
+
+/// Lets `connections` finish within `grace`, aborts those still busy, and
+/// waits for every task, aborted or not: each holds the context.
+async fn drain<T: 'static>(connections: &mut JoinSet<T>, grace: std::time::Duration) {
+    if tokio::time::timeout(grace, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await
+    .is_err()
+    {
+        tracing::warn!(
+            ?grace,
+            left = connections.len(),
+            "connections still busy after the grace period; closing them"
+        );
+        connections.abort_all();
+    }
+    while connections.join_next().await.is_some() {}
 }
