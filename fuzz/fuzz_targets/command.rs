@@ -40,7 +40,7 @@ use bytes::{Bytes, BytesMut};
 use fencelog::wal::FsStorage;
 use fencelog::{Log, ManualClock, Options};
 use fencelog_server::budget::ClientMemory;
-use fencelog_server::commands::{self, Blocking, Context, Outcome};
+use fencelog_server::commands::{self, Context, Outcome};
 use fencelog_server::config::ServeConfig;
 use fencelog_server::connection::Session;
 use fencelog_server::protocol::{Limits, Reply, RequestParser};
@@ -261,34 +261,7 @@ fuzz_target!(|data: &[u8]| {
             Outcome::Blocking(b) => {
                 // Never wait: the parsing is the server's, the waiting is
                 // not this target's concern.
-                let b = match b {
-                    Blocking::Read {
-                        stream,
-                        from,
-                        mut opts,
-                    } => {
-                        opts.wait = Duration::ZERO;
-                        Blocking::Read { stream, from, opts }
-                    }
-                    Blocking::Acquire {
-                        name,
-                        owner,
-                        ttl,
-                        mut opts,
-                        client,
-                        ctx,
-                    } => {
-                        opts.wait = None;
-                        Blocking::Acquire {
-                            name,
-                            owner,
-                            ttl,
-                            opts,
-                            client,
-                            ctx,
-                        }
-                    }
-                };
+                let b = b.without_wait();
                 h.rt.block_on(b.run(ctx.log.clone()))
             }
         };
