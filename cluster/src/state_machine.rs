@@ -469,4 +469,74 @@ mod tests {
         );
         assert!(all.windows(2).all(|w| w[0] < w[1]), "{all:?}");
     }
+
+    fn append(payload: &str) -> crate::types::WireCommand {
+        crate::types::WireCommand::Append {
+            stream: b"s".to_vec(),
+            token: 1,
+            payloads: vec![serde_bytes::ByteBuf::from(payload.as_bytes().to_vec())],
+        }
+    }
+
+    fn entry(index: u64, payloads: &[&str]) -> Entry<TypeConfig> {
+        Entry {
+            log_id: id(1, index),
+            payload: EntryPayload::Normal(crate::types::Request {
+                time_ms: 10,
+                cmds: payloads.iter().map(|p| append(p)).collect(),
+            }),
+        }
+    }
+
+    fn records(log: &Log) -> Vec<String> {
+        log.read(b"s", 0, 100)
+            .unwrap()
+            .into_iter()
+            .map(|r| String::from_utf8_lossy(&r.payload).into_owned())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_replica_that_kept_part_of_an_entry_applies_the_rest_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = Options::default();
+        {
+            let mut sm = StateMachine::open(tmp.path(), &base).unwrap();
+            sm.apply(vec![entry(1, &["a"])]).await.unwrap();
+            // The engine's files end after the first two of entry 2's three
+            // writes: what a replica killed while applying it keeps (the
+            // engine is not synced per batch).
+            let log = sm.engine().log();
+            for (sub, p) in ["b0", "b1"].iter().enumerate() {
+                let cmd = append(p).to_engine().unwrap();
+                log.apply_replicated(position(&id(1, 2), sub, 3), 10, &cmd)
+                    .await
+                    .unwrap();
+            }
+            log.sync().unwrap();
+        }
+        // Opened again from its files: entry 1 is the last whole one.
+        let mut sm = StateMachine::open(tmp.path(), &base).unwrap();
+        let (applied, _) = sm.applied_state().await.unwrap();
+        assert_eq!(applied, Some(id(1, 1)));
+        assert_eq!(records(&sm.engine().log()), ["a", "b0", "b1"]);
+        // Raft applies entry 2 again: only its third write is new.
+        let answers = sm.apply(vec![entry(2, &["b0", "b1", "b2"])]).await.unwrap();
+        assert_eq!(
+            answers,
+            vec![Responses(vec![
+                Response::Done,
+                Response::Done,
+                Response::Value(3)
+            ])]
+        );
+        assert_eq!(records(&sm.engine().log()), ["a", "b0", "b1", "b2"]);
+        let (applied, _) = sm.applied_state().await.unwrap();
+        assert_eq!(applied, Some(id(1, 2)));
+        // And the whole entry survives a reopen.
+        drop(sm);
+        let mut sm = StateMachine::open(tmp.path(), &base).unwrap();
+        assert_eq!(sm.applied_state().await.unwrap().0, Some(id(1, 2)));
+        assert_eq!(records(&sm.engine().log()), ["a", "b0", "b1", "b2"]);
+    }
 }
