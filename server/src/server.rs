@@ -382,20 +382,7 @@ impl Worker {
         loop {
             tokio::select! {
                 arrived = arrivals.recv() => match arrived {
-                    Some(h) => {
-                        match TcpStream::from_std(h.stream) {
-                            Ok(stream) => {
-                                connections.spawn(serve_connection(
-                                    h.open,
-                                    stream,
-                                    h.peer,
-                                    h.id,
-                                    shutdown.clone(),
-                                ));
-                            }
-                            Err(e) => tracing::warn!(error = %e, "cannot serve a connection"),
-                        }
-                    }
+                    Some(h) => take_over(&mut connections, h, &shutdown),
                     None => break,
                 },
                 Some(_) = connections.join_next(), if !connections.is_empty() => {}
@@ -406,15 +393,7 @@ impl Worker {
         // (they see the signal at once and close).
         arrivals.close();
         while let Some(h) = arrivals.recv().await {
-            if let Ok(stream) = TcpStream::from_std(h.stream) {
-                connections.spawn(serve_connection(
-                    h.open,
-                    stream,
-                    h.peer,
-                    h.id,
-                    shutdown.clone(),
-                ));
-            }
+            take_over(&mut connections, h, &shutdown);
         }
         drain(&mut connections, grace).await;
     }
@@ -568,6 +547,22 @@ fn fit_open_files(config: &mut ServeConfig) {
             }
         }
         Err(e) => tracing::warn!(error = %e, "cannot read or raise the open-file limit"),
+    }
+}
+
+/// Serves a connection handed over to this thread.
+fn take_over(connections: &mut JoinSet<()>, h: HandOver, shutdown: &Shutdown) {
+    match TcpStream::from_std(h.stream) {
+        Ok(stream) => {
+            connections.spawn(serve_connection(
+                h.open,
+                stream,
+                h.peer,
+                h.id,
+                shutdown.clone(),
+            ));
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot serve a connection"),
     }
 }
 
