@@ -25,11 +25,8 @@ fn free_port_run(n: u16) -> u16 {
     panic!("no free run of ports");
 }
 
-#[test]
-fn cluster_local_starts_a_cluster_and_sigterm_stops_every_node() {
-    let tmp = tempfile::tempdir().unwrap();
-    let port = free_port_run(3);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fencelog"))
+fn start(dir: &std::path::Path, port: u16) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_fencelog"))
         .args([
             "cluster",
             "local",
@@ -39,29 +36,16 @@ fn cluster_local_starts_a_cluster_and_sigterm_stops_every_node() {
             &port.to_string(),
         ])
         .arg("--dir")
-        .arg(tmp.path())
-        .stdout(Stdio::piped())
+        .arg(dir)
+        .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .unwrap();
-    let status = Command::new(env!("CARGO_BIN_EXE_fencelog"));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let leader = loop {
-        let out = Command::new(status.get_program())
-            .args(["cluster", "status", "--addr", &format!("127.0.0.1:{port}")])
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        if text.contains("leader") && text.lines().count() >= 4 {
-            break text;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("no cluster with a leader in 30 s: {text}");
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    assert_eq!(leader.matches("follower").count(), 2, "{leader}");
+        .unwrap()
+}
+
+/// Sends SIGTERM to `cluster local` and asserts it exits 0 with no node
+/// left serving.
+fn stop_and_check(mut child: std::process::Child, port: u16) {
     // SAFETY: kill(2) on the child this test started.
     unsafe {
         libc::kill(child.id() as i32, libc::SIGTERM);
@@ -86,4 +70,48 @@ fn cluster_local_starts_a_cluster_and_sigterm_stops_every_node() {
             i + 1
         );
     }
+}
+
+#[test]
+fn cluster_local_starts_a_cluster_and_sigterm_stops_every_node() {
+    let tmp = tempfile::tempdir().unwrap();
+    let port = free_port_run(3);
+    let mut child = start(tmp.path(), port);
+    let status = Command::new(env!("CARGO_BIN_EXE_fencelog"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let leader = loop {
+        let out = Command::new(status.get_program())
+            .args(["cluster", "status", "--addr", &format!("127.0.0.1:{port}")])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if text.contains("leader") && text.lines().count() >= 4 {
+            break text;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("no cluster with a leader in 30 s: {text}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(leader.matches("follower").count(), 2, "{leader}");
+    stop_and_check(child, port);
+}
+
+/// A SIGTERM that comes while the nodes are still starting (before a
+/// leader, before the command printed its hints) stops them too. CI once
+/// caught the command between the nodes' start and its signal handler:
+/// it died of the default action and left three nodes running.
+#[test]
+fn a_sigterm_while_the_nodes_start_stops_them_too() {
+    let tmp = tempfile::tempdir().unwrap();
+    let port = free_port_run(3);
+    let child = start(tmp.path(), port);
+    // Wait until node 1 accepts connections: the children exist.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "node 1 never listened");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stop_and_check(child, port);
 }

@@ -301,7 +301,15 @@ async fn local(nodes: u64, port: u16, dir: PathBuf) -> Result<(), String> {
         .map(|i| format!("{i}={}/{}", raft(i), client(i)))
         .collect::<Vec<_>>()
         .join(",");
-    let mut children = Vec::new();
+    // Ctrl-C, or SIGTERM from a supervisor or a script: the nodes stop
+    // with it (they would outlive it otherwise). Installed before the first
+    // child starts, so a signal that comes early is not the default action
+    // (which would leave the nodes running).
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| format!("cannot watch SIGTERM: {e}"))?;
+    let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .map_err(|e| format!("cannot watch SIGINT: {e}"))?;
+    let mut children: Vec<std::process::Child> = Vec::new();
     for i in 1..=nodes {
         let node_dir = dir.join(format!("n{i}"));
         let child = std::process::Command::new(&exe)
@@ -312,8 +320,18 @@ async fn local(nodes: u64, port: u16, dir: PathBuf) -> Result<(), String> {
             .args(["--cluster-node-id", &i.to_string()])
             .args(["--cluster-raft-addr", &raft(i)])
             .args(["--cluster-initial", &initial])
-            .spawn()
-            .map_err(|e| format!("cannot start node {i}: {e}"))?;
+            .spawn();
+        let child = match child {
+            Ok(child) => child,
+            Err(e) => {
+                // The nodes already started would run on alone.
+                for mut started in children {
+                    let _ = started.kill();
+                    let _ = started.wait();
+                }
+                return Err(format!("cannot start node {i}: {e}"));
+            }
+        };
         println!(
             "node {i}: clients {} raft {} data {}",
             client(i),
@@ -322,37 +340,32 @@ async fn local(nodes: u64, port: u16, dir: PathBuf) -> Result<(), String> {
         );
         children.push(child);
     }
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok(i) = info(&client(1), None).await
-            && i.get("raft_leader").is_some_and(|l| l != "none")
-        {
-            break;
-        }
-        if Instant::now() > deadline {
-            eprintln!("no leader after 20 s; the nodes keep trying");
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    status(&client(1), None).await.ok();
-    println!(
-        "\nredis-cli -c -p {port} LOG.APPEND orders 1 hello   # -c follows MOVED\n\
-         fencelog cluster status --addr {}                 # Ctrl-C (or SIGTERM) stops the nodes",
-        client(1)
-    );
-    // Ctrl-C, or SIGTERM from a supervisor or a script: the nodes stop
-    // with it (they would outlive it otherwise).
-    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
+    let ready = async {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(i) = info(&client(1), None).await
+                && i.get("raft_leader").is_some_and(|l| l != "none")
+            {
+                break;
             }
+            if Instant::now() > deadline {
+                eprintln!("no leader after 20 s; the nodes keep trying");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
+        status(&client(1), None).await.ok();
+        println!(
+            "\nredis-cli -c -p {port} LOG.APPEND orders 1 hello   # -c follows MOVED\n\
+             fencelog cluster status --addr {}                 # Ctrl-C (or SIGTERM) stops the nodes",
+            client(1)
+        );
+        std::future::pending::<()>().await
+    };
+    tokio::select! {
+        _ = ready => {}
+        _ = interrupt.recv() => {}
+        _ = term.recv() => {}
     }
     for child in &children {
         // SIGTERM: each node stops gracefully.
