@@ -7,7 +7,9 @@
 #
 # Defaults: target/release/fencelog, 3 runs, 5 s per workload. Ports
 # 7601 (single node) and 7611-7613 (+10000 for Raft) on 127.0.0.1; data
-# under a temporary directory, removed afterwards.
+# under a temporary directory, removed afterwards. CLUSTER_SERVE_ARGS
+# holds options for every cluster node's `fencelog serve` (for example
+# CLUSTER_SERVE_ARGS="--cluster-election-timeout-ms 500").
 set -euo pipefail
 bin="${1:-target/release/fencelog}"
 runs="${2:-3}"
@@ -23,7 +25,9 @@ trap cleanup EXIT
 
 "$bin" serve --dir "$work/single" --addr 127.0.0.1:7601 --log-level warn >"$work/single.log" 2>&1 &
 pids+=($!)
-"$bin" cluster local --nodes 3 --port 7611 --dir "$work/cluster" --log-level warn >"$work/cluster.log" 2>&1 &
+# shellcheck disable=SC2086 # CLUSTER_SERVE_ARGS is a list of options
+"$bin" cluster local --nodes 3 --port 7611 --dir "$work/cluster" --log-level warn \
+    -- ${CLUSTER_SERVE_ARGS:-} >"$work/cluster.log" 2>&1 &
 pids+=($!)
 # Wait for both: the single node answers PING, the cluster has a leader.
 for _ in $(seq 1 100); do

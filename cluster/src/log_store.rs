@@ -197,12 +197,21 @@ fn read_err(e: impl std::error::Error + 'static) -> StorageError<NodeId> {
 impl LogStore {
     /// Opens (or creates) the Raft log in `dir`.
     pub fn open(dir: &Path, segment_bytes: u64) -> Result<LogStore, WalError> {
+        Self::open_on(Arc::new(FsStorage), dir, segment_bytes)
+    }
+
+    /// As [`LogStore::open`], on any storage (tests use the simulated one).
+    fn open_on(
+        storage: Arc<dyn fencelog_wal::Storage>,
+        dir: &Path,
+        segment_bytes: u64,
+    ) -> Result<LogStore, WalError> {
         let opts = WalOptions {
             segment_bytes,
             max_entry_bytes: opts_max_entry(segment_bytes),
             ..WalOptions::default()
         };
-        let (wal, report) = Wal::open(Arc::new(FsStorage), dir, opts, build)?;
+        let (wal, report) = Wal::open(storage, dir, opts, build)?;
         if let Some(cut) = &report.cut {
             // Raft assumes what it acknowledged stays: a cut here is a
             // damaged disk, said loudly (the replica catches up again from
@@ -246,6 +255,45 @@ impl LogStore {
             .await?
     }
 
+    /// Writes entries as one batch (synced once); the ticket resolves when
+    /// they are durable.
+    async fn append_entries(
+        &self,
+        entries: impl IntoIterator<Item = Entry<TypeConfig>>,
+    ) -> Result<fencelog_wal::Ticket, StorageError<NodeId>> {
+        // Encoded before the lock; written as one batch, synced once.
+        let mut encoded = Vec::new();
+        for e in entries {
+            let body = bincode::serialize(&e).map_err(|e| write_err(*e))?;
+            let mut rec = Vec::with_capacity(ENTRY_HEADER + body.len());
+            rec.push(ENTRY);
+            rec.extend_from_slice(&e.log_id.index.to_le_bytes());
+            rec.extend_from_slice(&e.log_id.leader_id.term.to_le_bytes());
+            rec.extend_from_slice(&e.log_id.leader_id.node_id.to_le_bytes());
+            rec.extend_from_slice(&body);
+            encoded.push(rec);
+        }
+        let ticket = self
+            .wal
+            .submit_async(|w| {
+                for rec in &encoded {
+                    let at = w.append(rec.len(), |buf| buf.copy_from_slice(rec))?;
+                    w.state()
+                        .apply(ENTRY, &rec[1..], at.segment, at.position)
+                        .map_err(|why| WalError::Io {
+                            op: "apply a Raft log entry",
+                            path: Default::default(),
+                            source: io_err(why),
+                        })?;
+                }
+                Ok::<_, WalError>(w.ticket())
+            })
+            .await
+            .map_err(write_err)?
+            .map_err(write_err)?;
+        Ok(ticket)
+    }
+
     /// Removes segments whose every entry is purged (once recovery no
     /// longer needs them), off the async runtime.
     fn collect(&self) {
@@ -280,32 +328,81 @@ impl LogStore {
         });
     }
 
-    fn read_entries(
+    /// Reads the entries `start..end` this log holds. Raft replicates
+    /// entries it has appended before its own sync of them is done (a
+    /// leader's flush is reported apart), and the WAL reads only durable
+    /// entries: a read that meets one not yet durable waits for everything
+    /// appended so far to be, then reads again. Answering an error instead
+    /// stops Raft on this node for good (seen under a partition: the
+    /// isolated leader's next replication read came within the sync).
+    async fn read_entries(
         &self,
         start: u64,
         end: u64,
     ) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
+        match self.read_durable(start, end) {
+            Err(Miss::NotYetDurable) => {
+                let ticket = self
+                    .wal
+                    .submit_async(|w| w.ticket())
+                    .await
+                    .map_err(read_err)?;
+                ticket.await.map_err(read_err)?;
+                self.read_durable(start, end).map_err(Miss::into_storage)
+            }
+            other => other.map_err(Miss::into_storage),
+        }
+    }
+
+    fn read_durable(&self, start: u64, end: u64) -> Result<Vec<Entry<TypeConfig>>, Miss> {
         let locs: Vec<(u64, Loc)> = self
             .wal
             .with_state(|s| s.entries.range(start..end).map(|(i, l)| (*i, *l)).collect());
         let mut out = Vec::with_capacity(locs.len());
         for (index, loc) in locs {
-            let e = self
-                .wal
-                .read_entry(loc.segment, loc.position)
-                .map_err(read_err)?;
+            let e = match self.wal.read_entry(loc.segment, loc.position) {
+                Ok(e) => e,
+                Err(WalError::NoEntry { .. }) => {
+                    return Err(Miss::NotYetDurable);
+                }
+                Err(e) => return Err(Miss::Storage(Box::new(read_err(e)))),
+            };
             let body = e.payload.get(ENTRY_HEADER..).ok_or_else(|| {
-                StorageError::from(StorageIOError::read_log_at_index(
-                    index,
-                    AnyError::error("a truncated entry record"),
-                ))
+                Miss::Storage(Box::new(StorageError::from(
+                    StorageIOError::read_log_at_index(
+                        index,
+                        AnyError::error("a truncated entry record"),
+                    ),
+                )))
             })?;
             let entry: Entry<TypeConfig> = bincode::deserialize(body).map_err(|e| {
-                StorageError::from(StorageIOError::read_log_at_index(index, AnyError::new(&*e)))
+                Miss::Storage(Box::new(StorageError::from(
+                    StorageIOError::read_log_at_index(index, AnyError::new(&*e)),
+                )))
             })?;
             out.push(entry);
         }
         Ok(out)
+    }
+}
+
+/// Why a read of entries came back without them.
+enum Miss {
+    /// No durable entry where the map says one is: appended but not yet
+    /// durable (or gone, which the read after the sync tells).
+    NotYetDurable,
+    /// Anything else.
+    Storage(Box<StorageError<NodeId>>),
+}
+
+impl Miss {
+    fn into_storage(self) -> StorageError<NodeId> {
+        match self {
+            Miss::NotYetDurable => read_err(io::Error::other(
+                "an entry still not durable after the log's next sync",
+            )),
+            Miss::Storage(e) => *e,
+        }
     }
 }
 
@@ -330,7 +427,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
         range: RB,
     ) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
         let (start, end) = bounds(&range);
-        self.read_entries(start, end)
+        self.read_entries(start, end).await
     }
 }
 
@@ -388,36 +485,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
     {
-        // Encoded before the lock; written as one batch, synced once.
-        let mut encoded = Vec::new();
-        for e in entries {
-            let body = bincode::serialize(&e).map_err(|e| write_err(*e))?;
-            let mut rec = Vec::with_capacity(ENTRY_HEADER + body.len());
-            rec.push(ENTRY);
-            rec.extend_from_slice(&e.log_id.index.to_le_bytes());
-            rec.extend_from_slice(&e.log_id.leader_id.term.to_le_bytes());
-            rec.extend_from_slice(&e.log_id.leader_id.node_id.to_le_bytes());
-            rec.extend_from_slice(&body);
-            encoded.push(rec);
-        }
-        let ticket = self
-            .wal
-            .submit_async(|w| {
-                for rec in &encoded {
-                    let at = w.append(rec.len(), |buf| buf.copy_from_slice(rec))?;
-                    w.state()
-                        .apply(ENTRY, &rec[1..], at.segment, at.position)
-                        .map_err(|why| WalError::Io {
-                            op: "apply a Raft log entry",
-                            path: Default::default(),
-                            source: io_err(why),
-                        })?;
-                }
-                Ok::<_, WalError>(w.ticket())
-            })
-            .await
-            .map_err(write_err)?
-            .map_err(write_err)?;
+        let ticket = self.append_entries(entries).await?;
         tokio::spawn(async move {
             let result = ticket.await.map_err(io_err);
             callback.log_io_completed(result);
@@ -445,5 +513,46 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .map_err(write_err)?;
         self.collect();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::{CommittedLeaderId, EntryPayload};
+    use std::time::Duration;
+
+    fn blank(index: u64) -> Entry<TypeConfig> {
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Blank,
+        }
+    }
+
+    /// A leader replicates entries it appended before its own sync of them
+    /// is done. A read then must wait for them, not fail: a failed read
+    /// stops Raft on the node for good (a fault schedule caught an isolated
+    /// leader so).
+    #[tokio::test]
+    async fn a_read_of_entries_not_yet_durable_waits_for_them() {
+        let sim = fencelog_wal::SimStorage::new();
+        let dir = Path::new("/raft");
+        let mut store = LogStore::open_on(Arc::new(sim.clone()), dir, 1 << 20).unwrap();
+        let before = sim.faults().syncs();
+        sim.faults().delay_syncs(Duration::from_millis(300));
+        let ticket = store.append_entries((1..=3).map(blank)).await.unwrap();
+        // The sync of the three is still in flight (it takes 300 ms): read
+        // as before the fix, they are missing.
+        assert!(matches!(store.read_durable(1, 4), Err(Miss::NotYetDurable)));
+        let read = store.try_get_log_entries(1..4).await.unwrap();
+        assert_eq!(
+            read.iter().map(|e| e.log_id.index).collect::<Vec<_>>(),
+            [1, 2, 3]
+        );
+        assert!(
+            sim.faults().syncs() > before,
+            "the read waited for the sync"
+        );
+        ticket.await.unwrap();
     }
 }

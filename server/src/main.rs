@@ -185,7 +185,7 @@ struct ClusterFlags {
     /// that; heartbeats every half of it).
     #[arg(
         long,
-        default_value_t = 500,
+        default_value_t = 300,
         value_name = "MS",
         help_heading = "Cluster"
     )]

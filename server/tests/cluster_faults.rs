@@ -11,7 +11,8 @@
 //! `cargo test` runs a few seeded schedules; the long run is
 //! `FENCELOG_SCHEDULES=100 cargo test --release -p fencelog-server --test
 //! cluster_faults -- --nocapture` (docs/TESTING.md has its last result).
-//! `FENCELOG_SEED` picks another series.
+//! `FENCELOG_SEED` picks another series; `FENCELOG_FAULT=KillLeader` makes
+//! every fault a leader kill (a run that measures failover).
 
 mod common;
 
@@ -340,6 +341,18 @@ fn time_to_write(cluster: &Cluster, from: Instant) -> Duration {
     }
 }
 
+/// `FENCELOG_FAULT=KillLeader` (a name from [`FAULTS`]) makes every fault
+/// of every schedule that one: a run that measures failover alone.
+fn only_fault() -> Option<Fault> {
+    let name = std::env::var("FENCELOG_FAULT").ok()?;
+    let found = FAULTS.iter().copied().find(|f| format!("{f:?}") == name);
+    assert!(
+        found.is_some(),
+        "FENCELOG_FAULT={name}: not one of {FAULTS:?}"
+    );
+    found
+}
+
 fn run_schedule(seed: u64, first: Fault) -> Run {
     let mut rng = Rng(seed);
     let mut cluster = Cluster::start(3, &["--cluster-snapshot-every", "300"]);
@@ -353,7 +366,9 @@ fn run_schedule(seed: u64, first: Fault) -> Run {
     std::thread::sleep(Duration::from_millis(600));
     let faults = 1 + rng.below(2);
     for i in 0..faults {
-        let fault = if i == 0 {
+        let fault = if let Some(only) = only_fault() {
+            only
+        } else if i == 0 {
             first
         } else {
             FAULTS[rng.below(FAULTS.len() as u64) as usize]
@@ -488,6 +503,10 @@ fn seeded_fault_schedules_keep_the_history_linear_and_fenced() {
             .copied()
             .unwrap_or_default(),
         started.elapsed()
+    );
+    eprintln!(
+        "failovers (ms, sorted): {:?}",
+        failovers.iter().map(|d| d.as_millis()).collect::<Vec<_>>()
     );
     // Failover time is measured and printed (the long run's figure is in
     // docs/TESTING.md), not held to 2 s here: on a loaded CI machine that

@@ -34,6 +34,10 @@ enum ClusterCommand {
         /// Where the nodes keep their data (`n1`, `n2`, …).
         #[arg(long, default_value = "./fencelog-cluster")]
         dir: PathBuf,
+        /// Options passed on to every node's `fencelog serve`, after `--`
+        /// (e.g. `-- --cluster-election-timeout-ms 500 --log-level info`).
+        #[arg(last = true, value_name = "SERVE OPTIONS")]
+        serve: Vec<String>,
     },
     /// Show every member: its role, term, last log index, commit index,
     /// applied index and lag behind the leader.
@@ -92,7 +96,12 @@ pub fn run(args: ClusterArgs) -> ExitCode {
     };
     let result = rt.block_on(async move {
         match args.command {
-            ClusterCommand::Local { nodes, port, dir } => local(nodes, port, dir).await,
+            ClusterCommand::Local {
+                nodes,
+                port,
+                dir,
+                serve,
+            } => local(nodes, port, dir, &serve).await,
             ClusterCommand::Status { addr, password } => status(&addr, password.as_deref()).await,
             ClusterCommand::Add {
                 addr,
@@ -290,7 +299,7 @@ async fn status(addr: &str, password: Option<&str>) -> Result<(), String> {
 }
 
 /// `fencelog cluster local`
-async fn local(nodes: u64, port: u16, dir: PathBuf) -> Result<(), String> {
+async fn local(nodes: u64, port: u16, dir: PathBuf, serve: &[String]) -> Result<(), String> {
     if nodes == 0 || nodes > 9 {
         return Err(format!("--nodes {nodes}: from 1 to 9"));
     }
@@ -320,6 +329,7 @@ async fn local(nodes: u64, port: u16, dir: PathBuf) -> Result<(), String> {
             .args(["--cluster-node-id", &i.to_string()])
             .args(["--cluster-raft-addr", &raft(i)])
             .args(["--cluster-initial", &initial])
+            .args(serve)
             .spawn();
         let child = match child {
             Ok(child) => child,

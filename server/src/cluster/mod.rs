@@ -103,7 +103,7 @@ impl Cluster {
             config.member.clone(),
         );
         cfg.engine = engine;
-        cfg.election_timeout_ms = (timeout, timeout * 2);
+        cfg.election_timeout_ms = (timeout, timeout * 3 / 2);
         // openraft gives an AppendEntries a heartbeat interval to answer:
         // half the election timeout leaves a follower's fsync under load
         // room, and still two heartbeats per timeout.
