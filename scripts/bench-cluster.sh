@@ -38,20 +38,45 @@ for _ in $(seq 1 100); do
     sleep 0.2
 done
 
+# The server processes of each setup, for their CPU time: the single node,
+# and the nodes `cluster local` started.
+single_pids="${pids[0]}"
+cluster_pids="$(pgrep -P "${pids[1]}" | tr '\n' ' ')"
+# CPU seconds (user + system) of the given processes, from /proc.
+cpu() {
+    local total=0 p f
+    for p in "$@"; do
+        f=($(sed 's/^.*) //' "/proc/$p/stat"))
+        total=$((total + f[11] + f[12]))
+    done
+    python3 -c "print($total / $(getconf CLK_TCK))"
+}
+
 results="$work/results.jsonl"
 for run in $(seq 1 "$runs"); do
     for pipeline in 1 16; do
-        for target in single:127.0.0.1:7601 cluster:127.0.0.1:7611; do
-            name="${target%%:*}"
-            addr="${target#*:}"
-            # The bench follows the cluster's leader (CLUSTER SLOTS).
-            if ! "$bin" bench --addr "$addr" --clients 50 --pipeline "$pipeline" \
-                --duration "$secs" --warmup 1 --json >"$work/run.json" 2>"$work/run.err"; then
-                echo "bench against the $name setup ($addr) failed:" >&2
-                cat "$work/run.err" "$work/single.log" "$work/cluster.log" >&2
-                exit 1
-            fi
-            sed "s/^{/{\"node\":\"$name\",\"run\":$run,/" "$work/run.json" >>"$results"
+        for workload in append reject; do
+            for target in single:127.0.0.1:7601 cluster:127.0.0.1:7611; do
+                name="${target%%:*}"
+                addr="${target#*:}"
+                if [ "$name" = single ]; then procs=$single_pids; else procs=$cluster_pids; fi
+                # shellcheck disable=SC2086 # a list of pids
+                before=$(cpu $procs)
+                # The bench follows the cluster's leader (CLUSTER SLOTS).
+                if ! "$bin" bench --addr "$addr" --clients 50 --pipeline "$pipeline" \
+                    --workload "$workload" --duration "$secs" --warmup 1 --json \
+                    >"$work/run.json" 2>"$work/run.err"; then
+                    echo "bench against the $name setup ($addr) failed:" >&2
+                    cat "$work/run.err" "$work/single.log" "$work/cluster.log" >&2
+                    exit 1
+                fi
+                # shellcheck disable=SC2086
+                after=$(cpu $procs)
+                # CPU over the whole run (warmup included) per measured request:
+                # an upper bound, the same for both setups.
+                sed "s/^{/{\"node\":\"$name\",\"run\":$run,\"server_cpu_s\":$(python3 -c "print($after - $before)"),/" \
+                    "$work/run.json" >>"$results"
+            done
         done
     done
 done
@@ -59,19 +84,23 @@ done
 python3 - "$results" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-print(f"{'run':>3} {'setup':8} {'workload':8} {'P':>3} {'ops/s':>10} {'p50 ms':>8} {'p99 ms':>8}")
+def cpu_per_m(r):
+    # Server CPU seconds (all the setup's processes) per million requests.
+    return r["server_cpu_s"] / max(r["requests"], 1) * 1e6
+print(f"{'run':>3} {'setup':8} {'workload':8} {'P':>3} {'ops/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'cpu s/M':>8}")
 for r in rows:
     l = r["latency_us"]
     print(f"{r['run']:>3} {r['node']:8} {r['workload']:8} {r['pipeline']:>3} {r['ops_per_sec']:>10.0f}"
-          f" {l['p50']/1000:>8.2f} {l['p99']/1000:>8.2f}")
-print("\nmedians:")
-print(f"{'workload':8} {'P':>3} {'single':>10} {'3 nodes':>10} {'ratio':>6}")
+          f" {l['p50']/1000:>8.2f} {l['p99']/1000:>8.2f} {cpu_per_m(r):>8.1f}")
+print("\nmedians (ops/s; server CPU seconds per million requests, warmup included, all nodes):")
+print(f"{'workload':8} {'P':>3} {'single':>10} {'3 nodes':>10} {'ratio':>6} {'cpu single':>11} {'cpu 3 nodes':>12}")
 keys = sorted({(r["workload"], r["pipeline"]) for r in rows})
 for w, p in keys:
-    m = {n: statistics.median(r["ops_per_sec"] for r in rows
-                               if r["workload"] == w and r["pipeline"] == p and r["node"] == n)
-         for n in ("single", "cluster")}
-    print(f"{w:8} {p:>3} {m['single']:>10.0f} {m['cluster']:>10.0f} {m['cluster']/m['single']:>6.2f}")
+    sel = lambda n: [r for r in rows if r["workload"] == w and r["pipeline"] == p and r["node"] == n]
+    m = {n: statistics.median(r["ops_per_sec"] for r in sel(n)) for n in ("single", "cluster")}
+    c = {n: statistics.median(cpu_per_m(r) for r in sel(n)) for n in ("single", "cluster")}
+    print(f"{w:8} {p:>3} {m['single']:>10.0f} {m['cluster']:>10.0f} {m['cluster']/m['single']:>6.2f}"
+          f" {c['single']:>11.1f} {c['cluster']:>12.1f}")
 bad = [r for r in rows if r["unexpected_errors"]]
 if bad:
     print(f"\n{len(bad)} runs had unexpected answers: {[r['unexpected_samples'] for r in bad]}")

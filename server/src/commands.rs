@@ -515,12 +515,8 @@ fn not_integer() -> Outcome {
 }
 
 fn parse_u64(b: &[u8]) -> Option<u64> {
-    let s = std::str::from_utf8(b).ok()?;
-    // Redis accepts "+5"? It does not; neither do we. No leading zeros rule.
-    if s.is_empty() || !s.bytes().all(|c| c.is_ascii_digit()) {
-        return None;
-    }
-    s.parse().ok()
+    // Digits only: no sign (Redis refuses "+5" too), leading zeros allowed.
+    crate::protocol::ascii_u64(b)
 }
 
 fn parse_token(b: &[u8]) -> Result<Token, Outcome> {

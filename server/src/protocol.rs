@@ -109,8 +109,13 @@ pub fn looks_like_http(request: &[Bytes]) -> bool {
 }
 
 /// Finds `\r\n` in `buf` (from the start); answers the line's length.
+/// Where the first CRLF of a length line is, if within [`MAX_LEN_LINE`]
+/// bytes: the search stops there (a longer line is refused anyway), so a
+/// large buffer with no CRLF is not scanned again on every read.
 fn line_end(buf: &[u8]) -> Option<usize> {
-    buf.windows(2).position(|w| w == b"\r\n")
+    buf[..buf.len().min(MAX_LEN_LINE + 2)]
+        .windows(2)
+        .position(|w| w == b"\r\n")
 }
 
 /// Longest length line (`*…` or `$…`) accepted, CRLF excluded. The same
@@ -121,20 +126,96 @@ const MAX_LEN_LINE: usize = 32;
 /// with no `+` and no leading zeros.
 fn parse_len(line: &[u8], what: &str) -> Result<i64, ProtocolError> {
     let invalid = || ProtocolError(format!("invalid {what} length"));
-    let digits = line.strip_prefix(b"-").unwrap_or(line);
-    if digits.is_empty()
-        || !digits.iter().all(u8::is_ascii_digit)
-        || (digits.len() > 1 && digits[0] == b'0')
-    {
+    let (negative, digits) = match line.strip_prefix(b"-") {
+        Some(rest) => (true, rest),
+        None => (false, line),
+    };
+    if digits.len() > 1 && digits[0] == b'0' {
         return Err(invalid());
     }
-    std::str::from_utf8(line)
-        .ok()
-        .and_then(|s| s.parse::<i64>().ok())
-        .ok_or_else(invalid)
+    let n = ascii_u64(digits).ok_or_else(invalid)?;
+    if negative {
+        // Down to i64::MIN, whose magnitude is one past i64::MAX.
+        0i64.checked_sub_unsigned(n).ok_or_else(invalid)
+    } else {
+        i64::try_from(n).map_err(|_| invalid())
+    }
+}
+
+/// The value of a non-empty run of ASCII digits, `None` for anything else
+/// or on overflow: what `str::parse::<u64>` accepts without a sign, in one
+/// pass with no UTF-8 check (this runs several times per request).
+pub(crate) fn ascii_u64(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() {
+        return None;
+    }
+    let mut n: u64 = 0;
+    for &d in digits {
+        let v = d.wrapping_sub(b'0');
+        if v > 9 {
+            return None;
+        }
+        n = n.checked_mul(10)?.checked_add(u64::from(v))?;
+    }
+    Some(n)
 }
 
 impl RequestParser {
+    /// The request of `expected` arguments whose header was just consumed,
+    /// when all of it is already in `buf` and plainly valid (the common
+    /// case under pipelining): one pass over the headers, one split of the
+    /// buffer, each argument a slice of it. `None` leaves `buf` untouched
+    /// for the step-by-step parser, which also words every error.
+    fn whole_request(
+        &self,
+        buf: &mut BytesMut,
+        expected: usize,
+        limits: &Limits,
+    ) -> Option<Request> {
+        let max_bulk = if self.unauthenticated {
+            limits.max_bulk_bytes.min(UNAUTHENTICATED_MAX_BULK_BYTES)
+        } else {
+            limits.max_bulk_bytes
+        };
+        // Only small requests: a count that large is rare, and the
+        // positions are kept on the stack.
+        const MAX_FAST_ARGS: usize = 8;
+        if expected > MAX_FAST_ARGS {
+            return None;
+        }
+        let mut spans = [(0usize, 0usize); MAX_FAST_ARGS];
+        let mut pos = 0;
+        for span in spans.iter_mut().take(expected) {
+            let rest = buf.get(pos..)?;
+            if rest.first() != Some(&b'$') {
+                return None;
+            }
+            let end = line_end(rest).filter(|&e| e <= MAX_LEN_LINE)?;
+            let digits = &rest[1..end];
+            if digits.len() > 1 && digits[0] == b'0' {
+                return None;
+            }
+            let len = usize::try_from(ascii_u64(digits)?).ok()?;
+            if len > max_bulk {
+                return None;
+            }
+            let start = pos + end + 2;
+            let stop = start.checked_add(len)?;
+            if buf.get(stop..stop + 2)? != b"\r\n" {
+                return None;
+            }
+            *span = (start, len);
+            pos = stop + 2;
+        }
+        let whole = buf.split_to(pos).freeze();
+        Some(
+            spans[..expected]
+                .iter()
+                .map(|&(start, len)| whole.slice(start..start + len))
+                .collect(),
+        )
+    }
+
     /// A parser between requests.
     pub fn new() -> Self {
         Self::default()
@@ -221,6 +302,9 @@ impl RequestParser {
                         return Err(ProtocolError("unauthenticated multibulk length".into()));
                     }
                     let expected = n as usize;
+                    if let Some(args) = self.whole_request(buf, expected, limits) {
+                        return Ok(Some(args));
+                    }
                     // Grow as arguments arrive; never trust the count with
                     // an allocation.
                     self.state = State::Array {
@@ -717,7 +801,7 @@ fn put_number(out: &mut impl Sink, kind: u8, n: i64) {
 
 /// Simple strings and errors are one line: no CR or LF inside.
 fn clean_line(s: &str) -> std::borrow::Cow<'_, str> {
-    if s.bytes().any(|b| b == b'\r' || b == b'\n') {
+    if memchr::memchr2(b'\r', b'\n', s.as_bytes()).is_some() {
         s.replace(['\r', '\n'], " ").into()
     } else {
         s.into()
@@ -744,6 +828,60 @@ mod tests {
 
     fn args(r: &Request) -> Vec<&[u8]> {
         r.iter().map(|a| &a[..]).collect()
+    }
+
+    /// The length parser as it was (through `str::parse`): the fast one
+    /// must agree with it on every input.
+    fn parse_len_reference(line: &[u8]) -> Option<i64> {
+        let digits = line.strip_prefix(b"-").unwrap_or(line);
+        if digits.is_empty()
+            || !digits.iter().all(u8::is_ascii_digit)
+            || (digits.len() > 1 && digits[0] == b'0')
+        {
+            return None;
+        }
+        std::str::from_utf8(line).ok()?.parse::<i64>().ok()
+    }
+
+    use proptest::strategy::Strategy as _;
+
+    proptest::proptest! {
+        #[test]
+        fn lengths_parse_as_str_parse_does(
+            line in proptest::prop_oneof![
+                "-?[0-9]{0,21}",
+                proptest::collection::vec(proptest::num::u8::ANY, 0..24)
+                    .prop_map(|v: Vec<u8>| String::from_utf8_lossy(&v).into_owned()),
+            ]
+        ) {
+            let got = parse_len(line.as_bytes(), "bulk").ok();
+            proptest::prop_assert_eq!(got, parse_len_reference(line.as_bytes()));
+            let want = if !line.is_empty() && line.bytes().all(|b| b.is_ascii_digit()) {
+                line.parse::<u64>().ok()
+            } else {
+                None
+            };
+            proptest::prop_assert_eq!(ascii_u64(line.as_bytes()), want);
+        }
+    }
+
+    #[test]
+    fn lengths_at_the_edges() {
+        for (line, want) in [
+            (&b"9223372036854775807"[..], Some(i64::MAX)),
+            (b"9223372036854775808", None),
+            (b"-9223372036854775808", Some(i64::MIN)),
+            (b"-9223372036854775809", None),
+            (b"-1", Some(-1)),
+            (b"-0", Some(0)),
+            (b"-", None),
+            (b"", None),
+            (b"01", None),
+            (b"+1", None),
+        ] {
+            assert_eq!(parse_len(line, "bulk").ok(), want, "{line:?}");
+            assert_eq!(parse_len_reference(line), want, "{line:?}");
+        }
     }
 
     #[test]
