@@ -186,6 +186,15 @@ fn io_err(e: impl std::fmt::Display) -> io::Error {
     io::Error::other(e.to_string())
 }
 
+/// A record the in-memory log state refused, as the WAL's error.
+fn apply_err(op: &'static str) -> impl FnOnce(String) -> WalError {
+    move |why| WalError::Io {
+        op,
+        path: Default::default(),
+        source: io_err(why),
+    }
+}
+
 fn write_err(e: impl std::error::Error + 'static) -> StorageError<NodeId> {
     StorageIOError::write_logs(AnyError::new(&e)).into()
 }
@@ -245,11 +254,7 @@ impl LogStore {
                 })?;
                 w.state()
                     .apply(kind, body, at.segment, at.position)
-                    .map_err(|why| WalError::Io {
-                        op: "apply a Raft log record",
-                        path: Default::default(),
-                        source: io_err(why),
-                    })?;
+                    .map_err(apply_err("apply a Raft log record"))?;
                 Ok::<_, WalError>(w.ticket())
             })
             .await?
@@ -280,11 +285,7 @@ impl LogStore {
                     let at = w.append(rec.len(), |buf| buf.copy_from_slice(rec))?;
                     w.state()
                         .apply(ENTRY, &rec[1..], at.segment, at.position)
-                        .map_err(|why| WalError::Io {
-                            op: "apply a Raft log entry",
-                            path: Default::default(),
-                            source: io_err(why),
-                        })?;
+                        .map_err(apply_err("apply a Raft log entry"))?;
                 }
                 Ok::<_, WalError>(w.ticket())
             })
