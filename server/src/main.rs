@@ -181,8 +181,9 @@ struct ClusterFlags {
     /// with no state of its own; also a replica whose disk was wiped).
     #[arg(long, value_name = "HOST:PORT", help_heading = "Cluster")]
     cluster_join: Option<String>,
-    /// Milliseconds without a leader before an election (up to twice
-    /// that; heartbeats every half of it).
+    /// Milliseconds without a leader before an election (each node draws
+    /// once between this and 1.5 times it, after the old leader's lease of
+    /// 1.5 times it); heartbeats every half of it.
     #[arg(
         long,
         default_value_t = 300,

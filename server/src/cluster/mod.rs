@@ -39,7 +39,7 @@ pub struct ClusterConfig {
     /// with no state of its own.
     pub join: Option<String>,
     /// Elections after this much silence from a leader (the upper bound is
-    /// twice it); heartbeats at half of it.
+    /// 1.5 times it); heartbeats at half of it.
     pub election_timeout: Duration,
     /// A snapshot after this many entries.
     pub snapshot_every: u64,
@@ -103,6 +103,11 @@ impl Cluster {
             config.member.clone(),
         );
         cfg.engine = engine;
+        // openraft 0.9 makes a follower wait the old leader's lease (the
+        // top of the range) plus its own draw, and a candidate that meets a
+        // longer log twice the top more: a narrow range keeps a failover
+        // near 3 × the timeout (about a second at 300 ms), still wide
+        // enough that two candidates rarely collide.
         cfg.election_timeout_ms = (timeout, timeout * 3 / 2);
         // openraft gives an AppendEntries a heartbeat interval to answer:
         // half the election timeout leaves a follower's fsync under load
