@@ -25,8 +25,31 @@ fn free_port_run(n: u16) -> u16 {
     panic!("no free run of ports");
 }
 
-fn start(dir: &std::path::Path, port: u16) -> std::process::Child {
-    Command::new(env!("CARGO_BIN_EXE_fencelog"))
+/// `cluster local` as a child; dropped (a failed assertion, say) while it
+/// still runs, it gets a SIGTERM, so that it stops its nodes rather than
+/// leave them serving after the test.
+struct Local(std::process::Child);
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        if !matches!(self.0.try_wait(), Ok(None)) {
+            return;
+        }
+        // SAFETY: kill(2) on the child this test started.
+        unsafe {
+            libc::kill(self.0.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while matches!(self.0.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start(dir: &std::path::Path, port: u16) -> Local {
+    let child = Command::new(env!("CARGO_BIN_EXE_fencelog"))
         .args([
             "cluster",
             "local",
@@ -40,12 +63,14 @@ fn start(dir: &std::path::Path, port: u16) -> std::process::Child {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .unwrap()
+        .unwrap();
+    Local(child)
 }
 
 /// Sends SIGTERM to `cluster local` and asserts it exits 0 with no node
 /// left serving.
-fn stop_and_check(mut child: std::process::Child, port: u16) {
+fn stop_and_check(mut local: Local, port: u16) {
+    let child = &mut local.0;
     // SAFETY: kill(2) on the child this test started.
     unsafe {
         libc::kill(child.id() as i32, libc::SIGTERM);
@@ -76,7 +101,7 @@ fn stop_and_check(mut child: std::process::Child, port: u16) {
 fn cluster_local_starts_a_cluster_and_sigterm_stops_every_node() {
     let tmp = tempfile::tempdir().unwrap();
     let port = free_port_run(3);
-    let mut child = start(tmp.path(), port);
+    let child = start(tmp.path(), port);
     let status = Command::new(env!("CARGO_BIN_EXE_fencelog"));
     let deadline = Instant::now() + Duration::from_secs(30);
     let leader = loop {
@@ -91,7 +116,7 @@ fn cluster_local_starts_a_cluster_and_sigterm_stops_every_node() {
             break text;
         }
         if Instant::now() > deadline {
-            let _ = child.kill();
+            // `child` stops its nodes as it is dropped.
             panic!("no cluster with a leader and two followers in 30 s: {text}");
         }
         std::thread::sleep(Duration::from_millis(200));
