@@ -19,6 +19,9 @@ use crate::glob;
 use crate::info;
 use crate::logging::{RateLimit, name_field};
 use crate::protocol::Reply;
+// Integers of commands: digits only (Redis refuses "+5" too), leading
+// zeros allowed.
+use crate::protocol::ascii_u64 as parse_u64;
 use crate::server::ServerStats;
 use crate::transaction;
 
@@ -512,11 +515,6 @@ pub(crate) fn wrong_arity(cmd: &str) -> Outcome {
 
 fn not_integer() -> Outcome {
     err("ERR value is not an integer or out of range")
-}
-
-fn parse_u64(b: &[u8]) -> Option<u64> {
-    // Digits only: no sign (Redis refuses "+5" too), leading zeros allowed.
-    crate::protocol::ascii_u64(b)
 }
 
 fn parse_token(b: &[u8]) -> Result<Token, Outcome> {

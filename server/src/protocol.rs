@@ -108,7 +108,6 @@ pub fn looks_like_http(request: &[Bytes]) -> bool {
     }
 }
 
-/// Finds `\r\n` in `buf` (from the start); answers the line's length.
 /// Where the first CRLF of a length line is, if within [`MAX_LEN_LINE`]
 /// bytes: the search stops there (a longer line is refused anyway), so a
 /// large buffer with no CRLF is not scanned again on every read.
@@ -172,11 +171,6 @@ impl RequestParser {
         expected: usize,
         limits: &Limits,
     ) -> Option<Request> {
-        let max_bulk = if self.unauthenticated {
-            limits.max_bulk_bytes.min(UNAUTHENTICATED_MAX_BULK_BYTES)
-        } else {
-            limits.max_bulk_bytes
-        };
         // Only small requests: a count that large is rare, and the
         // positions are kept on the stack.
         const MAX_FAST_ARGS: usize = 8;
@@ -191,14 +185,7 @@ impl RequestParser {
                 return None;
             }
             let end = line_end(rest).filter(|&e| e <= MAX_LEN_LINE)?;
-            let digits = &rest[1..end];
-            if digits.len() > 1 && digits[0] == b'0' {
-                return None;
-            }
-            let len = usize::try_from(ascii_u64(digits)?).ok()?;
-            if len > max_bulk {
-                return None;
-            }
+            let len = self.bulk_len(&rest[1..end], limits).ok()?;
             let start = pos + end + 2;
             let stop = start.checked_add(len)?;
             if buf.get(stop..stop + 2)? != b"\r\n" {
@@ -214,6 +201,23 @@ impl RequestParser {
                 .map(|&(start, len)| whole.slice(start..start + len))
                 .collect(),
         )
+    }
+
+    /// The length of a bulk string from its `$` line (without the `$`),
+    /// within the limits; the error says which rule it broke.
+    fn bulk_len(&self, line: &[u8], limits: &Limits) -> Result<usize, ProtocolError> {
+        let len = usize::try_from(parse_len(line, "bulk")?)
+            .map_err(|_| ProtocolError("invalid bulk length".into()))?;
+        if len > limits.max_bulk_bytes {
+            return Err(ProtocolError(format!(
+                "invalid bulk length: {len} bytes is over the limit of {} (--max-bulk-bytes)",
+                limits.max_bulk_bytes
+            )));
+        }
+        if self.unauthenticated && len > UNAUTHENTICATED_MAX_BULK_BYTES {
+            return Err(ProtocolError("unauthenticated bulk length".into()));
+        }
+        Ok(len)
     }
 
     /// A parser between requests.
@@ -333,25 +337,12 @@ impl RequestParser {
                         self.state = State::Array { expected, args };
                         return Ok(None);
                     };
-                    let len = parse_len(&buf[1..end], "bulk")?;
-                    if len < 0 {
-                        return Err(ProtocolError("invalid bulk length".into()));
-                    }
-                    if len as usize > limits.max_bulk_bytes {
-                        return Err(ProtocolError(format!(
-                            "invalid bulk length: {len} bytes is over the limit of {} \
-                             (--max-bulk-bytes)",
-                            limits.max_bulk_bytes
-                        )));
-                    }
-                    if self.unauthenticated && len as usize > UNAUTHENTICATED_MAX_BULK_BYTES {
-                        return Err(ProtocolError("unauthenticated bulk length".into()));
-                    }
+                    let len = self.bulk_len(&buf[1..end], limits)?;
                     buf.advance(end + 2);
                     self.state = State::Bulk {
                         expected,
                         args,
-                        len: len as usize,
+                        len,
                     };
                 }
                 State::Bulk {
