@@ -342,7 +342,7 @@ impl LogStore {
         end: u64,
     ) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
         match self.read_durable(start, end) {
-            Err(Miss::NotYetDurable) => {
+            Err(Miss::NoEntry(_)) => {
                 let ticket = self
                     .wal
                     .submit_async(|w| w.ticket())
@@ -363,9 +363,7 @@ impl LogStore {
         for (index, loc) in locs {
             let e = match self.wal.read_entry(loc.segment, loc.position) {
                 Ok(e) => e,
-                Err(WalError::NoEntry { .. }) => {
-                    return Err(Miss::NotYetDurable);
-                }
+                Err(e @ WalError::NoEntry { .. }) => return Err(Miss::NoEntry(e)),
                 Err(e) => return Err(Miss::Storage(Box::new(read_err(e)))),
             };
             let body = e.payload.get(ENTRY_HEADER..).ok_or_else(|| {
@@ -391,7 +389,7 @@ impl LogStore {
 enum Miss {
     /// No durable entry where the map says one is: appended but not yet
     /// durable (or gone, which the read after the sync tells).
-    NotYetDurable,
+    NoEntry(WalError),
     /// Anything else.
     Storage(Box<StorageError<NodeId>>),
 }
@@ -399,9 +397,8 @@ enum Miss {
 impl Miss {
     fn into_storage(self) -> StorageError<NodeId> {
         match self {
-            Miss::NotYetDurable => read_err(io::Error::other(
-                "an entry still not durable after the log's next sync",
-            )),
+            // Still missing after a sync: the WAL's own words.
+            Miss::NoEntry(e) => read_err(e),
             Miss::Storage(e) => *e,
         }
     }
@@ -544,7 +541,7 @@ mod tests {
         let ticket = store.append_entries((1..=3).map(blank)).await.unwrap();
         // The sync of the three is still in flight (it takes 300 ms): read
         // as before the fix, they are missing.
-        assert!(matches!(store.read_durable(1, 4), Err(Miss::NotYetDurable)));
+        assert!(matches!(store.read_durable(1, 4), Err(Miss::NoEntry(_))));
         let read = store.try_get_log_entries(1..4).await.unwrap();
         assert_eq!(
             read.iter().map(|e| e.log_id.index).collect::<Vec<_>>(),
