@@ -335,10 +335,7 @@ async fn local(nodes: u64, port: u16, dir: PathBuf, serve: &[String]) -> Result<
             Ok(child) => child,
             Err(e) => {
                 // The nodes already started would run on alone.
-                for mut started in children {
-                    let _ = started.kill();
-                    let _ = started.wait();
-                }
+                stop_nodes(children);
                 return Err(format!("cannot start node {i}: {e}"));
             }
         };
@@ -377,8 +374,13 @@ async fn local(nodes: u64, port: u16, dir: PathBuf, serve: &[String]) -> Result<
         _ = interrupt.recv() => {}
         _ = term.recv() => {}
     }
+    stop_nodes(children);
+    Ok(())
+}
+
+/// SIGTERM to every node (each stops gracefully), then waits for them all.
+fn stop_nodes(children: Vec<std::process::Child>) {
     for child in &children {
-        // SIGTERM: each node stops gracefully.
         // SAFETY: kill(2) on a child this process started.
         unsafe {
             libc::kill(child.id() as i32, libc::SIGTERM);
@@ -387,5 +389,4 @@ async fn local(nodes: u64, port: u16, dir: PathBuf, serve: &[String]) -> Result<
     for mut child in children {
         let _ = child.wait();
     }
-    Ok(())
 }
