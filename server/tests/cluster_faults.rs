@@ -364,9 +364,10 @@ fn run_schedule(seed: u64, first: Fault) -> Run {
     let workers = workload(&cluster, 6, seed, rec.clone(), stop.clone());
     let mut failover = Vec::new();
     std::thread::sleep(Duration::from_millis(600));
+    let only = only_fault();
     let faults = 1 + rng.below(2);
     for i in 0..faults {
-        let fault = if let Some(only) = only_fault() {
+        let fault = if let Some(only) = only {
             only
         } else if i == 0 {
             first

@@ -1,28 +1,15 @@
 //! `fencelog cluster local`: three nodes come up with a leader, and a
 //! SIGTERM to the command stops every node (none outlives it).
 
+mod common;
+
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn free_port_run(n: u16) -> u16 {
-    // A base port with n client ports and n Raft ports (base + 10000) free.
-    for _ in 0..50 {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let base = l.local_addr().unwrap().port();
-        drop(l);
-        if base > 50_000 {
-            continue;
-        }
-        let free = (0..n).all(|i| {
-            std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok()
-                && std::net::TcpListener::bind(("127.0.0.1", base + 10_000 + i)).is_ok()
-        });
-        if free {
-            return base;
-        }
-    }
-    panic!("no free run of ports");
+/// A base port with 3 client ports and 3 Raft ports (base + 10000) free.
+fn free_port_run() -> u16 {
+    common::free_ports("127.0.0.1", &[0, 1, 2, 10_000, 10_001, 10_002])
 }
 
 /// `cluster local` as a child; dropped (a failed assertion, say) while it
@@ -100,7 +87,7 @@ fn stop_and_check(mut local: Local, port: u16) {
 #[test]
 fn cluster_local_starts_a_cluster_and_sigterm_stops_every_node() {
     let tmp = tempfile::tempdir().unwrap();
-    let port = free_port_run(3);
+    let port = free_port_run();
     let child = start(tmp.path(), port);
     let status = Command::new(env!("CARGO_BIN_EXE_fencelog"));
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -136,7 +123,7 @@ fn cluster_local_starts_a_cluster_and_sigterm_stops_every_node() {
 #[test]
 fn a_sigterm_while_the_nodes_start_stops_them_too() {
     let tmp = tempfile::tempdir().unwrap();
-    let port = free_port_run(3);
+    let port = free_port_run();
     let child = start(tmp.path(), port);
     // Wait until node 1 accepts connections: the children exist.
     let deadline = Instant::now() + Duration::from_secs(30);

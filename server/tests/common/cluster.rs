@@ -15,27 +15,9 @@ use std::time::{Duration, Instant};
 
 use super::BIN;
 
-/// A free port on `ip` (bound, then released for the node to take), below
-/// the kernel's ephemeral range (32768 and up here). A port from that range
-/// (what binding port 0 gives) can be handed to an outgoing connection
-/// between its release and the node's bind, or stay held by such a
-/// connection of a killed node in TIME_WAIT: a restart then fails with
-/// "address in use" (one schedule in a hundred did).
+/// A free port on `ip` (bound, then released for the node to take).
 fn free_port(ip: &str) -> u16 {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    const LOW: u32 = 20_000;
-    const SPAN: u32 = 12_000;
-    // Another test binary may run beside this one: start at a place of
-    // this process' own.
-    let start = std::process::id().wrapping_mul(2_654_435_761) % SPAN;
-    for _ in 0..SPAN {
-        let port = (LOW + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % SPAN) as u16;
-        if TcpListener::bind((ip, port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no free port on {ip} from {LOW} to {}", LOW + SPAN);
+    super::free_ports(ip, &[0])
 }
 
 /// The peers' side of one node: connections to it pass through here,

@@ -12,6 +12,42 @@ use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_fencelog");
 
+/// A base port on `ip` such that `base + o` is free for every `o` in
+/// `offsets` (each bound, then released for a server to take), below the
+/// kernel's ephemeral range (32768 and up here). A port from that range
+/// (what binding port 0 gives) can be handed to an outgoing connection
+/// between its release and the server's bind, or stay held by such a
+/// connection of a killed node in TIME_WAIT: a restart then fails with
+/// "address in use" (one fault schedule in a hundred did).
+pub fn free_ports(ip: &str, offsets: &[u16]) -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    // Ports handed out in this process: tests run in parallel, and a
+    // released port looks free to the next caller.
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u32>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    const LOW: u32 = 20_000;
+    const TOP: u32 = 32_768;
+    let reach = u32::from(offsets.iter().copied().max().unwrap_or(0));
+    let span = TOP - LOW - reach;
+    // Another test binary may run beside this one: start at a place of
+    // this process' own.
+    let start = std::process::id().wrapping_mul(2_654_435_761) % span;
+    for _ in 0..span {
+        let base = LOW + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        let ports: Vec<u32> = offsets.iter().map(|&o| base + u32::from(o)).collect();
+        let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+        let free = ports
+            .iter()
+            .all(|&p| !given.contains(&p) && std::net::TcpListener::bind((ip, p as u16)).is_ok());
+        if free {
+            given.extend(ports);
+            return base as u16;
+        }
+    }
+    panic!("no free ports on {ip} from {LOW} to {TOP} at offsets {offsets:?}");
+}
+
 /// A running `fencelog serve`, killed on drop.
 pub struct ServerProcess {
     pub child: Child,
