@@ -28,22 +28,18 @@ for _ in $(seq 1 50); do
     fi
     sleep 0.2
 done
-# CPU ticks (user + system) of a process.
-ticks() {
-    local f
-    f=($(sed 's/^.*) //' "/proc/$1/stat"))
-    echo $((f[11] + f[12]))
-}
+# shellcheck source=scripts/cpu-ticks.sh
+. "$(dirname "$0")/cpu-ticks.sh"
 results="$work/results.txt"
 for run in $(seq 1 "$runs"); do
     for pipeline in 1 16; do
         for workload in reject append; do
             for side in old new; do
                 if [ "$side" = old ]; then pid=$old_pid port=7801; else pid=$new_pid port=7802; fi
-                before=$(ticks "$pid")
+                before=$(cpu_ticks "$pid")
                 "$new" bench --addr "127.0.0.1:$port" --clients 50 --pipeline "$pipeline" \
                     --workload "$workload" --duration 4 --json >"$work/run.json" 2>/dev/null
-                after=$(ticks "$pid")
+                after=$(cpu_ticks "$pid")
                 echo "$run $side $pipeline $workload $((after - before)) $(tail -n 1 "$work/run.json")" >>"$results"
             done
         done
@@ -56,8 +52,9 @@ rows = []
 for line in open(sys.argv[1]):
     run, side, p, w, ticks, js = line.split(" ", 5)
     r = json.loads(js)
-    rows.append((side, int(p), w, r["ops_per_sec"], ticks_s := int(ticks) / tck / max(r["requests"], 1) * 1e6))
-    print(f"run {run} {side:3} P{p:>2} {w:6} {r['ops_per_sec']:>10.0f} ops/s  {ticks_s:6.2f} CPU s/M")
+    cpu_per_m = int(ticks) / tck / max(r["requests"], 1) * 1e6
+    rows.append((side, int(p), w, r["ops_per_sec"], cpu_per_m))
+    print(f"run {run} {side:3} P{p:>2} {w:6} {r['ops_per_sec']:>10.0f} ops/s  {cpu_per_m:6.2f} CPU s/M")
 print("\nmedians:        ops/s old → new            CPU s per M old → new")
 for p in (1, 16):
     for w in ("reject", "append"):

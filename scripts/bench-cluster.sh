@@ -42,15 +42,9 @@ done
 # and the nodes `cluster local` started.
 single_pids="${pids[0]}"
 cluster_pids="$(pgrep -P "${pids[1]}" | tr '\n' ' ')"
-# CPU seconds (user + system) of the given processes, from /proc.
-cpu() {
-    local total=0 p f
-    for p in "$@"; do
-        f=($(sed 's/^.*) //' "/proc/$p/stat"))
-        total=$((total + f[11] + f[12]))
-    done
-    python3 -c "print($total / $(getconf CLK_TCK))"
-}
+# shellcheck source=scripts/cpu-ticks.sh
+. "$(dirname "$0")/cpu-ticks.sh"
+tck=$(getconf CLK_TCK)
 
 results="$work/results.jsonl"
 for run in $(seq 1 "$runs"); do
@@ -61,7 +55,7 @@ for run in $(seq 1 "$runs"); do
                 addr="${target#*:}"
                 if [ "$name" = single ]; then procs=$single_pids; else procs=$cluster_pids; fi
                 # shellcheck disable=SC2086 # a list of pids
-                before=$(cpu $procs)
+                before=$(cpu_ticks $procs)
                 # The bench follows the cluster's leader (CLUSTER SLOTS).
                 if ! "$bin" bench --addr "$addr" --clients 50 --pipeline "$pipeline" \
                     --workload "$workload" --duration "$secs" --warmup 1 --json \
@@ -71,10 +65,10 @@ for run in $(seq 1 "$runs"); do
                     exit 1
                 fi
                 # shellcheck disable=SC2086
-                after=$(cpu $procs)
+                after=$(cpu_ticks $procs)
                 # CPU over the whole run (warmup included) per measured request:
                 # an upper bound, the same for both setups.
-                sed "s/^{/{\"node\":\"$name\",\"run\":$run,\"server_cpu_s\":$(python3 -c "print($after - $before)"),/" \
+                sed "s/^{/{\"node\":\"$name\",\"run\":$run,\"server_cpu_s\":$(python3 -c "print(($after - $before) / $tck)"),/" \
                     "$work/run.json" >>"$results"
             done
         done

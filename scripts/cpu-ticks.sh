@@ -1,0 +1,12 @@
+# Sourced by the benchmark scripts: cpu_ticks PID... prints the CPU time
+# (user + system, in clock ticks: `getconf CLK_TCK` per second) the given
+# processes have used, from /proc/PID/stat (fields 14 and 15; the split
+# after ") " skips the command name, which may hold spaces).
+cpu_ticks() {
+    local total=0 p f
+    for p in "$@"; do
+        read -ra f <<<"$(sed 's/^.*) //' "/proc/$p/stat")"
+        total=$((total + f[11] + f[12]))
+    done
+    echo "$total"
+}
