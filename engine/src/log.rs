@@ -726,6 +726,38 @@ impl Log {
         }))
     }
 
+    /// The checks an [`append`](Log::append) meets before it is decided:
+    /// the stream name, the payloads against the limits, and the token
+    /// against the stream's durable highest. `Err` is the answer the append
+    /// would get (a stale token is counted as a rejection); `Ok` says only
+    /// that the append may go on, not that it will be accepted (a write
+    /// decided meanwhile may still fence it out).
+    ///
+    /// It takes no lock a writer waits for and allocates nothing (but the
+    /// error), so that a server can refuse a stale write before it builds
+    /// the request into an operation.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use fencelog::{Error, Log, Options, Token};
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let log = Log::open(dir.path(), Options::default()).unwrap();
+    /// log.fence(b"s", Token::new(5).unwrap()).unwrap();
+    /// let stale = log.check_append(b"s", Token::new(4).unwrap(), &[b"late"]);
+    /// assert!(matches!(stale, Err(Error::Stale { presented: 4, highest: 5 })));
+    /// assert!(log.check_append(b"s", Token::new(5).unwrap(), &[b"on time"]).is_ok());
+    /// ```
+    pub fn check_append<P: AsRef<[u8]>>(
+        &self,
+        stream: &[u8],
+        token: Token,
+        payloads: &[P],
+    ) -> Result<()> {
+        self.precheck_append(stream, Some(token), payloads)
+            .map(|_| ())
+    }
+
     /// The checks before the write lock: arguments, limits, and (for a
     /// plain append) the fast path.
     fn precheck_append<P: AsRef<[u8]>>(

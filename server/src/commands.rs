@@ -583,7 +583,7 @@ pub async fn execute(ctx: &Arc<Context>, session: &mut Session, args: Vec<Bytes>
     ctx.stats.commands.fetch_add(1, Ordering::Relaxed);
     if let (Some(r), Some(spec)) = (&session.registration, command_table::lookup(cmd)) {
         // `CLIENT LIST` shows subcommands as Redis does: `client|list`.
-        let sub = args.get(1).and_then(|s| {
+        let sub = args.get(1).filter(|_| !spec.subcommands.is_empty()).and_then(|s| {
             let s = upper(s);
             spec.subcommands
                 .iter()
@@ -776,6 +776,16 @@ async fn run_named(
     }
     let engine = ctx.engine();
     let log = &*engine;
+    // A stale append is refused before it is built into an op (no copies
+    // of its arguments, no future): the most frequent refusal there is.
+    if cmd == "LOG.APPEND"
+        && a.len() >= 3
+        && let Some(token) = parse_u64(&a[1]).and_then(|t| Token::new(t).ok())
+        && let Err(e @ Error::Stale { .. }) = log.check_append(&a[0], token, &a[2..])
+    {
+        note_error(ctx, &session.tag(), &a[0], &e);
+        return Outcome::Reply(error_reply(&e));
+    }
     if let Some(parsed) = parse_write(cmd, a) {
         return match parsed {
             Ok(op) => write(ctx, &session.tag(), op).await,

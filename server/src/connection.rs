@@ -339,10 +339,11 @@ impl Connection {
             };
             // Anything but a pipelined write sees the writes before it
             // answered: a read after an append in one pipeline sees it.
-            let in_order = match &next {
-                Held::Close(_) => true,
-                Held::Request(request, _) => !commands::is_deferrable(&self.session, request),
+            let deferrable = match &next {
+                Held::Close(_) => false,
+                Held::Request(request, _) => commands::is_deferrable(&self.session, request),
             };
+            let in_order = !deferrable;
             if in_order && !self.pending.is_empty() {
                 self.held = Some(next);
                 return Ok(Stop::Wait);
@@ -358,19 +359,23 @@ impl Connection {
                 return Err(End::Http);
             }
             requests += 1;
-            let stream_arg = request.get(1).cloned().unwrap_or_default();
+            // What a durable answer names (only a write's is awaited).
+            let stream_arg = match deferrable {
+                true => request.get(1).cloned().unwrap_or_default(),
+                false => Bytes::new(),
+            };
             let outcome = commands::execute(&self.ctx, &mut self.session, request).await;
             if let Some(r) = &self.session.registration {
                 // `CLIENT LIST` learns what changed (most requests change
                 // nothing, and telling it takes its locks).
-                let now = (
-                    self.session.name.clone(),
-                    self.session.proto,
-                    self.session.multi.as_ref().map(Multi::len),
-                );
-                if self.listed.as_ref() != Some(&now) {
-                    r.update(now.0.as_ref(), now.1, now.2);
-                    self.listed = Some(now);
+                let queued = self.session.multi.as_ref().map(Multi::len);
+                let same = self.listed.as_ref().is_some_and(|(name, proto, q)| {
+                    *name == self.session.name && *proto == self.session.proto && *q == queued
+                });
+                if !same {
+                    let name = self.session.name.clone();
+                    r.update(name.as_ref(), self.session.proto, queued);
+                    self.listed = Some((name, self.session.proto, queued));
                 }
             }
             self.parser.set_unauthenticated(!self.session.authenticated);

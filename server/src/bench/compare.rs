@@ -185,7 +185,7 @@ fn existing_fencelog(runtime: &tokio::runtime::Runtime, args: &BenchArgs) -> Res
             _ => None,
         }
     });
-    let pid = pid.filter(|p| cpu_seconds(*p).is_some() && addr.ip().is_loopback());
+    let pid = pid.filter(|p| cpu_times(*p).is_some() && addr.ip().is_loopback());
     Ok(Side {
         name: "fencelog",
         target: Target::Tcp {
@@ -198,8 +198,9 @@ fn existing_fencelog(runtime: &tokio::runtime::Runtime, args: &BenchArgs) -> Res
     })
 }
 
-/// utime + stime of process `pid`, in seconds.
-fn cpu_seconds(pid: u32) -> Option<f64> {
+/// utime and stime of process `pid`, in seconds: where a server's CPU
+/// goes, its own code or the kernel's (TCP, wake-ups).
+fn cpu_times(pid: u32) -> Option<(f64, f64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name may hold spaces and parentheses: fields follow the
     // last ')'. utime and stime are fields 14 and 15 (state is field 3).
@@ -209,7 +210,7 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
     let stime: f64 = fields.get(12)?.parse().ok()?;
     // SAFETY: sysconf reads a constant of the system; no memory is shared.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    (ticks > 0).then(|| (utime + stime) / ticks as f64)
+    (ticks > 0).then(|| (utime / ticks as f64, stime / ticks as f64))
 }
 
 fn median(v: &[f64]) -> Option<f64> {
@@ -266,9 +267,9 @@ fn compare(args: &BenchArgs) -> Result<String, String> {
                     plan.clients,
                     plan.pipeline
                 );
-                let before = side.pid.and_then(cpu_seconds);
+                let before = side.pid.and_then(cpu_times);
                 let result = runtime.block_on(run_workload(&side.target, Arc::clone(&plan)))?;
-                let after = side.pid.and_then(cpu_seconds);
+                let after = side.pid.and_then(cpu_times);
                 if args.cleanup
                     && let Err(e) = runtime.block_on(cleanup(&side.target, &plan))
                 {
@@ -291,8 +292,17 @@ fn compare(args: &BenchArgs) -> Result<String, String> {
                 if let (Some(b), Some(a)) = (before, after)
                     && result.requests > 0
                 {
-                    s.cpu_secs_per_million
-                        .push((a - b) / result.requests as f64 * 1e6);
+                    let per_m = |secs: f64| secs / result.requests as f64 * 1e6;
+                    let (user, system) = (per_m(a.0 - b.0), per_m(a.1 - b.1));
+                    eprintln!(
+                        "bench: {} {}: {:.0} ops/s, CPU {:.2} s/M (user {user:.2}, system \
+                         {system:.2})",
+                        side.name,
+                        workload.name(),
+                        result.ops_per_sec(),
+                        user + system
+                    );
+                    s.cpu_secs_per_million.push(user + system);
                 }
                 if result.unexpected > 0 {
                     eprintln!(
@@ -411,6 +421,6 @@ mod tests {
         assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
         assert_eq!(median(&[]), None);
-        assert!(cpu_seconds(std::process::id()).is_some());
+        assert!(cpu_times(std::process::id()).is_some());
     }
 }
