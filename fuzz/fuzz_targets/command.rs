@@ -24,7 +24,8 @@
 //! The log is opened once per fuzz process, on tmpfs (`/dev/shm`, so
 //! fsync is cheap), with small limits, and kept across inputs (an input may
 //! meet streams and leases earlier inputs left); it is replaced by a fresh
-//! one every `RESET_AFTER_BYTES` written. A crash found this way may need
+//! one every `RESET_AFTER_BYTES` written or `RESET_AFTER_STREAMS` streams
+//! held. A crash found this way may need
 //! the inputs before it: rerun the crash input alone first, and if it
 //! passes, run the fuzzer's last inputs (`-runs=0` over the corpus) before
 //! it.
@@ -51,6 +52,11 @@ use libfuzzer_sys::fuzz_target;
 const MAX_REQUESTS: usize = 32;
 /// A fresh log once the current one has written this much.
 const RESET_AFTER_BYTES: u64 = 64 << 20;
+/// A fresh log once the current one holds this many streams: `LOG.STREAMS`
+/// lists and sorts every one (as documented, like Redis' `KEYS *`), and
+/// with the thousands that inputs leave behind, sorting them under the
+/// fuzzer's comparison hooks took most of the time of every input.
+const RESET_AFTER_STREAMS: u64 = 1024;
 const PASSWORD: &str = "pw";
 
 struct Harness {
@@ -150,10 +156,14 @@ impl Harness {
     }
 
     /// A fresh log in a fresh directory once this one holds too much
-    /// (looked at every 256 inputs: the metrics count every stream).
+    /// (looked at every 64 inputs).
     fn maybe_reset(&mut self) {
         self.inputs += 1;
-        if self.inputs % 256 != 0 || self.open.log.metrics().wal.bytes_written < RESET_AFTER_BYTES {
+        if self.inputs % 64 != 0 {
+            return;
+        }
+        let m = self.open.log.metrics();
+        if m.wal.bytes_written < RESET_AFTER_BYTES && m.streams < RESET_AFTER_STREAMS {
             return;
         }
         // Drops the old contexts (the log's last handles) before the
