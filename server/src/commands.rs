@@ -583,12 +583,15 @@ pub async fn execute(ctx: &Arc<Context>, session: &mut Session, args: Vec<Bytes>
     ctx.stats.commands.fetch_add(1, Ordering::Relaxed);
     if let (Some(r), Some(spec)) = (&session.registration, command_table::lookup(cmd)) {
         // `CLIENT LIST` shows subcommands as Redis does: `client|list`.
-        let sub = args.get(1).filter(|_| !spec.subcommands.is_empty()).and_then(|s| {
-            let s = upper(s);
-            spec.subcommands
-                .iter()
-                .find(|c| c.name.split_once('|').is_some_and(|(_, n)| n == s.as_str()))
-        });
+        let sub = args
+            .get(1)
+            .filter(|_| !spec.subcommands.is_empty())
+            .and_then(|s| {
+                let s = upper(s);
+                spec.subcommands
+                    .iter()
+                    .find(|c| c.name.split_once('|').is_some_and(|(_, n)| n == s.as_str()))
+            });
         r.command(sub.unwrap_or(spec).name);
     }
     if ctx.config.requirepass.is_some() && !session.authenticated && !allowed_unauthenticated(cmd) {
