@@ -1525,18 +1525,32 @@ impl Log {
         Ok(entry.cum_bytes + records.iter().map(|r| r.payload.len() as u64).sum::<u64>())
     }
 
-    /// The names of the streams that hold records or a token.
+    /// The names of the streams that hold records or a token, in byte
+    /// order. It costs every stream: a server lists them a page at a time
+    /// ([`Log::streams_after`]).
     pub fn streams(&self) -> Vec<Bytes> {
-        let mut names: Vec<Bytes> = self
-            .inner
-            .views
-            .all()
-            .into_iter()
-            .filter(|v| v.highest.load(Ordering::Acquire) > 0)
-            .map(|v| v.name.clone())
-            .collect();
-        names.sort_unstable();
-        names
+        self.inner.views.names_after(None, usize::MAX)
+    }
+
+    /// Up to `count` names of [`Log::streams`], those strictly after
+    /// `after` in byte order (from the first when `None`): a page of the
+    /// list at the cost of the page. A page shorter than `count` is the
+    /// last one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use fencelog::{Log, Options, Token};
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let log = Log::open(dir.path(), Options::default()).unwrap();
+    /// for s in ["c", "a", "b"] {
+    ///     log.fence(s.as_bytes(), Token::new(1).unwrap()).unwrap();
+    /// }
+    /// assert_eq!(log.streams_after(None, 2), vec!["a", "b"]);
+    /// assert_eq!(log.streams_after(Some(b"b"), 2), vec!["c"]);
+    /// ```
+    pub fn streams_after(&self, after: Option<&[u8]>, count: usize) -> Vec<Bytes> {
+        self.inner.views.names_after(after, count)
     }
 
     /// A copy of the engine's counters and the log's.

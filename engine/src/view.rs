@@ -4,7 +4,7 @@
 //! thread applies an [`Effect`] after the sync, so readers never see a
 //! record a crash could take back, and a reader never holds up a writer.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -116,6 +116,11 @@ pub(crate) struct Views {
     /// Notified when a stream is created, for readers blocked on a stream
     /// that does not exist yet.
     pub created: Event,
+    /// The same views in name order, so that listing a page of names costs
+    /// the page, not a sort of every stream (a million streams took 0.7 s
+    /// of a server thread per `LOG.STREAMS`). The name is shared with the
+    /// view's, not copied.
+    ordered: RwLock<BTreeMap<Bytes, Arc<StreamView>>>,
 }
 
 impl Default for Views {
@@ -125,6 +130,7 @@ impl Default for Views {
             hasher: hashbrown::DefaultHashBuilder::default(),
             floor: AtomicU64::new(0),
             created: Event::new(),
+            ordered: RwLock::new(BTreeMap::new()),
         }
     }
 }
@@ -151,16 +157,29 @@ impl Views {
     }
 
     pub(crate) fn insert(&self, view: Arc<StreamView>) {
+        self.ordered
+            .write()
+            .insert(view.name.clone(), Arc::clone(&view));
         self.shard(&view.name)
             .write()
             .insert(view.name.clone(), view);
         self.created.notify(usize::MAX);
     }
 
-    pub(crate) fn all(&self) -> Vec<Arc<StreamView>> {
-        self.shards
-            .iter()
-            .flat_map(|s| s.read().values().cloned().collect::<Vec<_>>())
+    /// Up to `count` names in byte order, strictly after `after` (from the
+    /// first without it), of the streams that hold records or a token.
+    pub(crate) fn names_after(&self, after: Option<&[u8]>, count: usize) -> Vec<Bytes> {
+        use std::ops::Bound;
+        let ordered = self.ordered.read();
+        let from = match after {
+            Some(a) => Bound::Excluded(a),
+            None => Bound::Unbounded,
+        };
+        ordered
+            .range::<[u8], _>((from, Bound::Unbounded))
+            .filter(|(_, v)| v.highest.load(Ordering::Acquire) > 0)
+            .take(count)
+            .map(|(name, _)| name.clone())
             .collect()
     }
 }

@@ -267,14 +267,17 @@ pub static COMMANDS: &[CommandSpec] = &[
     ),
     cmd(
         "LOG.STREAMS",
-        1,
+        -1,
         &["readonly"],
         NO_KEYS,
         &["@read", "@stream", "@slow"],
         "log",
-        "The names of the streams that hold records or a token",
-        "O(N) in the streams",
-        &[],
+        "The names of the streams that hold records or a token, in byte order, a page at a time (at most 10000)",
+        "O(log(N) + M) with M the names answered",
+        &[
+            optional(token("AFTER", string("name"))),
+            optional(token("COUNT", integer("count"))),
+        ],
     ),
     // Leases.
     cmd(
