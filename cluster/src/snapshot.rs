@@ -66,6 +66,11 @@ impl Store {
                 std::fs::remove_file(e.path())?;
             }
         }
+        // A process killed between `save`'s renames and its directory sync
+        // leaves a snapshot whose name only the page cache holds; Raft may
+        // purge its log up to a snapshot `current` reports, so the name is
+        // made durable before anything is decided on it.
+        sync_dir(&dir)?;
         Ok(Store {
             dir,
             saving: parking_lot::Mutex::new(()),

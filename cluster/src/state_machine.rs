@@ -140,6 +140,20 @@ impl StateMachine {
             })
         })?;
         let generation = read_current(dir);
+        // A process killed between `write_current`'s rename and its
+        // directory sync leaves the new `CURRENT` in the page cache only:
+        // make the name durable before the other generations are removed
+        // on its word (a power cut could otherwise bring back a `CURRENT`
+        // naming a generation already gone).
+        std::fs::File::open(dir.join("sm"))
+            .and_then(|d| d.sync_all())
+            .map_err(|e| {
+                fencelog::Error::Io(fencelog_wal::WalError::Io {
+                    op: "sync directory",
+                    path: dir.join("sm"),
+                    source: e,
+                })
+            })?;
         if let Ok(entries) = std::fs::read_dir(dir.join("sm")) {
             for e in entries.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
