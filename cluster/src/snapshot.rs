@@ -35,7 +35,8 @@ fn is_engine_file(name: &str) -> bool {
     name == "MARKS" || (name.ends_with(".wal") && !name.starts_with('.'))
 }
 
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
+/// Makes the names in `dir` durable (renames, creations, removals).
+pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()
 }
 

@@ -125,36 +125,37 @@ fn write_current(dir: &Path, generation: u64) -> std::io::Result<()> {
     std::fs::write(&tmp, format!("{generation}\n"))?;
     std::fs::File::open(&tmp)?.sync_all()?;
     std::fs::rename(&tmp, sm.join("CURRENT"))?;
-    std::fs::File::open(&sm)?.sync_all()
+    snapshot::sync_dir(&sm)
+}
+
+/// The engine's I/O error for `op` on `path`, as `map_err` takes it.
+fn io_error<'a>(
+    op: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> fencelog::Error + 'a {
+    move |source| {
+        fencelog::Error::Io(fencelog_wal::WalError::Io {
+            op,
+            path: path.to_path_buf(),
+            source,
+        })
+    }
 }
 
 impl StateMachine {
     /// Opens the state machine in `dir` (its engine in the current
     /// generation); removes generations no longer in use.
     pub fn open(dir: &Path, base: &Options) -> Result<StateMachine, fencelog::Error> {
-        std::fs::create_dir_all(dir.join("sm")).map_err(|e| {
-            fencelog::Error::Io(fencelog_wal::WalError::Io {
-                op: "create",
-                path: dir.join("sm"),
-                source: e,
-            })
-        })?;
+        let sm = dir.join("sm");
+        std::fs::create_dir_all(&sm).map_err(io_error("create", &sm))?;
         let generation = read_current(dir);
         // A process killed between `write_current`'s rename and its
         // directory sync leaves the new `CURRENT` in the page cache only:
         // make the name durable before the other generations are removed
         // on its word (a power cut could otherwise bring back a `CURRENT`
         // naming a generation already gone).
-        std::fs::File::open(dir.join("sm"))
-            .and_then(|d| d.sync_all())
-            .map_err(|e| {
-                fencelog::Error::Io(fencelog_wal::WalError::Io {
-                    op: "sync directory",
-                    path: dir.join("sm"),
-                    source: e,
-                })
-            })?;
-        if let Ok(entries) = std::fs::read_dir(dir.join("sm")) {
+        snapshot::sync_dir(&sm).map_err(io_error("sync directory", &sm))?;
+        if let Ok(entries) = std::fs::read_dir(&sm) {
             for e in entries.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
                 if let Ok(g) = name.parse::<u64>()
@@ -166,13 +167,9 @@ impl StateMachine {
         }
         let opts = engine_options(base);
         let log = Log::open(generation_dir(dir, generation), opts.clone())?;
-        let snaps = Store::open(dir.join("snap")).map_err(|e| {
-            fencelog::Error::Io(fencelog_wal::WalError::Io {
-                op: "open the snapshot directory",
-                path: dir.join("snap"),
-                source: e,
-            })
-        })?;
+        let snap = dir.join("snap");
+        let snaps =
+            Store::open(snap.clone()).map_err(io_error("open the snapshot directory", &snap))?;
         Ok(StateMachine {
             dir: dir.to_path_buf(),
             engine: Engine {
