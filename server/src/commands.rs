@@ -964,9 +964,9 @@ pub(crate) fn unknown_command(args: &[Bytes]) -> Reply {
 pub const MAX_STREAMS_PAGE: u64 = 10_000;
 
 /// `LOG.STREAMS [AFTER name] [COUNT n]`: names in byte order, strictly
-/// after `name`. Without `COUNT`, every name, unless there are more than
-/// [`MAX_STREAMS_PAGE`] streams: then an error that says how to page, not
-/// a list cut short without a word.
+/// after `name`. Without `COUNT`, every such name, unless there are more
+/// than [`MAX_STREAMS_PAGE`]: then an error that says how to page, not a
+/// list cut short without a word.
 fn streams(a: &[Bytes], log: &Log) -> Outcome {
     let mut after: Option<&[u8]> = None;
     let mut count: Option<u64> = None;
@@ -990,21 +990,19 @@ fn streams(a: &[Bytes], log: &Log) -> Outcome {
     if !rest.is_empty() {
         return err("ERR syntax error");
     }
-    let count = match count {
-        Some(n) => n,
-        None => {
-            let streams = log.metrics().streams;
-            if streams > MAX_STREAMS_PAGE {
-                return err(format!(
-                    "ERR {streams} streams, more than one LOG.STREAMS lists \
-                     ({MAX_STREAMS_PAGE}): page with LOG.STREAMS COUNT n, then AFTER the last \
-                     name"
-                ));
-            }
-            MAX_STREAMS_PAGE
-        }
-    };
-    let names = log.streams_after(after, usize::try_from(count).unwrap_or(usize::MAX));
+    // Without COUNT, one name more than a page tells whether the list
+    // would be cut: the index answers that, no count of every stream.
+    let page = count.unwrap_or(MAX_STREAMS_PAGE + 1);
+    let names = log.streams_after(after, usize::try_from(page).unwrap_or(usize::MAX));
+    if names.len() as u64 > MAX_STREAMS_PAGE {
+        // The error path only: the count comes from the engine's state.
+        let streams = log.metrics().streams;
+        return err(format!(
+            "ERR {streams} streams, more than one LOG.STREAMS lists \
+             ({MAX_STREAMS_PAGE}): page with LOG.STREAMS COUNT n, then AFTER the last \
+             name"
+        ));
+    }
     Outcome::Reply(Reply::Array(names.into_iter().map(Reply::Bulk).collect()))
 }
 
