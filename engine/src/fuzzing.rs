@@ -23,7 +23,7 @@
 //!
 //! [`stream_model`] and [`lease_model`] run the engine against plain
 //! in-memory models through power cuts and reopens: the proptest model
-//! tests and the `engine_model` fuzz target share them.
+//! tests and the `engine_model` fuzz target ([`engine_model`]) share them.
 
 // A harness: a failed unwrap or assertion is a finding, reported by
 // panicking, which is what the fuzzer and the tests look for.
@@ -414,6 +414,24 @@ pub fn engine_decode(data: &[u8]) {
             let (first, from, end) = (r.u64(), r.u64(), r.u64());
             decode_records(rest.get(24..).unwrap_or_default(), first, from, end);
         }
+    }
+}
+
+/// Actions one `engine_model` input runs at most: bounds the time of an
+/// input (each action may sync, crash or reopen).
+pub const MODEL_MAX_ACTIONS: usize = 48;
+
+/// The `engine_model` fuzz target: an even first byte runs
+/// [`stream_model`], an odd one [`lease_model`], on the actions the rest
+/// decodes to. The model tests replay the target's seeds through it.
+pub fn engine_model(data: &[u8]) {
+    let Some((&which, rest)) = data.split_first() else {
+        return;
+    };
+    if which & 1 == 0 {
+        stream_model::run(stream_model::actions_from_bytes(rest, MODEL_MAX_ACTIONS));
+    } else {
+        lease_model::run(lease_model::actions_from_bytes(rest, MODEL_MAX_ACTIONS));
     }
 }
 

@@ -4,7 +4,7 @@
 //! (shared with the `engine_model` fuzz target); this file draws the
 //! actions with proptest.
 
-use fencelog::fuzzing::stream_model::{Action, STREAMS, actions_from_bytes, run};
+use fencelog::fuzzing::stream_model::{Action, STREAMS, run};
 use fencelog::wal::CrashMode;
 use proptest::prelude::*;
 
@@ -56,23 +56,16 @@ proptest! {
 
 /// What the `engine_model` fuzzer found, replayed by the plain test
 /// command too (CI's fuzz stage replays the seeds as well, but only where
-/// cargo-fuzz builds). Inputs with an even first byte drive this model.
+/// cargo-fuzz builds), through the fuzz target's own entry point.
 #[test]
-fn the_fuzzers_stream_model_seeds_pass() {
+fn the_engine_model_fuzz_seeds_pass() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/engine_model");
     let mut replayed = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
-        let data = std::fs::read(&path).unwrap();
-        let Some((&which, rest)) = data.split_first() else {
-            continue;
-        };
-        if which & 1 == 0 {
-            eprintln!("replaying {}", path.display());
-            // The same limit as the fuzz target's MAX_ACTIONS.
-            run(actions_from_bytes(rest, 48));
-            replayed += 1;
-        }
+        eprintln!("replaying {}", path.display());
+        fencelog::fuzzing::engine_model(&std::fs::read(&path).unwrap());
+        replayed += 1;
     }
     assert!(replayed >= 3, "only {replayed} seeds in {}", dir.display());
 }

@@ -9,7 +9,7 @@
 //! stat, power cuts now or armed for the n-th next file operation, reopen);
 //! an odd one the lease model (acquire with and without fence, renew,
 //! release, the clock, crashes, armed cuts, reopen, filler appends that
-//! rotate segments). At most 48 actions per input.
+//! rotate segments). At most `MODEL_MAX_ACTIONS` (48) actions per input.
 //!
 //! After a power cut and reopen, every acknowledged write is there, nothing
 //! unacknowledged and undurable is invented, highest tokens never go below
@@ -17,19 +17,8 @@
 
 #![no_main]
 
-use fencelog::fuzzing::{lease_model, stream_model};
 use libfuzzer_sys::fuzz_target;
 
-/// Bounds the time of one input (each action may sync, crash or reopen).
-const MAX_ACTIONS: usize = 48;
-
 fuzz_target!(|data: &[u8]| {
-    let Some((&which, rest)) = data.split_first() else {
-        return;
-    };
-    if which & 1 == 0 {
-        stream_model::run(stream_model::actions_from_bytes(rest, MAX_ACTIONS));
-    } else {
-        lease_model::run(lease_model::actions_from_bytes(rest, MAX_ACTIONS));
-    }
+    fencelog::fuzzing::engine_model(data);
 });
