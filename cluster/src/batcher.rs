@@ -1,4 +1,5 @@
-//! Writes batched into entries of the replicated log.
+//! Writes batched into entries of the replicated log, stamped with the
+//! group's clock.
 //!
 //! openraft 0.9's leader waits for each entry it appends to its own log to
 //! be synced before it takes the next one: one entry per write would cost
@@ -8,14 +9,35 @@
 //! the entries before were on their way: at most [`IN_FLIGHT`] entries wait
 //! for their answers at a time, so under load an entry carries what a round
 //! of replication let pile up, and a lone write still goes out at once.
+//!
+//! **Time.** Lease decisions take their time from the entry, so every
+//! replica decides alike. The time an entry carries is the group's clock
+//! as this leader carries it on ([`GroupClock`]): when a node starts to
+//! lead a term it first waits until it has applied everything committed
+//! (Raft's ReadIndex), reads the highest time the log has carried, and
+//! counts on from there with its own monotonic clock. So the group's clock
+//! never runs back: not across a restart of one node or of all of them,
+//! nor a change of leader. The leader's first entry is a take-over
+//! ([`WireCommand::TakeOver`]): every lease still live on the group's clock
+//! is held for its full ttl from then, because how long the old leader was
+//! gone cannot be known. While it leads, the leader puts its clock in the
+//! log whenever a lease runs out on it ([`WireCommand::Tick`]), so the log
+//! knows the lease expired and no later take-over revives it.
+//!
+//! **Bounds.** The queue holds at most [`MAX_QUEUED`] writes; a write that
+//! waited past its client's deadline is answered and dropped, never
+//! proposed (its client was told it failed).
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use openraft::ServerState;
 use openraft::error::ClientWriteError;
+use parking_lot::Mutex;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::node::ClusterError;
+use crate::state_machine::Engine;
 use crate::types::{Raft, Request, Response, WireCommand};
 
 /// Entries proposed and not yet answered, at most.
@@ -25,52 +47,166 @@ const IN_FLIGHT: usize = 2;
 /// writes within 16 bits; see `state_machine.rs`).
 pub(crate) const MAX_WRITES: usize = 4096;
 
+/// Writes waiting for an entry, at most: past it a write is refused at
+/// once (`TRYAGAIN`), so a leader cut off from its quorum holds a bounded
+/// backlog, not whatever its clients send.
+pub(crate) const MAX_QUEUED: usize = 65_536;
+
+/// How often a leader looks whether a lease ran out on its clock, and
+/// whether to send its digest.
+const WATCH_EVERY: Duration = Duration::from_millis(20);
+
+/// How often a leader sends its digest for the replicas to compare.
+const CHECK_EVERY: Duration = Duration::from_secs(1);
+
 /// A write waiting for its entry.
 struct Queued {
     cmd: WireCommand,
     bytes: u64,
+    /// Its client is answered by then: past it the write is dropped.
+    deadline: Instant,
     answer: oneshot::Sender<Result<Response, ClusterError>>,
+}
+
+/// The group's clock as this node, leading, carries it on: ms, the highest
+/// time the log carried when this node's term began, plus the time since
+/// on this node's monotonic clock.
+#[derive(Default)]
+pub(crate) struct GroupClock {
+    anchor: Mutex<Option<Anchor>>,
+}
+
+#[derive(Clone, Copy)]
+struct Anchor {
+    term: u64,
+    at: Instant,
+    base_ms: u64,
+}
+
+impl GroupClock {
+    /// The group's time now, if this node leads `term` and has taken it
+    /// over.
+    pub(crate) fn now_ms(&self, term: u64) -> Option<u64> {
+        let a = (*self.anchor.lock())?;
+        (a.term == term).then(|| a.base_ms + a.at.elapsed().as_millis() as u64)
+    }
+
+    fn anchor(&self, term: u64, base_ms: u64) -> u64 {
+        // Never below 1: 0 means "no time" to the state machine.
+        let base_ms = base_ms.max(1);
+        *self.anchor.lock() = Some(Anchor {
+            term,
+            at: Instant::now(),
+            base_ms,
+        });
+        base_ms
+    }
 }
 
 /// Where writes are queued for the batching task.
 #[derive(Clone)]
 pub(crate) struct Batcher {
-    tx: mpsc::UnboundedSender<Queued>,
+    tx: mpsc::Sender<Queued>,
+    clock: Arc<GroupClock>,
 }
 
 impl Batcher {
-    /// Starts the batching task on the current runtime (Raft's).
-    pub(crate) fn spawn(raft: Raft, started: Instant, max_bytes: u64) -> Batcher {
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(raft, rx, started, max_bytes));
-        Batcher { tx }
+    /// Starts the batching task and the leader's watch on the current
+    /// runtime (Raft's).
+    pub(crate) fn spawn(raft: Raft, engine: Engine, max_bytes: u64) -> Batcher {
+        let (tx, rx) = mpsc::channel(MAX_QUEUED);
+        let clock = Arc::new(GroupClock::default());
+        tokio::spawn(run(
+            raft.clone(),
+            engine.clone(),
+            Arc::clone(&clock),
+            rx,
+            max_bytes,
+        ));
+        let batcher = Batcher { tx, clock };
+        tokio::spawn(watch(raft, engine, batcher.clone()));
+        batcher
+    }
+
+    /// The group's time now, if this node leads `term` and has taken it
+    /// over.
+    pub(crate) fn now_ms(&self, term: u64) -> Option<u64> {
+        self.clock.now_ms(term)
     }
 
     /// Queues `cmd` (of `bytes` encoded) behind every write queued before
-    /// it; the receiver answers once its entry is applied here.
+    /// it; the receiver answers once its entry is applied here. A write
+    /// still queued at `deadline` is dropped, never proposed.
     pub(crate) fn queue(
         &self,
         cmd: WireCommand,
         bytes: u64,
+        deadline: Instant,
     ) -> Result<oneshot::Receiver<Result<Response, ClusterError>>, ClusterError> {
         let (answer, rx) = oneshot::channel();
-        self.tx
-            .send(Queued { cmd, bytes, answer })
-            .map_err(|_| ClusterError::Raft("the node is shutting down".into()))?;
-        Ok(rx)
+        let q = Queued {
+            cmd,
+            bytes,
+            deadline,
+            answer,
+        };
+        match self.tx.try_send(q) {
+            Ok(()) => Ok(rx),
+            Err(mpsc::error::TrySendError::Full(_)) => Err(ClusterError::Busy {
+                queued: MAX_QUEUED as u64,
+            }),
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                Err(ClusterError::Raft("the node is shutting down".into()))
+            }
+        }
     }
 }
 
-/// The leader's clock for an entry: ms since the node started, never 0
-/// (0 means "no time" to the state machine).
-pub(crate) fn now_ms(started: Instant) -> u64 {
-    started.elapsed().as_millis() as u64 + 1
+/// Whether this node leads, and in which term.
+fn leading(raft: &Raft) -> Option<u64> {
+    let m = raft.metrics();
+    let m = m.borrow();
+    (m.state == ServerState::Leader).then_some(m.current_term)
+}
+
+/// Takes over `term`: waits until everything committed is applied here,
+/// then starts the group's clock from the highest time the log carried,
+/// and proposes the take-over of the leases. Answers the clock's start.
+async fn take_over(
+    raft: &Raft,
+    engine: &Engine,
+    clock: &GroupClock,
+    term: u64,
+) -> Result<u64, ClusterError> {
+    raft.ensure_linearizable().await.map_err(|e| match e {
+        openraft::error::RaftError::APIError(
+            openraft::error::CheckIsLeaderError::ForwardToLeader(_),
+        ) => ClusterError::NotLeader { leader: None },
+        other => ClusterError::Raft(other.to_string()),
+    })?;
+    let base = clock.anchor(term, engine.log().group_clock_ms());
+    let req = Request {
+        time_ms: base,
+        cmds: vec![WireCommand::TakeOver],
+    };
+    let pending = raft
+        .client_write_ff(req)
+        .await
+        .map_err(|e| ClusterError::Raft(e.to_string()))?;
+    tokio::spawn(async move {
+        if let Ok(Err(e)) = pending.await {
+            tracing::debug!(error = %e, "the take-over entry was not committed");
+        }
+    });
+    tracing::info!(term, clock_ms = base, "took over the leases");
+    Ok(base)
 }
 
 async fn run(
     raft: Raft,
-    mut rx: mpsc::UnboundedReceiver<Queued>,
-    started: Instant,
+    engine: Engine,
+    clock: Arc<GroupClock>,
+    mut rx: mpsc::Receiver<Queued>,
     max_bytes: u64,
 ) {
     let slots = Arc::new(Semaphore::new(IN_FLIGHT));
@@ -102,13 +238,39 @@ async fn run(
                 Err(_) => break,
             }
         }
+        // Writes whose clients were answered already are never proposed.
+        let now = Instant::now();
+        let (late, batch): (Vec<_>, Vec<_>) = batch.into_iter().partition(|q| q.deadline <= now);
+        for q in late {
+            let _ = q.answer.send(Err(ClusterError::Dropped));
+        }
+        if batch.is_empty() {
+            continue;
+        }
+        let stamped = match leading(&raft) {
+            None => Err(ClusterError::NotLeader { leader: None }),
+            Some(term) => match clock.now_ms(term) {
+                Some(t) => Ok(t),
+                None => take_over(&raft, &engine, &clock, term).await.and_then(|_| {
+                    clock
+                        .now_ms(term)
+                        .ok_or(ClusterError::NotLeader { leader: None })
+                }),
+            },
+        };
         let (cmds, answers): (Vec<_>, Vec<_>) =
             batch.into_iter().map(|q| (q.cmd, q.answer)).unzip();
-        let req = Request {
-            time_ms: now_ms(started),
-            cmds,
+        let time_ms = match stamped {
+            Ok(t) => t,
+            Err(e) => {
+                // Never proposed: certain.
+                for a in answers {
+                    let _ = a.send(Err(e.duplicate()));
+                }
+                continue;
+            }
         };
-        match raft.client_write_ff(req).await {
+        match raft.client_write_ff(Request { time_ms, cmds }).await {
             Ok(pending) => {
                 tokio::spawn(async move {
                     let outcome = pending.await;
@@ -125,6 +287,68 @@ async fn run(
     }
 }
 
+/// The leader's watch: a tick when a lease runs out on the group's clock,
+/// and the digest every [`CHECK_EVERY`]. Both go through the queue, so
+/// they are stamped and ordered like any write.
+async fn watch(raft: Raft, engine: Engine, batcher: Batcher) {
+    let mut checked = Instant::now();
+    let mut last_check_index = 0;
+    let mut tick: Option<oneshot::Receiver<Result<Response, ClusterError>>> = None;
+    loop {
+        tokio::time::sleep(WATCH_EVERY).await;
+        if raft.metrics().borrow().state == ServerState::Shutdown {
+            return;
+        }
+        // One tick at a time: the next is sent once this one is answered.
+        if let Some(rx) = &mut tick {
+            match rx.try_recv() {
+                Err(oneshot::error::TryRecvError::Empty) => {}
+                _ => tick = None,
+            }
+        }
+        let Some(term) = leading(&raft) else {
+            continue;
+        };
+        let Some(now) = batcher.now_ms(term) else {
+            // Leading, not taken over yet: a tick makes the batching task
+            // take over now, not at the first client's write (until then
+            // the group's clock is not carried on, and a lease read waits).
+            if tick.is_none() {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                tick = batcher.queue(WireCommand::Tick, 16, deadline).ok();
+            }
+            continue;
+        };
+        let log = engine.log();
+        if tick.is_none()
+            && let Some(expiry) = log.next_lease_expiry_ms()
+            && expiry <= now
+            && log.group_clock_ms() < now
+        {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            tick = batcher.queue(WireCommand::Tick, 16, deadline).ok();
+        }
+        if checked.elapsed() >= CHECK_EVERY {
+            checked = Instant::now();
+            let (applied, digest) = log.digest();
+            if let Some(at) = applied
+                && at.index != last_check_index
+            {
+                last_check_index = at.index;
+                let deadline = Instant::now() + Duration::from_secs(10);
+                let _ = batcher.queue(
+                    WireCommand::Check {
+                        index: at.index,
+                        digest,
+                    },
+                    32,
+                    deadline,
+                );
+            }
+        }
+    }
+}
+
 type Outcome = Result<
     Result<
         openraft::raft::ClientWriteResponse<crate::types::TypeConfig>,
@@ -135,10 +359,6 @@ type Outcome = Result<
 
 /// Hands each write its answer from its entry's.
 fn answer(outcome: Outcome, answers: Vec<oneshot::Sender<Result<Response, ClusterError>>>) {
-    let err = |e: &ClusterError| match e {
-        ClusterError::Uncertain(s) => ClusterError::Uncertain(s.clone()),
-        other => ClusterError::Raft(other.to_string()),
-    };
     let failed = match outcome {
         Ok(Ok(r)) if r.data.0.len() == answers.len() => {
             for (a, resp) in answers.into_iter().zip(r.data.0) {
@@ -153,8 +373,8 @@ fn answer(outcome: Outcome, answers: Vec<oneshot::Sender<Result<Response, Cluste
         )),
         // Refused by a leader deposed a moment ago, or appended and then
         // cut from this log by a newer leader. In the second case another
-        // replica may still hold it and a later leader commit it (in a
-        // group of five): not certain.
+        // replica may still hold it and a later leader commit it: not
+        // certain.
         Ok(Err(ClientWriteError::ForwardToLeader(_))) => {
             ClusterError::Uncertain("this node stopped leading with the write in flight".into())
         }
@@ -162,6 +382,6 @@ fn answer(outcome: Outcome, answers: Vec<oneshot::Sender<Result<Response, Cluste
         Err(_) => ClusterError::Uncertain("this node stopped before the write was decided".into()),
     };
     for a in answers {
-        let _ = a.send(Err(err(&failed)));
+        let _ = a.send(Err(failed.duplicate()));
     }
 }

@@ -227,6 +227,18 @@ impl LogStore {
             // the leader, but a vote or an entry it acknowledged is gone).
             tracing::error!(?cut, dir = %dir.display(), "the Raft log was damaged and cut");
         }
+        // A node that led before it stopped comes back a follower: openraft
+        // 0.9 would resume leading its old term at once, with no first
+        // entry of its own, so no take-over of the leases, while another
+        // node may lead a newer term. Only the vote's "committed" mark is
+        // dropped, in memory: the node still voted for that candidate in
+        // that term (it never votes twice), and it leads again only by
+        // winning an election, whose first entries take over.
+        wal.with_state_mut(|s, _| {
+            if let Some(v) = &mut s.vote {
+                v.committed = false;
+            }
+        });
         Ok(LogStore {
             wal: Arc::new(wal),
             max_request: (opts_max_entry(segment_bytes) as usize)

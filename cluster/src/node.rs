@@ -96,6 +96,17 @@ pub enum ClusterError {
         /// The largest an entry holds.
         max: u64,
     },
+    /// This leader's queue of writes waiting for an entry is full: the
+    /// write was not proposed (try again, or elsewhere).
+    #[error("{queued} writes are waiting for replication already; the write was not proposed")]
+    Busy {
+        /// The queue's bound.
+        queued: u64,
+    },
+    /// The write waited in the leader's queue past its client's deadline
+    /// and was dropped there, never proposed: it did not happen.
+    #[error("the write waited too long for replication and was dropped, not applied")]
+    Dropped,
     /// An I/O error (binding the peer listener, …).
     #[error("{what}: {source}")]
     Io {
@@ -105,6 +116,26 @@ pub enum ClusterError {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl ClusterError {
+    /// The same error for another waiter of one entry (an I/O error
+    /// travels as its text).
+    pub(crate) fn duplicate(&self) -> ClusterError {
+        match self {
+            ClusterError::NotLeader { leader } => ClusterError::NotLeader {
+                leader: leader.clone(),
+            },
+            ClusterError::Uncertain(s) => ClusterError::Uncertain(s.clone()),
+            ClusterError::Busy { queued } => ClusterError::Busy { queued: *queued },
+            ClusterError::Dropped => ClusterError::Dropped,
+            ClusterError::TooLarge { len, max } => ClusterError::TooLarge {
+                len: *len,
+                max: *max,
+            },
+            other => ClusterError::Raft(other.to_string()),
+        }
+    }
 }
 
 /// A running node.
@@ -147,9 +178,12 @@ async fn start_here(cfg: NodeConfig) -> Result<Parts, ClusterError> {
     let log_store_view = log_store.clone();
     let sm_dir = cfg.dir.clone();
     let engine_opts = cfg.engine.clone();
-    let sm = tokio::task::spawn_blocking(move || StateMachine::open(&sm_dir, &engine_opts))
-        .await
-        .map_err(|e| ClusterError::Raft(e.to_string()))??;
+    // Everything one Raft entry can hold, wrapped, fits one engine entry.
+    let min_entry = u32::try_from(max_request + (64 << 10)).unwrap_or(u32::MAX);
+    let sm =
+        tokio::task::spawn_blocking(move || StateMachine::open(&sm_dir, &engine_opts, min_entry))
+            .await
+            .map_err(|e| ClusterError::Raft(e.to_string()))??;
     let engine = sm.engine();
     let config = Config {
         cluster_name: "fencelog".into(),
@@ -176,7 +210,7 @@ async fn start_here(cfg: NodeConfig) -> Result<Parts, ClusterError> {
     let listener = tokio::spawn(network::serve(listener, raft.clone()));
     // An entry holds at most half of what one may (its writes' framing and
     // the rest of the entry fit in the other half).
-    let batcher = Batcher::spawn(raft.clone(), Instant::now(), max_request / 2);
+    let batcher = Batcher::spawn(raft.clone(), engine.clone(), max_request / 2);
     Ok(Parts {
         batcher,
         raft,
@@ -307,14 +341,34 @@ impl Node {
     /// Proposes a write; answers once a majority holds it and it is applied
     /// here (the leader's own decision), or says who leads.
     pub async fn write(&self, cmd: WireCommand) -> Result<Response, ClusterError> {
-        self.propose(cmd).await?.await
+        self.propose(cmd, Instant::now() + Duration::from_secs(10))
+            .await?
+            .await
+    }
+
+    /// The group's clock (ms) as this node carries it on while it leads
+    /// and has taken over its term; `None` otherwise. Lease time: at or
+    /// above every time an applied entry carried.
+    pub fn group_now_ms(&self) -> Option<u64> {
+        let term = {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            (m.state == ServerState::Leader).then_some(m.current_term)?
+        };
+        self.batcher.now_ms(term)
     }
 
     /// Hands a write to Raft now, in the order of the calls (a
     /// connection's pipelined writes keep their order), and answers a
     /// future of its outcome: writes proposed together share an entry
-    /// and a round of replication (see `batcher.rs`).
-    pub async fn propose(&self, cmd: WireCommand) -> Result<Proposal, ClusterError> {
+    /// and a round of replication (see `batcher.rs`). A write still
+    /// waiting for its entry at `deadline` (when its client is answered)
+    /// is dropped, never proposed.
+    pub async fn propose(
+        &self,
+        cmd: WireCommand,
+        deadline: Instant,
+    ) -> Result<Proposal, ClusterError> {
         // Refused here: an entry the log cannot hold would stop Raft.
         let len = bincode::serialized_size(&cmd).map_err(|e| ClusterError::Raft(e.to_string()))?;
         if len > self.max_request {
@@ -330,7 +384,7 @@ impl Node {
                 leader: self.leader(),
             });
         }
-        let rx = self.batcher.queue(cmd, len)?;
+        let rx = self.batcher.queue(cmd, len, deadline)?;
         Ok(Box::pin(async move {
             rx.await.unwrap_or_else(|_| {
                 Err(ClusterError::Uncertain(

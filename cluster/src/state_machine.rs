@@ -100,11 +100,22 @@ fn log_id(p: LogPosition) -> Option<LogId<NodeId>> {
     (whole > 0).then(|| LogId::new(openraft::CommittedLeaderId::new(p.term, p.node), whole))
 }
 
-/// The engine options of a replica: cluster mode, no sync per batch.
-pub fn engine_options(base: &Options) -> Options {
+/// The engine options of a replica: cluster mode, no sync per batch, and
+/// entries large enough for anything the group can accept: the largest
+/// Raft entry (`min_entry_bytes`). A replica whose own `--segment-bytes`
+/// were smaller would refuse a write the others accept.
+pub fn engine_options(base: &Options, min_entry_bytes: u32) -> Options {
     let mut o = base.clone();
     o.replicated = true;
     o.wal.sync_every_batch = false;
+    if o.wal.max_entry_bytes < min_entry_bytes {
+        o.wal.max_entry_bytes = min_entry_bytes;
+    }
+    // Room for the entry, a segment's header and trailer, and a checkpoint.
+    let segment_min = u64::from(min_entry_bytes) * 2 + (64 << 10);
+    if o.wal.segment_bytes < segment_min {
+        o.wal.segment_bytes = segment_min;
+    }
     o
 }
 
@@ -112,11 +123,25 @@ fn generation_dir(dir: &Path, generation: u64) -> PathBuf {
     dir.join("sm").join(format!("{generation:020}"))
 }
 
-fn read_current(dir: &Path) -> u64 {
-    std::fs::read_to_string(dir.join("sm").join("CURRENT"))
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(1)
+/// The generation `sm/CURRENT` names; 1 when there is none yet. Any other
+/// failure to read it fails the open: guessing would remove the
+/// generation in use.
+fn read_current(dir: &Path) -> std::io::Result<u64> {
+    let path = dir.join("sm").join("CURRENT");
+    match std::fs::read_to_string(&path) {
+        Ok(s) => s.trim().parse().map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "{} does not name a generation: {:?}",
+                    path.display(),
+                    s.trim()
+                ),
+            )
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(1),
+        Err(e) => Err(e),
+    }
 }
 
 fn write_current(dir: &Path, generation: u64) -> std::io::Result<()> {
@@ -145,10 +170,15 @@ fn io_error<'a>(
 impl StateMachine {
     /// Opens the state machine in `dir` (its engine in the current
     /// generation); removes generations no longer in use.
-    pub fn open(dir: &Path, base: &Options) -> Result<StateMachine, fencelog::Error> {
+    pub fn open(
+        dir: &Path,
+        base: &Options,
+        min_entry_bytes: u32,
+    ) -> Result<StateMachine, fencelog::Error> {
         let sm = dir.join("sm");
         std::fs::create_dir_all(&sm).map_err(io_error("create", &sm))?;
-        let generation = read_current(dir);
+        let current = sm.join("CURRENT");
+        let generation = read_current(dir).map_err(io_error("read", &current))?;
         // A process killed between `write_current`'s rename and its
         // directory sync leaves the new `CURRENT` in the page cache only:
         // make the name durable before the other generations are removed
@@ -165,7 +195,7 @@ impl StateMachine {
                 }
             }
         }
-        let opts = engine_options(base);
+        let opts = engine_options(base, min_entry_bytes);
         let log = Log::open(generation_dir(dir, generation), opts.clone())?;
         let snap = dir.join("snap");
         let snaps =
@@ -297,8 +327,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut shape: Vec<Vec<Result<usize, Response>>> = Vec::new();
         for entry in entries {
             let cmds: Vec<(u64, Command, Option<WireError>)> = match entry.payload {
-                // A new leader's first entry: it takes over the leases.
-                EntryPayload::Blank => vec![(0, Command::TakeOver, None)],
+                // A new leader's first entry (openraft's): only a position.
+                // The take-over of the leases is the leader's own first
+                // entry (`WireCommand::TakeOver`), stamped with the group's
+                // clock as the leader carries it on.
+                EntryPayload::Blank => vec![(0, Command::Blank, None)],
                 EntryPayload::Normal(req) if req.cmds.is_empty() => {
                     vec![(req.time_ms, Command::Blank, None)]
                 }
@@ -512,7 +545,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let base = Options::default();
         {
-            let mut sm = StateMachine::open(tmp.path(), &base).unwrap();
+            let mut sm = StateMachine::open(tmp.path(), &base, 1 << 20).unwrap();
             sm.apply(vec![entry(1, &["a"])]).await.unwrap();
             // The engine's files end after the first two of entry 2's three
             // writes: what a replica killed while applying it keeps (the
@@ -527,7 +560,7 @@ mod tests {
             log.sync().unwrap();
         }
         // Opened again from its files: entry 1 is the last whole one.
-        let mut sm = StateMachine::open(tmp.path(), &base).unwrap();
+        let mut sm = StateMachine::open(tmp.path(), &base, 1 << 20).unwrap();
         let (applied, _) = sm.applied_state().await.unwrap();
         assert_eq!(applied, Some(id(1, 1)));
         assert_eq!(records(&sm.engine().log()), ["a", "b0", "b1"]);
@@ -546,7 +579,7 @@ mod tests {
         assert_eq!(applied, Some(id(1, 2)));
         // And the whole entry survives a reopen.
         drop(sm);
-        let mut sm = StateMachine::open(tmp.path(), &base).unwrap();
+        let mut sm = StateMachine::open(tmp.path(), &base, 1 << 20).unwrap();
         assert_eq!(sm.applied_state().await.unwrap().0, Some(id(1, 2)));
         assert_eq!(records(&sm.engine().log()), ["a", "b0", "b1", "b2"]);
     }

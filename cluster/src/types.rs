@@ -140,8 +140,41 @@ pub enum WireCommand {
         token: u64,
     },
     /// Nothing but the leader's clock: moves lease time forward on every
-    /// replica (a lease read after it sees expiries up to its time).
+    /// replica (a leader sends one when a lease runs out on its clock, so
+    /// the log knows it expired and no take-over revives it).
     Tick,
+    /// A leader's first entry: every lease still live on the group's clock
+    /// is held for its full ttl from the entry's time.
+    TakeOver,
+    /// The group's limits (see [`fencelog::GroupLimits`]).
+    SetLimits {
+        max_payload_bytes: u32,
+        max_records_per_append: u32,
+        lease_ttl_min_ms: u64,
+        lease_ttl_max_ms: u64,
+        max_live_leases: u64,
+        max_streams: u64,
+    },
+    /// The leader's digest after an engine position: a replica whose own
+    /// differs there stops (see [`fencelog::Command::Check`]).
+    Check {
+        index: u64,
+        digest: u64,
+    },
+}
+
+impl WireCommand {
+    /// The group's limits, as the log carries them.
+    pub fn set_limits(l: &fencelog::GroupLimits) -> WireCommand {
+        WireCommand::SetLimits {
+            max_payload_bytes: l.max_payload_bytes,
+            max_records_per_append: l.max_records_per_append,
+            lease_ttl_min_ms: l.lease_ttl_min_ms,
+            lease_ttl_max_ms: l.lease_ttl_max_ms,
+            max_live_leases: l.max_live_leases,
+            max_streams: l.max_streams,
+        }
+    }
 }
 
 fn token(n: u64) -> Result<Token, Error> {
@@ -360,6 +393,26 @@ impl WireCommand {
                 token: token(*t)?,
             },
             WireCommand::Tick => Command::Blank,
+            WireCommand::TakeOver => Command::TakeOver,
+            WireCommand::SetLimits {
+                max_payload_bytes,
+                max_records_per_append,
+                lease_ttl_min_ms,
+                lease_ttl_max_ms,
+                max_live_leases,
+                max_streams,
+            } => Command::SetLimits(fencelog::GroupLimits {
+                max_payload_bytes: *max_payload_bytes,
+                max_records_per_append: *max_records_per_append,
+                lease_ttl_min_ms: *lease_ttl_min_ms,
+                lease_ttl_max_ms: *lease_ttl_max_ms,
+                max_live_leases: *max_live_leases,
+                max_streams: *max_streams,
+            }),
+            WireCommand::Check { index, digest } => Command::Check {
+                index: *index,
+                digest: *digest,
+            },
         })
     }
 }

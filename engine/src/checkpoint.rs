@@ -10,9 +10,17 @@
 //! // Row (56 B): { id: u64 | highest: u64 | next_offset: u64 | start_offset: u64 | total_bytes: u64 |
 //! //               last_sealed: u64 | name_at: u32 | name_len: u8 | reserved: [u8; 3] }
 //! // Lease:      { name_len: u8 | name | owner_len: u8 | owner | token: u64 | ttl_ms: u64 }
-//! // Repl (cluster mode; repl = 1): { term: u64 | node: u64 | index: u64 | clock_ms: u64 |
+//! // Repl v1 (cluster mode; repl = 1, read only): { term: u64 | node: u64 | index: u64 | clock_ms: u64 |
 //! //               clock_term: u64 | clock_first_ms: u64 | clock_base_ms: u64 | membership_len: u32 | membership }
+//! // Repl v2 (cluster mode; repl = 2): { term: u64 | node: u64 | index: u64 | clock_ms: u64 | digest: u64 |
+//! //               limits: GroupLimits | membership_len: u32 | membership | [expires_at_ms: u64; lease_count] }
 //! ```
+//!
+//! A replica's leases expire on the group's clock: v2 keeps each lease's
+//! expiry (in the order of the leases above), so a replica restored from a
+//! checkpoint decides exactly as one that never restarted. (v1 kept none,
+//! and a restored replica held every lease for a full ttl from the
+//! checkpoint's clock while the others let it expire: replicas disagreed.)
 //!
 //! Rows are sorted by stream id and have a fixed size, so a reader looking
 //! for one stream's offset at this point of the log (see `locate.rs`) reads
@@ -46,7 +54,14 @@ pub(crate) struct LeaseRecord {
     pub owner: Vec<u8>,
     pub token: u64,
     pub ttl_ms: u64,
+    /// On the group's clock (a replica's checkpoint, v2); `None` on a
+    /// single node, where the restart rule applies.
+    pub expires_at_ms: Option<u64>,
 }
+
+/// A live lease, borrowed for encoding: name, owner, token, ttl in ms,
+/// expiry on the engine's clock (kept only in a replica's section).
+pub(crate) type LeaseRow<'a> = (&'a [u8], &'a [u8], u64, u64, u64);
 
 /// What a replica's state machine adds (cluster mode): the position of
 /// the last replicated entry applied, its clock, and the membership.
@@ -56,9 +71,8 @@ pub(crate) struct ReplRecord {
     pub node: u64,
     pub index: u64,
     pub clock_ms: u64,
-    pub clock_term: u64,
-    pub clock_first_ms: u64,
-    pub clock_base_ms: u64,
+    pub digest: u64,
+    pub limits: crate::replicated::GroupLimits,
     pub membership: Vec<u8>,
 }
 
@@ -90,7 +104,7 @@ pub(crate) fn encode<'a>(
     next_stream_id: u64,
     last_token: u64,
     mut rows: Vec<Row<'_>>,
-    leases: impl ExactSizeIterator<Item = (&'a [u8], &'a [u8], u64, u64)>,
+    leases: impl ExactSizeIterator<Item = LeaseRow<'a>>,
     repl: Option<&ReplRecord>,
 ) -> Vec<u8> {
     rows.sort_unstable_by_key(|r| r.id);
@@ -123,7 +137,11 @@ pub(crate) fn encode<'a>(
         b.extend_from_slice(r.name);
     }
     b.extend_from_slice(&(leases.len() as u64).to_le_bytes());
-    for (name, owner, token, ttl_ms) in leases {
+    let mut expiries = Vec::with_capacity(if repl.is_some() { leases.len() } else { 0 });
+    for (name, owner, token, ttl_ms, expires_at_ms) in leases {
+        if repl.is_some() {
+            expiries.push(expires_at_ms);
+        }
         b.push(name.len() as u8);
         b.extend_from_slice(name);
         b.push(owner.len() as u8);
@@ -134,20 +152,16 @@ pub(crate) fn encode<'a>(
     match repl {
         None => b.push(0),
         Some(r) => {
-            b.push(1);
-            for v in [
-                r.term,
-                r.node,
-                r.index,
-                r.clock_ms,
-                r.clock_term,
-                r.clock_first_ms,
-                r.clock_base_ms,
-            ] {
+            b.push(2);
+            for v in [r.term, r.node, r.index, r.clock_ms, r.digest] {
                 b.extend_from_slice(&v.to_le_bytes());
             }
+            b.extend_from_slice(&r.limits.encode());
             b.extend_from_slice(&(r.membership.len() as u32).to_le_bytes());
             b.extend_from_slice(&r.membership);
+            for e in expiries {
+                b.extend_from_slice(&e.to_le_bytes());
+            }
         }
     }
     b
@@ -241,18 +255,21 @@ pub(crate) fn decode(b: &[u8]) -> Result<Checkpoint, String> {
     if lease_count > (b.len() as u64) / 20 {
         return Err(format!("{lease_count} leases cannot fit"));
     }
-    let mut leases = Vec::with_capacity(lease_count as usize);
+    let mut leases: Vec<LeaseRecord> = Vec::with_capacity(lease_count as usize);
     for _ in 0..lease_count {
         leases.push(LeaseRecord {
             name: r.name()?.to_vec(),
             owner: r.name()?.to_vec(),
             token: r.u64()?,
             ttl_ms: r.u64()?,
+            expires_at_ms: None,
         });
     }
     let repl = match r.u8()? {
         0 => None,
         1 => {
+            // The old clock fields (a per-term rebase) are read past: the
+            // group's clock is the highest time applied, `clock_ms`.
             let mut v = [0u64; 7];
             for x in &mut v {
                 *x = r.u64()?;
@@ -263,10 +280,32 @@ pub(crate) fn decode(b: &[u8]) -> Result<Checkpoint, String> {
                 node: v[1],
                 index: v[2],
                 clock_ms: v[3],
-                clock_term: v[4],
-                clock_first_ms: v[5],
-                clock_base_ms: v[6],
+                digest: 0,
+                limits: crate::replicated::GroupLimits::default(),
                 membership: r.bytes(len)?.to_vec(),
+            })
+        }
+        2 => {
+            let mut v = [0u64; 5];
+            for x in &mut v {
+                *x = r.u64()?;
+            }
+            let limits = crate::replicated::GroupLimits::decode(
+                r.bytes(crate::replicated::GroupLimits::ENCODED)?,
+            )?;
+            let len = r.u32()? as usize;
+            let membership = r.bytes(len)?.to_vec();
+            for l in &mut leases {
+                l.expires_at_ms = Some(r.u64()?);
+            }
+            Some(ReplRecord {
+                term: v[0],
+                node: v[1],
+                index: v[2],
+                clock_ms: v[3],
+                digest: v[4],
+                limits,
+                membership,
             })
         }
         other => return Err(format!("unknown replication section {other}")),
@@ -312,7 +351,7 @@ mod tests {
             7,
             99,
             rows,
-            [(&b"lock"[..], &b"me"[..], 99u64, 5000u64)].into_iter(),
+            [(&b"lock"[..], &b"me"[..], 99u64, 5000u64, 7000u64)].into_iter(),
             None,
         );
         let c = decode(&bytes).unwrap();
@@ -323,6 +362,10 @@ mod tests {
         assert_eq!(c.streams[0].last_sealed, 102);
         assert_eq!(c.streams[1].next_offset, 4);
         assert_eq!(c.leases[0].owner, b"me");
+        assert_eq!(
+            c.leases[0].expires_at_ms, None,
+            "a single node keeps no expiry"
+        );
         assert_eq!(next_offsets(&bytes).unwrap(), vec![(2, 10), (6, 4)]);
         for cut in 0..bytes.len() {
             assert!(decode(&bytes[..cut]).is_err());
@@ -357,12 +400,27 @@ mod tests {
             node: 2,
             index: 99,
             clock_ms: 1234,
-            clock_term: 3,
-            clock_first_ms: 50,
-            clock_base_ms: 1000,
+            digest: 0xfeed_f00d_dead_beef,
+            limits: crate::replicated::GroupLimits {
+                max_live_leases: 7,
+                ..Default::default()
+            },
             membership: b"{members}".to_vec(),
         };
-        let bytes = encode(2, 0, vec![row(1, b"a", 1)], [].into_iter(), Some(&repl));
-        assert_eq!(decode(&bytes).unwrap().repl, Some(repl));
+        let leases = [
+            (&b"a"[..], &b"o1"[..], 5u64, 300u64, 1534u64),
+            (&b"b"[..], &b"o2"[..], 6u64, 900u64, 2100u64),
+        ];
+        let bytes = encode(2, 6, vec![row(1, b"a", 1)], leases.into_iter(), Some(&repl));
+        let c = decode(&bytes).unwrap();
+        assert_eq!(c.repl, Some(repl));
+        // Each lease's expiry on the group's clock, in the leases' order.
+        assert_eq!(
+            c.leases.iter().map(|l| l.expires_at_ms).collect::<Vec<_>>(),
+            [Some(1534), Some(2100)]
+        );
+        for cut in 0..bytes.len() {
+            assert!(decode(&bytes[..cut]).is_err());
+        }
     }
 }

@@ -405,6 +405,14 @@ impl Core {
                 self.leases.restart_all();
                 Ok(Effect::Many(Vec::new()))
             }
+            Op::Limits { limits } => {
+                let Some(repl) = &mut self.repl else {
+                    return Err("group limits in a log not opened in cluster mode".into());
+                };
+                repl.limits = limits;
+                self.max_streams = limits.max_streams;
+                Ok(Effect::Many(Vec::new()))
+            }
         }
     }
 
@@ -485,6 +493,7 @@ impl Core {
         self.max_token = self.max_token.max(c.last_token);
         // The clock first: the leases restored expire on it.
         if let (Some(repl), Some(rec)) = (&mut self.repl, c.repl) {
+            self.max_streams = rec.limits.max_streams;
             repl.restore(rec);
         }
         self.leases.restore(c.last_token, c.leases);
@@ -523,6 +532,13 @@ impl Core {
                         segment: e.segment,
                         position: e.position,
                     };
+                    if let (Some(repl), Op::Replicated { index, .. }) = (&mut self.repl, &op) {
+                        // The digest of a replayed replica goes on from the
+                        // checkpoint's, as it went while the entries were
+                        // first applied.
+                        repl.digest = crate::replicated::fold(repl.digest, &e.payload);
+                        repl.keep_digest(*index);
+                    }
                     // Everything replayed is durable: its effects apply now.
                     self.apply_op(&op, at)
                         .map_err(|why| {

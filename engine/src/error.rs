@@ -135,6 +135,38 @@ pub enum Error {
         /// The data directory.
         dir: PathBuf,
     },
+
+    /// Cluster mode: this replica decided differently from the leader at
+    /// some entry at or before `index`: its state can no longer be trusted
+    /// and it stops applying.
+    #[error(
+        "replica diverged: after position {index} its digest is {here:#018x}, the leader's \
+         {leader:#018x}; it stops applying (rebuild it from a snapshot of the group)"
+    )]
+    Diverged {
+        /// The engine position ([`crate::LogPosition::index`]) compared.
+        index: u64,
+        /// This replica's digest there.
+        here: u64,
+        /// The leader's.
+        leader: u64,
+    },
+}
+
+impl Error {
+    /// Whether this is a failure of this replica's own storage (or state),
+    /// not a decision: in cluster mode every other error at apply is a
+    /// refusal, answered alike on every replica.
+    pub fn is_local_failure(&self) -> bool {
+        matches!(
+            self,
+            Error::Io(_)
+                | Error::Failed { .. }
+                | Error::Corrupt { .. }
+                | Error::Locked { .. }
+                | Error::Diverged { .. }
+        )
+    }
 }
 
 impl From<WalError> for Error {

@@ -152,6 +152,11 @@ pub enum EntryView<'a> {
     },
     /// A new leader took over: every live lease restarted its full ttl.
     TakeOver,
+    /// The group's limits changed (cluster mode).
+    Limits {
+        /// The new limits.
+        limits: crate::GroupLimits,
+    },
 }
 
 impl EntryView<'_> {
@@ -173,7 +178,8 @@ impl EntryView<'_> {
             | EntryView::Transaction { .. }
             | EntryView::Link
             | EntryView::Membership { .. }
-            | EntryView::TakeOver => None,
+            | EntryView::TakeOver
+            | EntryView::Limits { .. } => None,
             EntryView::Replicated { op, .. } => op.as_ref().and_then(|o| o.name()),
             EntryView::Append { stream, .. }
             | EntryView::Fence { stream, .. }
@@ -234,6 +240,7 @@ fn view_of(op: Op<'_>) -> EntryView<'_> {
         },
         Op::Membership { config } => EntryView::Membership { config },
         Op::TakeOver => EntryView::TakeOver,
+        Op::Limits { limits } => EntryView::Limits { limits },
         other => view_of_op(other),
     }
 }
@@ -293,6 +300,8 @@ fn view_of_op(op: Op<'_>) -> EntryView<'_> {
             ops: op::batch_ops(ops).map(view_of).collect(),
         },
         // Handled by `view_of`; a wrapper is never inside another.
-        Op::Replicated { .. } | Op::Membership { .. } | Op::TakeOver => view_of(op),
+        Op::Replicated { .. } | Op::Membership { .. } | Op::TakeOver | Op::Limits { .. } => {
+            view_of(op)
+        }
     }
 }

@@ -167,6 +167,18 @@ impl Leases {
         }
     }
 
+    /// The lease on `name`, expired or not, changing nothing.
+    pub(crate) fn peek(&self, name: &[u8]) -> Option<&Lease> {
+        self.live.get(name)
+    }
+
+    /// At or below the expiry of every lease in the table; `None` if it is
+    /// empty.
+    pub(crate) fn earliest_expiry(&self) -> Option<u64> {
+        (!self.live.is_empty() && self.earliest_expiry_ms != u64::MAX)
+            .then_some(self.earliest_expiry_ms)
+    }
+
     /// Number of leases in the table (some may have expired unnoticed).
     pub(crate) fn len(&self) -> usize {
         self.live.len()
@@ -278,7 +290,12 @@ impl Leases {
         self.live.clear();
         self.earliest_expiry_ms = u64::MAX;
         for l in leases {
-            self.earliest_expiry_ms = self.earliest_expiry_ms.min(now.saturating_add(l.ttl_ms));
+            // A replica's checkpoint keeps each expiry on the group's clock:
+            // restored exactly, so a restarted replica decides as the others
+            // do. A single node's keeps none: the restart rule, a full ttl
+            // from the open.
+            let expires_at_ms = l.expires_at_ms.unwrap_or(now.saturating_add(l.ttl_ms));
+            self.earliest_expiry_ms = self.earliest_expiry_ms.min(expires_at_ms);
             self.live.insert(
                 l.name.into_boxed_slice(),
                 Lease {
@@ -286,8 +303,7 @@ impl Leases {
                     token: l.token,
                     ttl_ms: l.ttl_ms,
                     durable_ttl_ms: l.ttl_ms,
-                    // The restart rule: a full ttl from the open.
-                    expires_at_ms: now.saturating_add(l.ttl_ms),
+                    expires_at_ms,
                     lsn: 0,
                 },
             );
@@ -295,7 +311,7 @@ impl Leases {
     }
 
     /// The live leases, for a checkpoint being encoded.
-    pub(crate) fn for_checkpoint(&mut self) -> Vec<(&[u8], &[u8], u64, u64)> {
+    pub(crate) fn for_checkpoint(&mut self) -> Vec<crate::checkpoint::LeaseRow<'_>> {
         self.sweep();
         // The checkpoint is durable, so it may lower the logged ttl to a
         // shorter renewal: the holder was told that one last.
@@ -304,17 +320,23 @@ impl Leases {
         }
         self.live
             .iter()
-            .map(|(name, l)| (&name[..], &l.owner[..], l.token, l.ttl_ms))
+            .map(|(name, l)| (&name[..], &l.owner[..], l.token, l.ttl_ms, l.expires_at_ms))
             .collect()
     }
 
-    /// Every live lease is held for its full ttl from now (a new leader took
-    /// over: the old leader's clock cannot be trusted).
+    /// Every lease still live now is held for its full ttl from now (a new
+    /// leader took over: the old leader's clock cannot be trusted). One that
+    /// ran out is gone first: a take-over never revives an expired lease.
     pub(crate) fn restart_all(&mut self) {
+        self.sweep();
         let now = self.clock.now_ms();
+        let mut earliest = u64::MAX;
         for l in self.live.values_mut() {
-            l.expires_at_ms = now.saturating_add(l.ttl_ms);
+            debug_assert!(l.expires_at_ms > now, "swept leases are live");
+            l.expires_at_ms = l.expires_at_ms.max(now.saturating_add(l.ttl_ms));
+            earliest = earliest.min(l.expires_at_ms);
         }
+        self.earliest_expiry_ms = earliest;
     }
 
     /// Raises the counter to at least `floor` (after a cut: tokens issued
@@ -373,6 +395,7 @@ mod tests {
                 owner: b"o".to_vec(),
                 token: 7,
                 ttl_ms: 5,
+                expires_at_ms: None,
             }],
         );
         assert!(restored.apply_release(b"x", b"o", 7));

@@ -565,11 +565,19 @@ impl Log {
     }
 
     /// Wakes waiting acquirers if a lease was released.
-    fn freed(&self, released: bool) -> bool {
+    pub(crate) fn freed(&self, released: bool) -> bool {
         if released {
             self.inner().lease_freed.notify(usize::MAX);
         }
         released
+    }
+
+    /// Waits until a lease may have been freed (a release, or an entry that
+    /// let expired leases go), at most `max`: a waiting acquirer in cluster
+    /// mode asks again then, instead of polling the log.
+    pub async fn lease_freed(&self, max: Duration) {
+        let listener = self.inner().lease_freed.listen();
+        let _ = tokio::time::timeout(max, listener).await;
     }
 
     /// The live lease on `name`: owner, token, time left; `None` if free.

@@ -84,6 +84,6 @@ pub use lease_api::{AcquireOptions, Grant, LeaseInfo, MAX_OWNER};
 pub use log::{Deferred, Log, ReadOptions, Record, StreamStat};
 pub use metrics::Metrics;
 pub use options::Options;
-pub use replicated::{Applied, Command, LogPosition};
+pub use replicated::{Applied, Command, GroupLimits, LogPosition};
 pub use token::{MAX_STREAM_NAME, MAX_TOKEN, Offset, Token};
 pub use tx::TxOp;

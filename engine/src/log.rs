@@ -233,26 +233,40 @@ impl Decided {
 }
 
 pub(crate) fn check_payloads<P: AsRef<[u8]>>(opts: &Options, payloads: &[P]) -> Result<()> {
+    check_payloads_within(
+        opts.max_records_per_append,
+        opts.max_payload_bytes,
+        payloads,
+    )
+}
+
+/// As [`check_payloads`], with the limits given (a replica's are the
+/// group's).
+pub(crate) fn check_payloads_within<P: AsRef<[u8]>>(
+    max_records_per_append: u32,
+    max_payload_bytes: u32,
+    payloads: &[P],
+) -> Result<()> {
     if payloads.is_empty() {
         return Err(Error::invalid(
             "payloads",
             "an append needs at least one record",
         ));
     }
-    if payloads.len() > opts.max_records_per_append as usize {
+    if payloads.len() > max_records_per_append as usize {
         return Err(Error::TooLarge {
             what: "records per append",
             len: payloads.len() as u64,
-            max: u64::from(opts.max_records_per_append),
+            max: u64::from(max_records_per_append),
         });
     }
     for p in payloads {
         let len = p.as_ref().len();
-        if len > opts.max_payload_bytes as usize {
+        if len > max_payload_bytes as usize {
             return Err(Error::TooLarge {
                 what: "payload bytes",
                 len: len as u64,
-                max: u64::from(opts.max_payload_bytes),
+                max: u64::from(max_payload_bytes),
             });
         }
     }
@@ -484,11 +498,18 @@ impl Log {
         } else {
             (clock, None)
         };
+        // A replica decides with the group's limits (from its log), never
+        // its own options: until the log sets them, the defaults.
+        let max_streams = if opts.replicated {
+            crate::replicated::GroupLimits::default().max_streams
+        } else {
+            opts.max_streams
+        };
         let mut core = Core::new(
             Arc::clone(&views),
             gc_handle.clone(),
             Leases::new(clock),
-            opts.max_streams,
+            max_streams,
         );
         core.repl = repl;
         let (wal, report) = Wal::open(storage, dir, opts.wal.clone(), |replay| {

@@ -16,6 +16,8 @@
 //! // Replicated: { op: u8 = 9 | term: u64 | node: u64 | index: u64 | time_ms: u64 | inner: [op] }
 //! // Membership: { op: u8 = 10 | config: [u8] }   (only inside Replicated)
 //! // TakeOver:   { op: u8 = 11 }                  (only inside Replicated)
+//! // Limits:     { op: u8 = 12 | max_payload_bytes: u32 | max_records_per_append: u32 | lease_ttl_min_ms: u64 |
+//! //               lease_ttl_max_ms: u64 | max_live_leases: u64 | max_streams: u64 }   (only inside Replicated)
 //! ```
 //!
 //! In cluster mode every entry the state machine writes is Replicated: the
@@ -40,6 +42,7 @@ const BATCH: u8 = 8;
 const REPLICATED: u8 = 9;
 const MEMBERSHIP: u8 = 10;
 const TAKE_OVER: u8 = 11;
+const LIMITS: u8 = 12;
 
 /// Bytes of a Replicated op's header, before its inner op.
 pub(crate) const REPLICATED_HEADER: usize = 33;
@@ -108,6 +111,11 @@ pub(crate) enum Op<'a> {
     },
     /// A new leader took over: every live lease restarts its full ttl.
     TakeOver,
+    /// The group's limits changed (cluster mode: the limits that decide
+    /// are replicated state, never a node's flags).
+    Limits {
+        limits: crate::replicated::GroupLimits,
+    },
 }
 
 /// Bytes of an append op with these payloads.
@@ -153,6 +161,7 @@ pub(crate) fn encode(op: &Op<'_>) -> Vec<u8> {
         Op::Replicated { inner, .. } => REPLICATED_HEADER + inner.len(),
         Op::Membership { config } => 1 + config.len(),
         Op::TakeOver => 1,
+        Op::Limits { .. } => 1 + crate::replicated::GroupLimits::ENCODED,
     };
     let mut buf = vec![0u8; len];
     let mut w = Cursor {
@@ -246,6 +255,10 @@ pub(crate) fn encode(op: &Op<'_>) -> Vec<u8> {
             w.bytes(config);
         }
         Op::TakeOver => w.u8(TAKE_OVER),
+        Op::Limits { limits } => {
+            w.u8(LIMITS);
+            w.bytes(&limits.encode());
+        }
     }
     debug_assert_eq!(w.at, len);
     buf
@@ -500,6 +513,11 @@ pub(crate) fn decode(b: &[u8]) -> Result<Op<'_>, String> {
         }
         MEMBERSHIP => return Ok(Op::Membership { config: r.rest() }),
         TAKE_OVER => Op::TakeOver,
+        LIMITS => Op::Limits {
+            limits: crate::replicated::GroupLimits::decode(
+                r.bytes(crate::replicated::GroupLimits::ENCODED)?,
+            )?,
+        },
         other => return Err(format!("unknown op code {other}")),
     };
     if !r.is_empty() {
@@ -525,7 +543,11 @@ fn check_fields(op: &Op<'_>) -> Result<(), String> {
             name, owner, token, ..
         } => (name, Some(owner), token),
         // Its ops were checked one by one; the others carry no name.
-        Op::Batch { .. } | Op::Replicated { .. } | Op::Membership { .. } | Op::TakeOver => {
+        Op::Batch { .. }
+        | Op::Replicated { .. }
+        | Op::Membership { .. }
+        | Op::TakeOver
+        | Op::Limits { .. } => {
             return Ok(());
         }
     };

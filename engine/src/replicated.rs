@@ -132,12 +132,26 @@ pub enum Command {
         /// Its token.
         token: Token,
     },
-    /// A new leader took over: every live lease restarts its full ttl.
+    /// A new leader took over: every live lease still live on the group's
+    /// clock restarts its full ttl (the old leader's clock cannot be
+    /// trusted). Proposed by each leader before its first write.
     TakeOver,
+    /// The group's limits change (refused, alike everywhere, if they
+    /// cannot be decided with).
+    SetLimits(GroupLimits),
+    /// The leader's digest after position `index`: a replica whose own
+    /// digest there differs has decided differently and stops.
+    Check {
+        /// An engine position ([`LogPosition::index`]).
+        index: u64,
+        /// The leader's digest after it.
+        digest: u64,
+    },
     /// The cluster's membership changed: kept, opaque, for the replication
     /// layer (it is part of the state a snapshot carries).
     Membership(Bytes),
-    /// Changes nothing but the applied position.
+    /// Changes nothing but the applied position (and the clock, to the
+    /// entry's time: a leader's tick lets leases expire in the log).
     Blank,
 }
 
@@ -164,7 +178,123 @@ pub enum Applied {
     Rejected(Error),
 }
 
-/// The state machine's clock: the leader's, carried by the entries.
+/// The limits a group decides with. In cluster mode they are part of the
+/// replicated state (set by an entry, kept in checkpoints and snapshots),
+/// never a node's own flags: a rolling change of one node's flags must not
+/// make it accept what another refuses.
+///
+/// ```text
+/// // GroupLimits (40 B): { max_payload_bytes: u32 | max_records_per_append: u32 | lease_ttl_min_ms: u64 |
+/// //                       lease_ttl_max_ms: u64 | max_live_leases: u64 | max_streams: u64 }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupLimits {
+    /// Largest payload of one record, in bytes.
+    pub max_payload_bytes: u32,
+    /// Most records in one append.
+    pub max_records_per_append: u32,
+    /// Shortest lease ttl, in ms.
+    pub lease_ttl_min_ms: u64,
+    /// Longest lease ttl, in ms.
+    pub lease_ttl_max_ms: u64,
+    /// Most leases alive at once.
+    pub max_live_leases: u64,
+    /// Most streams.
+    pub max_streams: u64,
+}
+
+impl Default for GroupLimits {
+    /// The engine's defaults ([`Options::default`](crate::Options)).
+    fn default() -> Self {
+        GroupLimits::from_options(&crate::Options::default())
+    }
+}
+
+impl GroupLimits {
+    /// Bytes of the encoded form.
+    pub(crate) const ENCODED: usize = 40;
+
+    /// The limits a node's options name (what a group is formed with).
+    pub fn from_options(o: &crate::Options) -> GroupLimits {
+        GroupLimits {
+            max_payload_bytes: o.max_payload_bytes,
+            max_records_per_append: o.max_records_per_append,
+            lease_ttl_min_ms: o.lease_ttl_min.as_millis() as u64,
+            lease_ttl_max_ms: o.lease_ttl_max.as_millis() as u64,
+            max_live_leases: o.max_live_leases,
+            max_streams: o.max_streams,
+        }
+    }
+
+    /// Whether these limits can be decided with: a refusal (the same on
+    /// every replica) names the first that cannot.
+    pub fn check(&self) -> Result<()> {
+        let bad = |what: &'static str, reason: String| Err(Error::invalid(what, reason));
+        if self.max_payload_bytes == 0 || self.max_records_per_append == 0 {
+            return bad(
+                "limits",
+                "payload and records per append must be at least 1".into(),
+            );
+        }
+        if self.lease_ttl_min_ms == 0 || self.lease_ttl_min_ms > self.lease_ttl_max_ms {
+            return bad(
+                "limits",
+                format!(
+                    "the ttl range {}..={} ms is empty or starts at 0",
+                    self.lease_ttl_min_ms, self.lease_ttl_max_ms
+                ),
+            );
+        }
+        if self.max_live_leases == 0 || self.max_streams == 0 || self.max_streams > 12_000_000 {
+            return bad(
+                "limits",
+                format!(
+                    "live leases {} and streams {} must be at least 1 (streams at most 12 000 000)",
+                    self.max_live_leases, self.max_streams
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    pub(crate) fn encode(&self) -> [u8; Self::ENCODED] {
+        let mut b = [0u8; Self::ENCODED];
+        b[0..4].copy_from_slice(&self.max_payload_bytes.to_le_bytes());
+        b[4..8].copy_from_slice(&self.max_records_per_append.to_le_bytes());
+        b[8..16].copy_from_slice(&self.lease_ttl_min_ms.to_le_bytes());
+        b[16..24].copy_from_slice(&self.lease_ttl_max_ms.to_le_bytes());
+        b[24..32].copy_from_slice(&self.max_live_leases.to_le_bytes());
+        b[32..40].copy_from_slice(&self.max_streams.to_le_bytes());
+        b
+    }
+
+    pub(crate) fn decode(b: &[u8]) -> std::result::Result<GroupLimits, String> {
+        if b.len() != Self::ENCODED {
+            return Err(format!(
+                "limits of {} bytes (not {})",
+                b.len(),
+                Self::ENCODED
+            ));
+        }
+        let u32_at = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+        let u64_at = |at: usize| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(&b[at..at + 8]);
+            u64::from_le_bytes(a)
+        };
+        Ok(GroupLimits {
+            max_payload_bytes: u32_at(0),
+            max_records_per_append: u32_at(4),
+            lease_ttl_min_ms: u64_at(8),
+            lease_ttl_max_ms: u64_at(16),
+            max_live_leases: u64_at(24),
+            max_streams: u64_at(32),
+        })
+    }
+}
+
+/// The state machine's clock: the group's, carried by the entries. It
+/// never moves back: an entry stamped below it leaves it where it is.
 #[derive(Debug, Default)]
 pub(crate) struct ReplicatedClock {
     now: AtomicU64,
@@ -182,6 +312,27 @@ impl ReplicatedClock {
     }
 }
 
+/// Digests kept for comparison with the leader's (see [`Command::Check`]):
+/// the last this many replicated entries applied.
+const DIGESTS_KEPT: usize = 4096;
+
+/// Folds `bytes`, an entry this replica wrote while applying a replicated
+/// entry, into the running digest. Two replicas that decided alike wrote
+/// the same bytes, so their digests agree at every position; one differing
+/// decision makes every later digest differ. (Not cryptographic: it
+/// detects divergence, it does not resist an adversary.)
+pub(crate) fn fold(digest: u64, bytes: &[u8]) -> u64 {
+    let lo = digest as u32;
+    let hi = (digest >> 32) as u32;
+    let mut a = crc32fast::Hasher::new_with_initial(lo);
+    a.update(bytes);
+    let lo = a.finalize();
+    let mut b = crc32fast::Hasher::new_with_initial(hi ^ 0x9e37_79b9);
+    b.update(bytes);
+    b.update(&lo.to_le_bytes());
+    (u64::from(b.finalize()) << 32) | u64::from(lo)
+}
+
 /// What the serialized section keeps of replication.
 pub(crate) struct ReplState {
     pub clock: Arc<ReplicatedClock>,
@@ -189,11 +340,12 @@ pub(crate) struct ReplState {
     /// on disk yet).
     pub applied: Option<LogPosition>,
     pub membership: Bytes,
-    /// The term whose clock the state machine follows, that term's first
-    /// timestamp, and the state machine's time then.
-    clock_term: u64,
-    clock_first_ms: u64,
-    clock_base_ms: u64,
+    /// The limits the group decides with.
+    pub limits: GroupLimits,
+    /// The running digest of every entry written for replicated entries.
+    pub digest: u64,
+    /// The digest after each of the last [`DIGESTS_KEPT`] positions.
+    digests: std::collections::VecDeque<(u64, u64)>,
 }
 
 impl ReplState {
@@ -202,32 +354,52 @@ impl ReplState {
             clock,
             applied: None,
             membership: Bytes::new(),
-            clock_term: 0,
-            clock_first_ms: 0,
-            clock_base_ms: 0,
+            limits: GroupLimits::default(),
+            digest: 0,
+            digests: std::collections::VecDeque::new(),
         }
     }
 
-    /// Moves to entry `at`, stamped `time_ms` by its leader: the state
-    /// machine's clock continues from where the last term left it.
-    /// An entry stamped 0 (a blank, a take-over) carries no time: it
-    /// neither moves the clock nor anchors its term's clock, which the
-    /// term's first timed entry does.
+    /// Moves to entry `at`, stamped `time_ms` by its leader: the clock
+    /// moves to the entry's time unless it is there already (it never goes
+    /// back). An entry stamped 0 carries no time.
     pub(crate) fn enter(&mut self, at: LogPosition, time_ms: u64) {
         if time_ms != 0 {
-            if at.term != self.clock_term {
-                self.clock_term = at.term;
-                self.clock_first_ms = time_ms;
-                self.clock_base_ms = self.clock.now_ms();
-            }
-            let t = self
-                .clock_base_ms
-                .saturating_add(time_ms.saturating_sub(self.clock_first_ms));
-            self.clock.set(t);
+            self.clock.set(time_ms);
+        }
+        if let Some(a) = self.applied {
+            // Raft applies in order, once: a position moving back is a bug
+            // in the layer above, and would apply an entry twice.
+            debug_assert!(at.index >= a.index, "applied {a:?}, then {at:?}");
         }
         if self.applied.is_none_or(|a| at.index >= a.index) {
             self.applied = Some(at);
         }
+    }
+
+    /// Records the digest after position `index`.
+    pub(crate) fn keep_digest(&mut self, index: u64) {
+        // One position may write several entries (a renewal and a fence):
+        // the digest after the last is the position's.
+        if let Some(last) = self.digests.back_mut()
+            && last.0 == index
+        {
+            last.1 = self.digest;
+            return;
+        }
+        if self.digests.len() == DIGESTS_KEPT {
+            self.digests.pop_front();
+        }
+        self.digests.push_back((index, self.digest));
+    }
+
+    /// The digest after position `index`, if it is among those kept.
+    pub(crate) fn digest_at(&self, index: u64) -> Option<u64> {
+        let i = self.digests.partition_point(|(at, _)| *at < index);
+        self.digests
+            .get(i)
+            .filter(|(at, _)| *at == index)
+            .map(|(_, d)| *d)
     }
 
     pub(crate) fn record(&self) -> ReplRecord {
@@ -237,9 +409,8 @@ impl ReplState {
             node: a.node,
             index: a.index,
             clock_ms: self.clock.now_ms(),
-            clock_term: self.clock_term,
-            clock_first_ms: self.clock_first_ms,
-            clock_base_ms: self.clock_base_ms,
+            digest: self.digest,
+            limits: self.limits,
             membership: self.membership.to_vec(),
         }
     }
@@ -251,15 +422,16 @@ impl ReplState {
             node: r.node,
             index: r.index,
         });
-        self.clock_term = r.clock_term;
-        self.clock_first_ms = r.clock_first_ms;
-        self.clock_base_ms = r.clock_base_ms;
         self.membership = Bytes::from(r.membership);
+        self.limits = r.limits;
+        self.digest = r.digest;
+        self.digests.clear();
     }
 }
 
 /// Appends an op entry, wrapped as a Replicated entry when the engine is
-/// applying one: every write path goes through here.
+/// applying one: every write path goes through here. A wrapped entry is
+/// folded into the replica's digest.
 pub(crate) fn write_op(
     w: &mut Writer<'_, Core>,
     len: usize,
@@ -267,12 +439,34 @@ pub(crate) fn write_op(
 ) -> std::result::Result<Appended, WalError> {
     match w.state().wrap {
         None => w.append(len, fill),
-        Some(header) => w.append(op::REPLICATED_HEADER + len, |buf| {
-            let (h, rest) = buf.split_at_mut(op::REPLICATED_HEADER);
-            h.copy_from_slice(&header);
-            fill(rest);
-        }),
+        Some(header) => {
+            let before = w.state().repl.as_ref().map_or(0, |r| r.digest);
+            let mut after = before;
+            let at = w.append(op::REPLICATED_HEADER + len, |buf| {
+                let (h, rest) = buf.split_at_mut(op::REPLICATED_HEADER);
+                h.copy_from_slice(&header);
+                fill(rest);
+                after = fold(before, buf);
+            })?;
+            if let Some(r) = w.state().repl.as_mut() {
+                r.digest = after;
+            }
+            Ok(at)
+        }
     }
+}
+
+/// Appends the entry of a replicated entry that changed nothing but the
+/// position (a blank, a tick, a refusal), folded into the digest.
+pub(crate) fn write_position(
+    w: &mut Writer<'_, Core>,
+    header: &[u8; op::REPLICATED_HEADER],
+) -> std::result::Result<Appended, WalError> {
+    let at = w.append(op::REPLICATED_HEADER, |b| b.copy_from_slice(header))?;
+    if let Some(r) = w.state().repl.as_mut() {
+        r.digest = fold(r.digest, header);
+    }
+    Ok(at)
 }
 
 impl Log {
@@ -330,5 +524,79 @@ impl Log {
                 .map(|r| r.membership.clone())
                 .unwrap_or_default()
         })
+    }
+
+    /// The group's clock as this replica applied it (ms): the highest time
+    /// an applied entry carried. 0 on a single node.
+    pub fn group_clock_ms(&self) -> u64 {
+        self.inner()
+            .wal
+            .with_state(|c| c.repl.as_ref().map_or(0, |r| r.clock.now_ms()))
+    }
+
+    /// When the first live lease runs out on the group's clock (a lower
+    /// bound: a lease renewed since may last longer), if any is live: a
+    /// leader puts its clock in the log then, so the log knows the lease
+    /// expired and no take-over revives it.
+    pub fn next_lease_expiry_ms(&self) -> Option<u64> {
+        self.inner().wal.with_state(|c| c.leases.earliest_expiry())
+    }
+
+    /// The limits the group decides with (cluster mode; on a single node,
+    /// its options').
+    pub fn group_limits(&self) -> GroupLimits {
+        self.inner().wal.with_state(|c| {
+            c.repl
+                .as_ref()
+                .map_or_else(|| GroupLimits::from_options(self.options()), |r| r.limits)
+        })
+    }
+
+    /// The last replicated entry applied and this replica's digest after it
+    /// (see [`Command::Check`]).
+    pub fn digest(&self) -> (Option<LogPosition>, u64) {
+        self.inner()
+            .wal
+            .with_state(|c| c.repl.as_ref().map_or((None, 0), |r| (r.applied, r.digest)))
+    }
+
+    /// This replica's digest after position `index`, if it still keeps it.
+    pub fn digest_at(&self, index: u64) -> Option<u64> {
+        self.inner()
+            .wal
+            .with_state(|c| c.repl.as_ref().and_then(|r| r.digest_at(index)))
+    }
+
+    /// The live lease on `name` as of `now_ms` on the group's clock (a
+    /// leader's reading of it, at or above what it applied), without
+    /// changing anything: a read must never decide an expiry the log has not.
+    pub fn lease_info_at(
+        &self,
+        name: impl AsRef<[u8]>,
+        now_ms: u64,
+    ) -> Result<Option<crate::LeaseInfo>> {
+        let name = name.as_ref();
+        crate::token::check_stream_name(name)?;
+        let lease = self.inner().wal.with_state(|c| {
+            c.leases
+                .peek(name)
+                .filter(|l| l.expires_at_ms > now_ms)
+                .map(|l| {
+                    (
+                        Bytes::copy_from_slice(&l.owner),
+                        l.token,
+                        l.expires_at_ms - now_ms,
+                    )
+                })
+        });
+        lease
+            .map(|(owner, token, remaining_ms)| {
+                Ok(crate::LeaseInfo {
+                    owner,
+                    token: Token::new(token)?,
+                    remaining: std::time::Duration::from_millis(remaining_ms),
+                })
+            })
+            .transpose()
     }
 }

@@ -8,12 +8,12 @@ use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::lease_api::{Acquired, decide_acquire, decide_release, decide_renew};
 use crate::log::{
-    Decided, Decision, Log, check_payloads, decide_append, decide_fence, decide_trim,
+    Decided, Decision, Log, check_payloads_within, decide_append, decide_fence, decide_trim,
 };
 use crate::op::{self, Op};
-use crate::replicated::{Applied, Command, LogPosition, write_op};
+use crate::replicated::{Applied, Command, GroupLimits, LogPosition, write_op, write_position};
 use crate::token::{Token, check_stream_name};
-use crate::tx::{self, TxDecision};
+use crate::tx::{self, TxDecision, TxOp};
 
 /// What was decided, before its entry (if any) is written out.
 enum Pending {
@@ -26,10 +26,29 @@ enum Pending {
     Rejected(Error),
 }
 
-/// Checks what a single node checks before its write lock; a failure is a
-/// rejection every replica reaches alike.
-fn precheck(log: &Log, cmd: &Command) -> Result<()> {
-    let opts = log.options();
+/// Checks what a single node checks before its write lock, with the
+/// group's limits (replicated state, never this node's options); a failure
+/// is a refusal every replica reaches alike.
+fn precheck(limits: &GroupLimits, cmd: &Command) -> Result<()> {
+    let payloads_ok = |payloads: &[bytes::Bytes]| {
+        check_payloads_within(
+            limits.max_records_per_append,
+            limits.max_payload_bytes,
+            payloads,
+        )
+    };
+    let ttl_ok = |ttl_ms: u64| {
+        if ttl_ms < limits.lease_ttl_min_ms || ttl_ms > limits.lease_ttl_max_ms {
+            return Err(Error::invalid(
+                "ttl",
+                format!(
+                    "{ttl_ms} ms is not in {}..={} ms",
+                    limits.lease_ttl_min_ms, limits.lease_ttl_max_ms
+                ),
+            ));
+        }
+        Ok(())
+    };
     match cmd {
         Command::Append {
             stream, payloads, ..
@@ -38,23 +57,59 @@ fn precheck(log: &Log, cmd: &Command) -> Result<()> {
             stream, payloads, ..
         } => {
             check_stream_name(stream)?;
-            check_payloads(opts, payloads)
+            payloads_ok(payloads)
         }
         Command::Fence { stream, .. }
         | Command::Trim { stream, .. }
         | Command::Delete { stream, .. } => check_stream_name(stream),
-        Command::Transact(ops) => log.check_tx_shape(ops),
-        Command::Acquire { name, owner, .. }
-        | Command::Renew { name, owner, .. }
-        | Command::Release { name, owner, .. } => {
+        Command::Transact(ops) => {
+            if ops.is_empty() {
+                return Err(Error::invalid("transaction", "no ops"));
+            }
+            for (index, tx_op) in ops.iter().enumerate() {
+                let aborted = |cause| Error::Aborted {
+                    index,
+                    cause: Box::new(cause),
+                };
+                check_stream_name(tx_op.stream()).map_err(aborted)?;
+                if let TxOp::Append { payloads, .. } | TxOp::AppendAt { payloads, .. } = tx_op {
+                    payloads_ok(payloads).map_err(aborted)?;
+                }
+            }
+            Ok(())
+        }
+        Command::Acquire {
+            name,
+            owner,
+            ttl_ms,
+            ..
+        }
+        | Command::Renew {
+            name,
+            owner,
+            ttl_ms,
+            ..
+        } => {
+            check_stream_name(name)?;
+            crate::lease_api::check_owner(owner)?;
+            ttl_ok(*ttl_ms)
+        }
+        Command::Release { name, owner, .. } => {
             check_stream_name(name)?;
             crate::lease_api::check_owner(owner)
         }
-        Command::TakeOver | Command::Membership(_) | Command::Blank => Ok(()),
+        Command::SetLimits(new) => new.check(),
+        Command::TakeOver | Command::Membership(_) | Command::Blank | Command::Check { .. } => {
+            Ok(())
+        }
     }
 }
 
-fn decide_command(w: &mut Writer<'_, Core>, log: &Log, cmd: &Command) -> Result<Pending> {
+fn decide_command(
+    w: &mut Writer<'_, Core>,
+    limits: &GroupLimits,
+    cmd: &Command,
+) -> Result<Pending> {
     Ok(match cmd {
         Command::Append {
             stream,
@@ -88,10 +143,14 @@ fn decide_command(w: &mut Writer<'_, Core>, log: &Log, cmd: &Command) -> Result<
             owner,
             ttl_ms,
             fence,
-        } => {
-            let max_live = log.options().max_live_leases;
-            Pending::Acquire(decide_acquire(w, name, owner, *ttl_ms, *fence, max_live)?)
-        }
+        } => Pending::Acquire(decide_acquire(
+            w,
+            name,
+            owner,
+            *ttl_ms,
+            *fence,
+            limits.max_live_leases,
+        )?),
         Command::Renew {
             name,
             owner,
@@ -117,32 +176,62 @@ fn decide_command(w: &mut Writer<'_, Core>, log: &Log, cmd: &Command) -> Result<
                 .map_err(crate::log::internal)?;
             Pending::Done(w.ticket())
         }
-        // Nothing changes but the position, which `apply` writes (a
-        // position-only entry).
-        Command::Blank => Pending::Done(w.ticket_for(0)),
+        Command::SetLimits(new) => {
+            let entry = op::encode(&Op::Limits { limits: *new });
+            let at = write_op(w, entry.len(), |b| b.copy_from_slice(&entry))?;
+            w.state()
+                .apply_op(&Op::Limits { limits: *new }, at)
+                .map_err(crate::log::internal)?;
+            Pending::Done(w.ticket())
+        }
+        Command::Check { index, digest } => {
+            let here = w.state().repl.as_ref().and_then(|r| r.digest_at(*index));
+            if let Some(here) = here
+                && here != *digest
+            {
+                return Err(Error::Diverged {
+                    index: *index,
+                    here,
+                    leader: *digest,
+                });
+            }
+            Pending::Done(w.ticket_for(0))
+        }
+        // Nothing changes but the position (and the clock), which `decide`
+        // writes (a position-only entry). Leases the clock has passed are
+        // let go, so the next expiry a leader watches for is exact.
+        Command::Blank => {
+            w.state().leases.sweep();
+            Pending::Done(w.ticket_for(0))
+        }
     })
 }
 
-/// Decides `cmd` with every entry it writes wrapped in `header`.
+/// Decides `cmd` with every entry it writes wrapped in `header`. Every
+/// error but a failure of this replica's own storage is a refusal, the
+/// same on every replica (a rule, a limit, an exhausted counter): one
+/// committed entry must never stop the group.
 fn decide_wrapped(
     w: &mut Writer<'_, Core>,
-    log: &Log,
     cmd: &Command,
-    checked: Result<()>,
     header: [u8; op::REPLICATED_HEADER],
 ) -> Result<Pending> {
-    if let Err(e) = checked {
+    let limits = w
+        .state()
+        .repl
+        .as_ref()
+        .map(|r| r.limits)
+        .unwrap_or_default();
+    if let Err(e) = precheck(&limits, cmd) {
         return Ok(Pending::Rejected(e));
     }
     w.state().wrap = Some(header);
-    let decided = decide_command(w, log, cmd);
+    let decided = decide_command(w, &limits, cmd);
     w.state().wrap = None;
     match decided {
         Ok(p) => Ok(p),
-        // A rule refused it (too many streams, an exhausted counter):
-        // every replica refuses it alike.
-        Err(e @ (Error::TooLarge { .. } | Error::Invalid { .. })) => Ok(Pending::Rejected(e)),
-        Err(e) => Err(e),
+        Err(e) if e.is_local_failure() => Err(e),
+        Err(e) => Ok(Pending::Rejected(e)),
     }
 }
 
@@ -196,7 +285,6 @@ async fn settle(
 /// Decides one entry in the serialized section; its answer may wait for
 /// the batch to be written ([`finish`]).
 async fn decide(log: &Log, at: LogPosition, time_ms: u64, cmd: &Command) -> Result<Pending> {
-    let checked = precheck(log, cmd);
     log.inner()
         .wal
         .submit_async(|w| {
@@ -207,13 +295,16 @@ async fn decide(log: &Log, at: LogPosition, time_ms: u64, cmd: &Command) -> Resu
             repl.enter(at, time_ms);
             let header = op::replicated_header(at.term, at.node, at.index, time_ms);
             let before = w.next_lsn();
-            let pending = decide_wrapped(w, log, cmd, checked, header);
+            let pending = decide_wrapped(w, cmd, header);
             // Every entry applied leaves an entry on disk, even one that
             // changed nothing (a blank, a rejection): a snapshot of this
             // engine then holds exactly the position and clock the replicas
             // that applied the entry have.
             if w.next_lsn() == before && pending.is_ok() {
-                w.append(op::REPLICATED_HEADER, |b| b.copy_from_slice(&header))?;
+                write_position(w, &header)?;
+            }
+            if let Some(repl) = w.state().repl.as_mut() {
+                repl.keep_digest(at.index);
             }
             pending
         })
@@ -288,9 +379,13 @@ async fn finish(log: &Log, cmd: &Command, pending: Pending) -> Result<Applied> {
             Applied::Value(ttl_ms)
         }
         Pending::Renew(None, _) => Applied::Rejected(Error::Lost),
-        Pending::Release(released) => Applied::Released(released),
+        Pending::Release(released) => Applied::Released(log.freed(released)),
         Pending::Done(ticket) => {
             ticket.await?;
+            // A tick or a take-over may have let leases go.
+            if matches!(cmd, Command::Blank | Command::TakeOver) {
+                log.freed(true);
+            }
             Applied::Done
         }
     })

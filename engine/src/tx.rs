@@ -68,7 +68,7 @@ pub enum TxOp {
 }
 
 impl TxOp {
-    fn stream(&self) -> &[u8] {
+    pub(crate) fn stream(&self) -> &[u8] {
         match self {
             TxOp::Append { stream, .. }
             | TxOp::AppendAt { stream, .. }

@@ -815,15 +815,9 @@ async fn run_named(
         "LOG.STREAMS" => streams(a, log),
         "LEASE.ACQUIRE" => acquire(cmd, a, ctx, session),
         "LEASE.RENEW" => {
-            if a.len() != 4 {
-                return wrong_arity(cmd);
-            }
-            let token = match parse_token(&a[2]) {
-                Ok(t) => t,
+            let (token, ttl_ms) = match parse_renew(cmd, a) {
+                Ok(parsed) => parsed,
                 Err(o) => return o,
-            };
-            let Some(ttl_ms) = parse_u64(&a[3]) else {
-                return not_integer();
             };
             match log
                 .renew_async(&a[0], &a[1], token, Duration::from_millis(ttl_ms))
@@ -855,10 +849,7 @@ async fn run_named(
             }
         }
         "LEASE.RELEASE" => {
-            if a.len() != 3 {
-                return wrong_arity(cmd);
-            }
-            let token = match parse_token(&a[2]) {
+            let token = match parse_release(cmd, a) {
                 Ok(t) => t,
                 Err(o) => return o,
             };
@@ -1061,6 +1052,26 @@ fn read(cmd: &str, a: &[Bytes], ctx: &Context) -> Outcome {
 }
 
 /// `LEASE.ACQUIRE name owner ttl_ms [FENCE] [WAIT ms]`
+/// `LEASE.RENEW name owner token ttl_ms`: the token and the ttl, or the
+/// answer to a malformed command (one parser for both modes).
+pub(crate) fn parse_renew(cmd: &str, a: &[Bytes]) -> Result<(Token, u64), Outcome> {
+    if a.len() != 4 {
+        return Err(wrong_arity(cmd));
+    }
+    let token = parse_token(&a[2])?;
+    let ttl_ms = parse_u64(&a[3]).ok_or_else(not_integer)?;
+    Ok((token, ttl_ms))
+}
+
+/// `LEASE.RELEASE name owner token`: the token, or the answer to a
+/// malformed command (one parser for both modes).
+pub(crate) fn parse_release(cmd: &str, a: &[Bytes]) -> Result<Token, Outcome> {
+    if a.len() != 3 {
+        return Err(wrong_arity(cmd));
+    }
+    parse_token(&a[2])
+}
+
 pub(crate) fn acquire(cmd: &str, a: &[Bytes], ctx: &Arc<Context>, session: &Session) -> Outcome {
     if a.len() < 3 {
         return wrong_arity(cmd);

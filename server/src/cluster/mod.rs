@@ -81,6 +81,36 @@ pub fn parse_members(text: &str) -> Result<BTreeMap<NodeId, Member>, String> {
     Ok(members)
 }
 
+/// Proposes the group's first limits, once this (forming) node leads.
+async fn set_limits(
+    raft: fencelog_cluster::types::Raft,
+    id: NodeId,
+    limits: fencelog::GroupLimits,
+) {
+    for _ in 0..600 {
+        let leads = raft.metrics().borrow().current_leader == Some(id);
+        if leads {
+            let req = fencelog_cluster::Request {
+                time_ms: 0,
+                cmds: vec![fencelog_cluster::WireCommand::set_limits(&limits)],
+            };
+            match raft.client_write(req).await {
+                Ok(_) => {
+                    tracing::info!(
+                        event = "cluster_limits",
+                        ?limits,
+                        "the group's limits are set"
+                    );
+                    return;
+                }
+                Err(e) => tracing::warn!(error = %e, "setting the group's limits failed; retrying"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tracing::warn!("the group's limits were not set: it decides with the defaults");
+}
+
 /// A running replica: its Raft node and how it was started.
 pub struct Cluster {
     node: Node,
@@ -102,6 +132,7 @@ impl Cluster {
             config.raft_addr,
             config.member.clone(),
         );
+        let cfg_engine = engine.clone();
         cfg.engine = engine;
         // openraft 0.9 makes a follower wait the old leader's lease (the
         // top of the range) plus its own draw, and a candidate that meets a
@@ -130,6 +161,12 @@ impl Cluster {
                 node.initialize(config.initial.clone())
                     .await
                     .map_err(|e| format!("cannot form the cluster: {e}"))?;
+                // The limits the group decides with are its own state, set
+                // once from the forming node's flags (a node's flags never
+                // decide at apply).
+                let limits = fencelog::GroupLimits::from_options(&cfg_engine);
+                let raft = node.raft().clone();
+                tokio::spawn(set_limits(raft, config.node_id, limits));
                 tracing::info!(
                     event = "cluster_formed",
                     members = config.initial.len(),

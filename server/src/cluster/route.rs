@@ -5,8 +5,12 @@
 //!   them and the leader applied them; a connection's pipelined writes
 //!   share rounds of replication.
 //! - Lease commands go through the log too (the decision is the state
-//!   machine's, on every replica alike). `LEASE.INFO` first puts the
-//!   leader's clock in the log, so its answer counts expiries up to now.
+//!   machine's, on every replica alike, with the entry's time).
+//!   `LEASE.INFO` is a read: after a ReadIndex, the lease as the leader's
+//!   applied state holds it, its time left on the group's clock as the
+//!   leader carries it on (never a write). A waiting `LEASE.ACQUIRE` asks
+//!   again when a release or the leader's tick frees a lease, or when the
+//!   holder's time runs out, not on a timer.
 //! - Reads (`LOG.READ`, `LOG.STAT`, `LOG.STREAMS`, `DBSIZE`) first confirm
 //!   leadership with a quorum (Raft's ReadIndex): a deposed leader never
 //!   answers a read that misses a committed write.
@@ -37,6 +41,12 @@ pub type ReplyFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Reply>
 /// node is cut off from its quorum, and the client is told the outcome is
 /// unknown rather than kept waiting.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A write still waiting in the leader's queue this long after it was
+/// sent is dropped there, never proposed, and its client told so for
+/// certain: before [`WRITE_TIMEOUT`], so that an answer of "unknown"
+/// is given only for a write that really went out.
+const QUEUE_DEADLINE: Duration = Duration::from_millis(9_500);
 
 /// Runs `cmd` if cluster mode answers it differently (`None`: the
 /// standalone handler runs, against the cluster's engine).
@@ -126,6 +136,7 @@ pub(crate) fn redirect(c: &Cluster, key: &[u8], e: &ClusterError) -> Reply {
         ClusterError::TooLarge { len, max } => Reply::Error(format!(
             "TOOBIG a request of {len} bytes is over the limit of {max} for one replicated entry"
         )),
+        ClusterError::Busy { .. } | ClusterError::Dropped => Reply::Error(format!("TRYAGAIN {e}")),
         other => Reply::Error(format!("CLUSTERDOWN {other}")),
     }
 }
@@ -171,7 +182,7 @@ async fn propose(
     key: Bytes,
     cmd: WireCommand,
 ) -> Outcome {
-    match c.node().propose(cmd).await {
+    match c.node().propose(cmd, Instant::now() + QUEUE_DEADLINE).await {
         Ok(proposal) => {
             let (ctx, c) = (Arc::clone(ctx), Arc::clone(c));
             Outcome::Replicated(Box::pin(async move {
@@ -187,7 +198,10 @@ async fn propose(
 
 /// Proposes and waits (the lease commands, one at a time).
 async fn write(c: &Cluster, cmd: WireCommand) -> Result<Response, ClusterError> {
-    let proposal = c.node().propose(cmd).await?;
+    let proposal = c
+        .node()
+        .propose(cmd, Instant::now() + QUEUE_DEADLINE)
+        .await?;
     settle(c, proposal).await
 }
 
@@ -227,24 +241,20 @@ fn acquire(
                 Ok(Response::Rejected(fencelog_cluster::WireError::Held { remaining_ms }))
                     if waits && deadline.is_none_or(|d| Instant::now() < d) =>
                 {
-                    // Asked again when it may be free (a release is not
-                    // announced across the cluster: polled, at most 50 ms
-                    // late).
-                    let mut pause = Duration::from_millis(remaining_ms.clamp(1, 50));
+                    // Asked again when a release or the leader's tick frees
+                    // a lease here, or once the holder's time has run out:
+                    // one write per change, not one per waiter every few ms.
+                    let mut pause = Duration::from_millis(remaining_ms.max(1));
                     if let Some(d) = deadline {
                         pause = pause.min(d.saturating_duration_since(Instant::now()));
                     }
-                    tokio::time::sleep(pause).await;
+                    c.log().lease_freed(pause).await;
                 }
                 Ok(r) => return answer(&ctx, &client, &name, r),
                 Err(e) => return redirect(&c, &name, &e),
             }
         }
     }))
-}
-
-fn parse_token(b: &[u8]) -> Option<u64> {
-    std::str::from_utf8(b).ok()?.parse().ok().filter(|&t| t > 0)
 }
 
 /// `LEASE.RENEW name owner token ttl_ms` and `LEASE.RELEASE name owner
@@ -257,41 +267,46 @@ async fn renew_or_release(
     a: &[Bytes],
 ) -> Outcome {
     let renew = cmd == "LEASE.RENEW";
-    if a.len() != if renew { 4 } else { 3 } {
-        return commands::wrong_arity(cmd);
-    }
-    let Some(token) = parse_token(&a[2]) else {
-        return commands::err("ERR token is not an integer or out of range");
-    };
     let wire = if renew {
-        let Some(ttl_ms) = std::str::from_utf8(&a[3]).ok().and_then(|s| s.parse().ok()) else {
-            return commands::err("ERR value is not an integer or out of range");
+        let (token, ttl_ms) = match commands::parse_renew(cmd, a) {
+            Ok(parsed) => parsed,
+            Err(o) => return o,
         };
         WireCommand::Renew {
             name: a[0].to_vec(),
             owner: a[1].to_vec(),
-            token,
+            token: token.get(),
             ttl_ms,
         }
     } else {
+        let token = match commands::parse_release(cmd, a) {
+            Ok(t) => t,
+            Err(o) => return o,
+        };
         WireCommand::Release {
             name: a[0].to_vec(),
             owner: a[1].to_vec(),
-            token,
+            token: token.get(),
         }
     };
     propose(ctx, c, session.tag(), a[0].clone(), wire).await
 }
 
-/// `LEASE.INFO name`: the leader's clock goes through the log first, so
-/// the answer is as of now on a quorum, then the lease is read.
+/// `LEASE.INFO name`: a read. After a ReadIndex (this node leads and has
+/// applied every committed entry), the lease as applied here, its time
+/// left on the group's clock as this leader carries it on. Nothing is
+/// written and nothing changes: an expiry the log has not seen is only
+/// shown, never decided, here.
 fn lease_info(c: &Arc<Cluster>, name: Bytes) -> Outcome {
     let c = Arc::clone(c);
     Outcome::Replicated(Box::pin(async move {
-        if let Err(e) = write(&c, WireCommand::Tick).await {
+        if let Err(e) = c.node().linearizable().await {
             return redirect(&c, &name, &e);
         }
-        match c.log().lease_info(&name) {
+        let Some(now) = c.node().group_now_ms() else {
+            return redirect(&c, &name, &ClusterError::NotLeader { leader: None });
+        };
+        match c.log().lease_info_at(&name, now) {
             Ok(Some(info)) => Reply::Array(vec![
                 Reply::Bulk(info.owner),
                 Reply::Integer(i64::try_from(info.token.get()).unwrap_or(i64::MAX)),
