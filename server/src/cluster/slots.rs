@@ -257,6 +257,25 @@ fn info(c: &Cluster, status: &Status) -> String {
             status.last_log_index.saturating_sub(*matched)
         ));
     }
+    // What this replica applied and its digest after it: two replicas at
+    // the same position with different digests decided differently.
+    let log = c.log();
+    let (applied, digest) = log.digest();
+    let limits = log.group_limits();
+    s.push_str(&format!(
+        "replica_position:{}\r\nreplica_digest:{digest:016x}\r\nreplica_clock_ms:{}\r\n\
+         group_max_payload_bytes:{}\r\ngroup_max_records_per_append:{}\r\n\
+         group_lease_ttl_min_ms:{}\r\ngroup_lease_ttl_max_ms:{}\r\ngroup_max_live_leases:{}\r\n\
+         group_max_streams:{}\r\n",
+        applied.map_or(0, |a| a.index),
+        log.group_clock_ms(),
+        limits.max_payload_bytes,
+        limits.max_records_per_append,
+        limits.lease_ttl_min_ms,
+        limits.lease_ttl_max_ms,
+        limits.max_live_leases,
+        limits.max_streams,
+    ));
     s
 }
 
