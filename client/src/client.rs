@@ -231,10 +231,14 @@ impl Client {
             for seed in &cfg.seeds {
                 let reply = match self.exec_on(seed, &[b"CLUSTER", b"SLOTS"], cfg.request_timeout).await {
                     Ok(r) => r,
-                    Err(e) => {
+                    // Only an unreachable node is worth another seed or
+                    // another try; a refused handshake (a wrong password)
+                    // will not get better.
+                    Err(e @ Error::Io(_)) => {
                         last = e;
                         continue;
                     }
+                    Err(e) => return Err(e),
                 };
                 match reply {
                     Value::Array(ranges) => match leader_of(&ranges) {
@@ -293,7 +297,7 @@ impl Client {
         for _ in 0..MAX_ATTEMPTS {
             let conn = match self.checkout(&target).await {
                 Ok(c) => c,
-                Err(e) => {
+                Err(e @ Error::Io(_)) => {
                     // Nothing was sent: try the seeds in turn, the leader
                     // may be gone.
                     self.forget_leader(&target);
@@ -305,6 +309,7 @@ impl Client {
                     seed += 1;
                     continue;
                 }
+                Err(e) => return Err(e),
             };
             match self.exec(conn, &target, args, timeout).await? {
                 Value::Error(e) if e.starts_with("MOVED ") => {

@@ -401,3 +401,117 @@ pub(crate) fn encode_command(args: &[&[u8]]) -> Vec<u8> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_all(bytes: &[u8], limits: ReplyLimits) -> Result<Vec<Value>, Error> {
+        let mut p = Parser::new(limits);
+        let mut buf = BytesMut::from(bytes);
+        let mut out = Vec::new();
+        while let Some(v) = p.parse(&mut buf)? {
+            out.push(v);
+        }
+        assert!(buf.is_empty(), "bytes left: {buf:?}");
+        Ok(out)
+    }
+
+    const SAMPLE: &[u8] = b"+OK\r\n-ERR x\r\n:-42\r\n$5\r\nhe\r\no\r\n$-1\r\n*-1\r\n_\r\n#t\r\n,1.5\r\n(123\r\n=8\r\ntxt:abcd\r\n!3\r\nBAD\r\n*2\r\n*3\r\n:0\r\n:7\r\n$1\r\nx\r\n*0\r\n%1\r\n+k\r\n~1\r\n:1\r\n>1\r\n+p\r\n";
+
+    fn sample() -> Vec<Value> {
+        vec![
+            Value::Simple("OK".into()),
+            Value::Error("ERR x".into()),
+            Value::Int(-42),
+            Value::Bulk(Bytes::from_static(b"he\r\no")),
+            Value::Null,
+            Value::Null,
+            Value::Null,
+            Value::Bool(true),
+            Value::Double(1.5),
+            Value::BigNumber("123".into()),
+            Value::Verbatim(Bytes::from_static(b"abcd")),
+            Value::Error("BAD".into()),
+            Value::Array(vec![
+                Value::Array(vec![Value::Int(0), Value::Int(7), Value::Bulk(Bytes::from_static(b"x"))]),
+                Value::Array(vec![]),
+            ]),
+            Value::Map(vec![(Value::Simple("k".into()), Value::Set(vec![Value::Int(1)]))]),
+            Value::Push(vec![Value::Simple("p".into())]),
+        ]
+    }
+
+    #[test]
+    fn parses_every_type_at_once() {
+        assert_eq!(parse_all(SAMPLE, ReplyLimits::default()).unwrap(), sample());
+    }
+
+    /// The same bytes arriving one at a time give the same replies: the
+    /// parser keeps its place across reads.
+    #[test]
+    fn parses_byte_by_byte() {
+        let mut p = Parser::new(ReplyLimits::default());
+        let mut buf = BytesMut::new();
+        let mut out = Vec::new();
+        for &b in SAMPLE {
+            buf.extend_from_slice(&[b]);
+            while let Some(v) = p.parse(&mut buf).unwrap() {
+                out.push(v);
+            }
+        }
+        assert_eq!(out, sample());
+        assert!(p.is_idle());
+    }
+
+    #[test]
+    fn refuses_lengths_over_the_limits_before_their_bytes_arrive() {
+        let limits = ReplyLimits {
+            max_bulk_bytes: 10,
+            max_aggregate_len: 3,
+            max_depth: 2,
+            max_reply_bytes: 48,
+            max_line_bytes: 8,
+        };
+        for bad in [
+            &b"$11\r\n"[..],
+            b"*4\r\n",
+            b"%2\r\n",
+            b"*1\r\n*1\r\n*1\r\n",
+            b"$9999999999999999999999\r\n",
+            b"*-2\r\n",
+            b"+123456789\r\n",
+            b"+1234567890",
+            b"*3\r\n$10\r\n0123456789\r\n$10\r\n0123456789\r\n$10\r\n0123456789\r\n",
+            b"?\r\n",
+            b"+a\rb\n",
+            b"$1\r\nxy\r\n",
+            b"#x\r\n",
+        ] {
+            let r = parse_all(bad, limits);
+            assert!(matches!(r, Err(Error::Protocol(_))), "{:?}: {r:?}", String::from_utf8_lossy(bad));
+        }
+        // Within the limits the same shapes parse.
+        assert_eq!(parse_all(b"$10\r\n0123456789\r\n", limits).unwrap().len(), 1);
+        assert_eq!(parse_all(b"*1\r\n*1\r\n:1\r\n", limits).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn an_incomplete_reply_waits_for_more() {
+        let mut p = Parser::new(ReplyLimits::default());
+        let mut buf = BytesMut::from(&b"*2\r\n:1\r\n$3\r\nab"[..]);
+        assert_eq!(p.parse(&mut buf).unwrap(), None);
+        assert!(!p.is_idle());
+        buf.extend_from_slice(b"c\r\n");
+        assert_eq!(
+            p.parse(&mut buf).unwrap(),
+            Some(Value::Array(vec![Value::Int(1), Value::Bulk(Bytes::from_static(b"abc"))]))
+        );
+        assert!(p.is_idle());
+    }
+
+    #[test]
+    fn encodes_requests_as_bulk_arrays() {
+        assert_eq!(encode_command(&[b"PING", b""]), b"*2\r\n$4\r\nPING\r\n$0\r\n\r\n");
+    }
+}
