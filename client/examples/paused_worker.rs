@@ -39,7 +39,10 @@ pub struct Outcome {
 pub async fn run(addr: &str, stream: &str) -> Result<Outcome, Error> {
     let client = Client::connect(Config::new(addr)).await?;
     let ttl = Duration::from_millis(500);
-    let fence = LeaseOptions { fence: true, ..Default::default() };
+    let fence = LeaseOptions {
+        fence: true,
+        ..Default::default()
+    };
 
     // Worker A: acquires, writes, then stalls for three ttls.
     let a = client.lease(stream, "worker-a", ttl, fence).await?;
@@ -50,7 +53,15 @@ pub async fn run(addr: &str, stream: &str) -> Result<Outcome, Error> {
 
     // Worker B: waits for A's lease to expire, fences the stream, writes.
     let b = client
-        .lease(stream, "worker-b", ttl * 10, LeaseOptions { wait: Some(Duration::from_secs(10)), ..fence })
+        .lease(
+            stream,
+            "worker-b",
+            ttl * 10,
+            LeaseOptions {
+                wait: Some(Duration::from_secs(10)),
+                ..fence
+            },
+        )
         .await?;
     let takeover_offset = b.append(stream, &["B: step 1"]).await?;
     b.append(stream, &["B: step 2"]).await?;
@@ -59,17 +70,28 @@ pub async fn run(addr: &str, stream: &str) -> Result<Outcome, Error> {
     tokio::time::sleep_until(a_wakes).await;
     let late_write = a.append(stream, &["A: step 2, late"]).await;
     let lost_after_first_call = tokio::time::timeout(Duration::ZERO, a_lost).await.ok();
-    let raw_late_write = client.append(stream, a.token(), &["A: step 2, sent anyway"]).await;
+    let raw_late_write = client
+        .append(stream, a.token(), &["A: step 2, sent anyway"])
+        .await;
 
     let records = client.read(stream, 0, 100).await?;
     let tokens = (a.token(), b.token());
     b.release().await?;
-    Ok(Outcome { tokens, late_write, lost_after_first_call, raw_late_write, takeover_offset, records })
+    Ok(Outcome {
+        tokens,
+        late_write,
+        lost_after_first_call,
+        raw_late_write,
+        takeover_offset,
+        records,
+    })
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let addr = std::env::args().nth(1).unwrap_or_else(|| "127.0.0.1:7379".to_string());
+    let addr = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "127.0.0.1:7379".to_string());
     let stream = format!("paused-worker-{}", std::process::id());
     let o = run(&addr, &stream).await?;
     println!("tokens: A {} B {}", o.tokens.0, o.tokens.1);
@@ -78,7 +100,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("A's late write sent anyway: {:?}", o.raw_late_write);
     println!("stream {stream}:");
     for r in &o.records {
-        println!("  {} token {} {}", r.offset, r.token, String::from_utf8_lossy(&r.payload));
+        println!(
+            "  {} token {} {}",
+            r.offset,
+            r.token,
+            String::from_utf8_lossy(&r.payload)
+        );
     }
     Ok(())
 }

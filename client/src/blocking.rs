@@ -30,7 +30,10 @@ impl Client {
             .enable_all()
             .build()?;
         let inner = rt.block_on(crate::Client::connect(config))?;
-        Ok(Client { rt: Arc::new(rt), inner })
+        Ok(Client {
+            rt: Arc::new(rt),
+            inner,
+        })
     }
 
     /// The async client underneath (it shares the pool and the leader).
@@ -44,7 +47,12 @@ impl Client {
     }
 
     /// [`crate::Client::append`].
-    pub fn append<R: AsRef<[u8]>>(&self, stream: impl AsRef<[u8]>, token: u64, records: &[R]) -> Result<u64, Error> {
+    pub fn append<R: AsRef<[u8]>>(
+        &self,
+        stream: impl AsRef<[u8]>,
+        token: u64,
+        records: &[R],
+    ) -> Result<u64, Error> {
         self.rt.block_on(self.inner.append(stream, token, records))
     }
 
@@ -56,7 +64,10 @@ impl Client {
         expected_offset: u64,
         records: &[R],
     ) -> Result<u64, Error> {
-        self.rt.block_on(self.inner.append_at(stream, token, expected_offset, records))
+        self.rt.block_on(
+            self.inner
+                .append_at(stream, token, expected_offset, records),
+        )
     }
 
     /// [`crate::Client::fence`].
@@ -65,7 +76,12 @@ impl Client {
     }
 
     /// [`crate::Client::read`].
-    pub fn read(&self, stream: impl AsRef<[u8]>, from: u64, max_records: u32) -> Result<Vec<Record>, Error> {
+    pub fn read(
+        &self,
+        stream: impl AsRef<[u8]>,
+        from: u64,
+        max_records: u32,
+    ) -> Result<Vec<Record>, Error> {
         self.rt.block_on(self.inner.read(stream, from, max_records))
     }
 
@@ -77,7 +93,8 @@ impl Client {
         max_records: u32,
         block: Duration,
     ) -> Result<Vec<Record>, Error> {
-        self.rt.block_on(self.inner.read_block(stream, from, max_records, block))
+        self.rt
+            .block_on(self.inner.read_block(stream, from, max_records, block))
     }
 
     /// [`crate::Client::tail`], blocking.
@@ -109,12 +126,25 @@ impl Client {
     }
 
     /// [`crate::Client::acquire`].
-    pub fn acquire(&self, name: impl AsRef<[u8]>, owner: &str, ttl: Duration, options: &LeaseOptions) -> Result<Grant, Error> {
-        self.rt.block_on(self.inner.acquire(name, owner, ttl, options))
+    pub fn acquire(
+        &self,
+        name: impl AsRef<[u8]>,
+        owner: &str,
+        ttl: Duration,
+        options: &LeaseOptions,
+    ) -> Result<Grant, Error> {
+        self.rt
+            .block_on(self.inner.acquire(name, owner, ttl, options))
     }
 
     /// [`crate::Client::renew`].
-    pub fn renew(&self, name: impl AsRef<[u8]>, owner: &str, token: u64, ttl: Duration) -> Result<Duration, Error> {
+    pub fn renew(
+        &self,
+        name: impl AsRef<[u8]>,
+        owner: &str,
+        token: u64,
+        ttl: Duration,
+    ) -> Result<Duration, Error> {
         self.rt.block_on(self.inner.renew(name, owner, token, ttl))
     }
 
@@ -129,8 +159,16 @@ impl Client {
     }
 
     /// [`crate::Client::lease`]: the keeper runs on this client's runtime.
-    pub fn lease(&self, name: impl AsRef<[u8]>, owner: &str, ttl: Duration, options: LeaseOptions) -> Result<Lease, Error> {
-        let inner = self.rt.block_on(self.inner.lease(name, owner, ttl, options))?;
+    pub fn lease(
+        &self,
+        name: impl AsRef<[u8]>,
+        owner: &str,
+        ttl: Duration,
+        options: LeaseOptions,
+    ) -> Result<Lease, Error> {
+        let inner = self
+            .rt
+            .block_on(self.inner.lease(name, owner, ttl, options))?;
         Ok(Lease {
             rt: self.rt.clone(),
             inner: Some(inner),
@@ -146,9 +184,9 @@ pub struct Tail {
 }
 
 impl Tail {
-    /// [`crate::Tail::next`].
-    pub fn next(&mut self) -> Result<Option<Record>, Error> {
-        self.rt.block_on(self.inner.next())
+    /// [`crate::Tail::next_record`].
+    pub fn next_record(&mut self) -> Result<Option<Record>, Error> {
+        self.rt.block_on(self.inner.next_record())
     }
 
     /// [`crate::Tail::position`].
@@ -195,11 +233,16 @@ impl Lease {
             Some(l) => l.lost(),
             None => return Some(LeaseLoss::Released),
         };
-        self.rt.block_on(async { tokio::time::timeout(timeout, lost).await.ok() })
+        self.rt
+            .block_on(async { tokio::time::timeout(timeout, lost).await.ok() })
     }
 
     /// [`crate::Lease::append`].
-    pub fn append<R: AsRef<[u8]>>(&self, stream: impl AsRef<[u8]>, records: &[R]) -> Result<u64, Error> {
+    pub fn append<R: AsRef<[u8]>>(
+        &self,
+        stream: impl AsRef<[u8]>,
+        records: &[R],
+    ) -> Result<u64, Error> {
         let inner = self.inner()?;
         self.rt.block_on(inner.append(stream, records))
     }

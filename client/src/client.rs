@@ -8,10 +8,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
+use crate::Error;
 use crate::conn::Connection;
 use crate::lease::{Lease, LeaseOptions};
 use crate::resp::{ReplyLimits, Value};
-use crate::Error;
 
 /// How a [`Client`] connects, waits and retries. Every field has a default
 /// ([`Config::default`]: one node at 127.0.0.1:7379).
@@ -229,7 +229,10 @@ impl Client {
         let mut last = Error::Invalid("no seed node".into());
         for _ in 0..MAX_ATTEMPTS {
             for seed in &cfg.seeds {
-                let reply = match self.exec_on(seed, &[b"CLUSTER", b"SLOTS"], cfg.request_timeout).await {
+                let reply = match self
+                    .exec_on(seed, &[b"CLUSTER", b"SLOTS"], cfg.request_timeout)
+                    .await
+                {
                     Ok(r) => r,
                     // Only an unreachable node is worth another seed or
                     // another try; a refused handshake (a wrong password)
@@ -246,7 +249,9 @@ impl Client {
                             *lock(&self.inner.leader) = Some(leader);
                             return Ok(());
                         }
-                        None => last = Error::Protocol(format!("CLUSTER SLOTS from {seed}: {ranges:?}")),
+                        None => {
+                            last = Error::Protocol(format!("CLUSTER SLOTS from {seed}: {ranges:?}"))
+                        }
                     },
                     Value::Error(e) if e.contains("cluster support disabled") => {
                         *lock(&self.inner.leader) = Some(seed.clone());
@@ -260,7 +265,9 @@ impl Client {
                         }
                         last = err;
                     }
-                    other => last = Error::Protocol(format!("CLUSTER SLOTS from {seed}: {other:?}")),
+                    other => {
+                        last = Error::Protocol(format!("CLUSTER SLOTS from {seed}: {other:?}"))
+                    }
                 }
             }
             if !self.backoff(started, &mut backoff).await {
@@ -332,7 +339,9 @@ impl Client {
                 v => return Ok(v),
             }
         }
-        Err(Error::Server(format!("no answer after {MAX_ATTEMPTS} attempts")))
+        Err(Error::Server(format!(
+            "no answer after {MAX_ATTEMPTS} attempts"
+        )))
     }
 
     fn forget_leader(&self, addr: &str) {
@@ -351,14 +360,22 @@ impl Client {
     /// One request on a connection; the connection goes back to the pool
     /// only after a complete reply (after an error or a timeout its state
     /// is unknown, so it is closed).
-    async fn exec(&self, mut conn: Connection, addr: &str, args: &[&[u8]], timeout: Duration) -> Result<Value, Error> {
+    async fn exec(
+        &self,
+        mut conn: Connection,
+        addr: &str,
+        args: &[&[u8]],
+        timeout: Duration,
+    ) -> Result<Value, Error> {
         match tokio::time::timeout(timeout, conn.request(args)).await {
             Ok(Ok(v)) => {
                 self.checkin(addr, conn);
                 Ok(v)
             }
             Ok(Err(e)) => Err(e),
-            Err(_) => Err(Error::timed_out(&format!("{addr} did not answer in {timeout:?}"))),
+            Err(_) => Err(Error::timed_out(&format!(
+                "{addr} did not answer in {timeout:?}"
+            ))),
         }
     }
 
@@ -407,7 +424,12 @@ impl Client {
     /// Appends `records` as one atomic entry with `token`; answers the
     /// offset of the first. Not idempotent: after [`Error::outcome_unknown`]
     /// the records may be in the stream. [`Lease::append`] retries exactly.
-    pub async fn append<R: AsRef<[u8]>>(&self, stream: impl AsRef<[u8]>, token: u64, records: &[R]) -> Result<u64, Error> {
+    pub async fn append<R: AsRef<[u8]>>(
+        &self,
+        stream: impl AsRef<[u8]>,
+        token: u64,
+        records: &[R],
+    ) -> Result<u64, Error> {
         let mut args: Vec<&[u8]> = vec![b"LOG.APPEND", stream.as_ref()];
         let t = arg(token);
         args.push(&t);
@@ -435,13 +457,20 @@ impl Client {
     /// record; answers the highest token.
     pub async fn fence(&self, stream: impl AsRef<[u8]>, token: u64) -> Result<u64, Error> {
         let t = arg(token);
-        self.integer(&[b"LOG.FENCE", stream.as_ref(), &t], self.timeout()).await
+        self.integer(&[b"LOG.FENCE", stream.as_ref(), &t], self.timeout())
+            .await
     }
 
     /// Up to `max_records` durable records from offset `from` (fewer if the
     /// server's `--max-read-bytes` is reached; at least one if there is one).
-    pub async fn read(&self, stream: impl AsRef<[u8]>, from: u64, max_records: u32) -> Result<Vec<Record>, Error> {
-        self.read_inner(stream.as_ref(), from, max_records, None).await
+    pub async fn read(
+        &self,
+        stream: impl AsRef<[u8]>,
+        from: u64,
+        max_records: u32,
+    ) -> Result<Vec<Record>, Error> {
+        self.read_inner(stream.as_ref(), from, max_records, None)
+            .await
     }
 
     /// As [`Client::read`], but from the end of the stream waits up to
@@ -454,12 +483,21 @@ impl Client {
         block: Duration,
     ) -> Result<Vec<Record>, Error> {
         if block < Duration::from_millis(1) {
-            return Err(Error::Invalid("BLOCK under 1 ms would wait without a limit".into()));
+            return Err(Error::Invalid(
+                "BLOCK under 1 ms would wait without a limit".into(),
+            ));
         }
-        self.read_inner(stream.as_ref(), from, max_records, Some(block)).await
+        self.read_inner(stream.as_ref(), from, max_records, Some(block))
+            .await
     }
 
-    async fn read_inner(&self, stream: &[u8], from: u64, max_records: u32, block: Option<Duration>) -> Result<Vec<Record>, Error> {
+    async fn read_inner(
+        &self,
+        stream: &[u8],
+        from: u64,
+        max_records: u32,
+        block: Option<Duration>,
+    ) -> Result<Vec<Record>, Error> {
         if max_records == 0 {
             return Err(Error::Invalid("max_records must be at least 1".into()));
         }
@@ -479,7 +517,7 @@ impl Client {
     }
 
     /// A follower of the stream from `from` on: each
-    /// [`Tail::next`] waits up to `block` for the next record.
+    /// [`Tail::next_record`] waits up to `block` for the next record.
     pub fn tail(&self, stream: impl AsRef<[u8]>, from: u64, block: Duration) -> Tail {
         Tail {
             client: self.clone(),
@@ -492,24 +530,35 @@ impl Client {
 
     /// Makes the records below `before` unreadable; answers the new start
     /// offset.
-    pub async fn trim(&self, stream: impl AsRef<[u8]>, token: u64, before: u64) -> Result<u64, Error> {
+    pub async fn trim(
+        &self,
+        stream: impl AsRef<[u8]>,
+        token: u64,
+        before: u64,
+    ) -> Result<u64, Error> {
         let (t, b) = (arg(token), arg(before));
-        self.integer(&[b"LOG.TRIM", stream.as_ref(), &t, &b], self.timeout()).await
+        self.integer(&[b"LOG.TRIM", stream.as_ref(), &t, &b], self.timeout())
+            .await
     }
 
     /// Removes every record (the highest token and next offset survive);
     /// answers how many were removed.
     pub async fn delete(&self, stream: impl AsRef<[u8]>, token: u64) -> Result<u64, Error> {
         let t = arg(token);
-        self.integer(&[b"LOG.DELETE", stream.as_ref(), &t], self.timeout()).await
+        self.integer(&[b"LOG.DELETE", stream.as_ref(), &t], self.timeout())
+            .await
     }
 
     /// The stream's durable numbers (zeros for a stream never written).
     pub async fn stat(&self, stream: impl AsRef<[u8]>) -> Result<StreamStat, Error> {
-        let reply = self.command(&[b"LOG.STAT", stream.as_ref()], self.timeout()).await?;
+        let reply = self
+            .command(&[b"LOG.STAT", stream.as_ref()], self.timeout())
+            .await?;
         let pairs: Vec<(&Value, &Value)> = match &reply {
             Value::Map(pairs) => pairs.iter().map(|(k, v)| (k, v)).collect(),
-            Value::Array(flat) if flat.len() % 2 == 0 => flat.chunks_exact(2).map(|p| (&p[0], &p[1])).collect(),
+            Value::Array(flat) if flat.len() % 2 == 0 => {
+                flat.chunks_exact(2).map(|p| (&p[0], &p[1])).collect()
+            }
             other => return Err(unexpected("LOG.STAT", other)),
         };
         let mut stat = StreamStat::default();
@@ -568,7 +617,13 @@ impl Client {
     /// ([`Error::Held`] otherwise, or after `options.wait`). With
     /// `options.fence` the stream `name` is fenced at the new token. No
     /// keeper: see [`Client::lease`] for a lease that renews itself.
-    pub async fn acquire(&self, name: impl AsRef<[u8]>, owner: &str, ttl: Duration, options: &LeaseOptions) -> Result<Grant, Error> {
+    pub async fn acquire(
+        &self,
+        name: impl AsRef<[u8]>,
+        owner: &str,
+        ttl: Duration,
+        options: &LeaseOptions,
+    ) -> Result<Grant, Error> {
         let ttl_ms = millis(ttl);
         let mut args: Vec<&[u8]> = vec![b"LEASE.ACQUIRE", name.as_ref(), owner.as_bytes(), &ttl_ms];
         if options.fence {
@@ -578,7 +633,9 @@ impl Client {
         let mut timeout = self.timeout();
         if let Some(wait) = options.wait {
             if wait < Duration::from_millis(1) {
-                return Err(Error::Invalid("WAIT under 1 ms would wait without a limit".into()));
+                return Err(Error::Invalid(
+                    "WAIT under 1 ms would wait without a limit".into(),
+                ));
             }
             w = millis(wait);
             args.extend([b"WAIT".as_slice(), &w]);
@@ -596,26 +653,46 @@ impl Client {
     /// `LEASE.RENEW`: extends the live lease of exactly this owner and
     /// token to `ttl` from now; [`Error::Lost`] if it expired or was
     /// replaced. Answers the ttl granted.
-    pub async fn renew(&self, name: impl AsRef<[u8]>, owner: &str, token: u64, ttl: Duration) -> Result<Duration, Error> {
+    pub async fn renew(
+        &self,
+        name: impl AsRef<[u8]>,
+        owner: &str,
+        token: u64,
+        ttl: Duration,
+    ) -> Result<Duration, Error> {
         let (t, ms) = (arg(token), millis(ttl));
         let granted = self
-            .integer(&[b"LEASE.RENEW", name.as_ref(), owner.as_bytes(), &t, &ms], self.timeout())
+            .integer(
+                &[b"LEASE.RENEW", name.as_ref(), owner.as_bytes(), &t, &ms],
+                self.timeout(),
+            )
             .await?;
         Ok(Duration::from_millis(granted))
     }
 
     /// `LEASE.RELEASE`: whether this owner and token held it (idempotent).
-    pub async fn release(&self, name: impl AsRef<[u8]>, owner: &str, token: u64) -> Result<bool, Error> {
+    pub async fn release(
+        &self,
+        name: impl AsRef<[u8]>,
+        owner: &str,
+        token: u64,
+    ) -> Result<bool, Error> {
         let t = arg(token);
         let n = self
-            .integer(&[b"LEASE.RELEASE", name.as_ref(), owner.as_bytes(), &t], self.timeout())
+            .integer(
+                &[b"LEASE.RELEASE", name.as_ref(), owner.as_bytes(), &t],
+                self.timeout(),
+            )
             .await?;
         Ok(n == 1)
     }
 
     /// `LEASE.INFO`: the live lease on `name`, or `None`.
     pub async fn lease_info(&self, name: impl AsRef<[u8]>) -> Result<Option<LeaseInfo>, Error> {
-        match self.command(&[b"LEASE.INFO", name.as_ref()], self.timeout()).await? {
+        match self
+            .command(&[b"LEASE.INFO", name.as_ref()], self.timeout())
+            .await?
+        {
             Value::Null => Ok(None),
             Value::Array(v) if v.len() == 3 => Ok(Some(LeaseInfo {
                 owner: match &v[0] {
@@ -632,12 +709,25 @@ impl Client {
 
     /// Acquires `name` for `owner` and starts a keeper that renews it at a
     /// third of `ttl`; see [`Lease`].
-    pub async fn lease(&self, name: impl AsRef<[u8]>, owner: &str, ttl: Duration, options: LeaseOptions) -> Result<Lease, Error> {
-        Lease::acquire(self.clone(), Bytes::copy_from_slice(name.as_ref()), owner, ttl, options).await
+    pub async fn lease(
+        &self,
+        name: impl AsRef<[u8]>,
+        owner: &str,
+        ttl: Duration,
+        options: LeaseOptions,
+    ) -> Result<Lease, Error> {
+        Lease::acquire(
+            self.clone(),
+            Bytes::copy_from_slice(name.as_ref()),
+            owner,
+            ttl,
+            options,
+        )
+        .await
     }
 }
 
-/// A blocking follower of one stream: [`Tail::next`] answers the records
+/// A follower of one stream: [`Tail::next_record`] answers the records
 /// in order, waiting with `LOG.READ … BLOCK` when it has none.
 #[derive(Debug)]
 pub struct Tail {
@@ -654,9 +744,12 @@ const TAIL_BATCH: u32 = 100;
 impl Tail {
     /// The next record, or `None` if none arrived within one `block`
     /// interval (call again to go on waiting).
-    pub async fn next(&mut self) -> Result<Option<Record>, Error> {
+    pub async fn next_record(&mut self) -> Result<Option<Record>, Error> {
         if self.buffered.is_empty() {
-            let records = self.client.read_block(&self.stream, self.next, TAIL_BATCH, self.block).await?;
+            let records = self
+                .client
+                .read_block(&self.stream, self.next, TAIL_BATCH, self.block)
+                .await?;
             if let Some(last) = records.last() {
                 self.next = last.offset.saturating_add(1);
             }
@@ -671,7 +764,10 @@ impl Tail {
     }
 }
 
-fn with_records<'a, R: AsRef<[u8]>>(args: &mut Vec<&'a [u8]>, records: &'a [R]) -> Result<(), Error> {
+fn with_records<'a, R: AsRef<[u8]>>(
+    args: &mut Vec<&'a [u8]>,
+    records: &'a [R],
+) -> Result<(), Error> {
     if records.is_empty() {
         return Err(Error::Invalid("an append needs at least one record".into()));
     }
@@ -685,7 +781,9 @@ fn unexpected(command: &str, v: &Value) -> Error {
 
 fn as_u64(v: &Value) -> Result<u64, Error> {
     match v {
-        Value::Int(n) => u64::try_from(*n).map_err(|_| Error::Protocol(format!("a negative number: {n}"))),
+        Value::Int(n) => {
+            u64::try_from(*n).map_err(|_| Error::Protocol(format!("a negative number: {n}")))
+        }
         other => Err(Error::Protocol(format!("not an integer: {other:?}"))),
     }
 }

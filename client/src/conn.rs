@@ -73,7 +73,10 @@ impl Connection {
         }
         if let Some(pw) = &config.password {
             let reply = match &config.user {
-                Some(u) => self.request(&[b"AUTH", u.as_bytes(), pw.as_bytes()]).await?,
+                Some(u) => {
+                    self.request(&[b"AUTH", u.as_bytes(), pw.as_bytes()])
+                        .await?
+                }
                 None => self.request(&[b"AUTH", pw.as_bytes()]).await?,
             };
             match reply {

@@ -106,7 +106,10 @@ impl Error {
     }
 
     pub(crate) fn timed_out(what: &str) -> Error {
-        Error::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, what.to_string()))
+        Error::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            what.to_string(),
+        ))
     }
 }
 
@@ -127,15 +130,24 @@ mod tests {
     fn the_server_words_become_typed_errors() {
         assert!(matches!(
             Error::from_server("STALE token 41 is below the highest accepted token 42"),
-            Error::Stale { presented: 41, highest: 42 }
+            Error::Stale {
+                presented: 41,
+                highest: 42
+            }
         ));
         assert!(matches!(
             Error::from_server("MISMATCH expected offset 5 but the next offset is 7"),
-            Error::Mismatch { expected: 5, next: 7 }
+            Error::Mismatch {
+                expected: 5,
+                next: 7
+            }
         ));
         assert!(matches!(
             Error::from_server("TRIMMED offset 3 is below the start offset 10"),
-            Error::Trimmed { requested: 3, start: 10 }
+            Error::Trimmed {
+                requested: 3,
+                start: 10
+            }
         ));
         match Error::from_server("HELD lease is held by another owner for 1200 ms") {
             Error::Held { remaining } => assert_eq!(remaining, Duration::from_millis(1200)),
@@ -145,9 +157,21 @@ mod tests {
             Error::from_server("LOST lease is not held by this owner and token"),
             Error::Lost
         ));
-        assert!(matches!(Error::from_server("UNCERTAIN x"), Error::Uncertain));
-        assert!(matches!(Error::from_server("TOOBIG payload"), Error::TooBig(_)));
-        assert!(matches!(Error::from_server("STALE garbled"), Error::Server(_)));
-        assert!(matches!(Error::from_server("ERR syntax error"), Error::Server(_)));
+        assert!(matches!(
+            Error::from_server("UNCERTAIN x"),
+            Error::Uncertain
+        ));
+        assert!(matches!(
+            Error::from_server("TOOBIG payload"),
+            Error::TooBig(_)
+        ));
+        assert!(matches!(
+            Error::from_server("STALE garbled"),
+            Error::Server(_)
+        ));
+        assert!(matches!(
+            Error::from_server("ERR syntax error"),
+            Error::Server(_)
+        ));
     }
 }

@@ -210,18 +210,27 @@ impl Lease {
     /// If the lease is lost between a lost reply and its retry, the answer
     /// is [`Error::Uncertain`]: the first try may or may not have landed,
     /// and a write after the loss is not sent.
-    pub async fn append<R: AsRef<[u8]>>(&self, stream: impl AsRef<[u8]>, records: &[R]) -> Result<u64, Error> {
+    pub async fn append<R: AsRef<[u8]>>(
+        &self,
+        stream: impl AsRef<[u8]>,
+        records: &[R],
+    ) -> Result<u64, Error> {
         let stream = stream.as_ref();
         self.shared.check()?;
         let next = self.client.stat(stream).await?.next_offset;
         self.shared.check()?;
-        let first = self.client.append_at(stream, self.token, next, records).await;
+        let first = self
+            .client
+            .append_at(stream, self.token, next, records)
+            .await;
         let result = match first {
             Err(e) if e.outcome_unknown() => {
                 if self.shared.check().is_err() {
                     return Err(Error::Uncertain);
                 }
-                self.client.append_at(stream, self.token, next, records).await
+                self.client
+                    .append_at(stream, self.token, next, records)
+                    .await
             }
             other => other,
         };
@@ -235,7 +244,9 @@ impl Lease {
     /// held it for this owner and token.
     pub async fn release(mut self) -> Result<bool, Error> {
         self.stop(LeaseLoss::Released);
-        self.client.release(&self.name, &self.owner, self.token).await
+        self.client
+            .release(&self.name, &self.owner, self.token)
+            .await
     }
 
     fn stop(&mut self, why: LeaseLoss) {
@@ -262,8 +273,12 @@ impl Drop for Lease {
         // Best effort: without a runtime (or after it shut down) the lease
         // simply expires on the server.
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            let (client, name, owner, token) =
-                (self.client.clone(), self.name.clone(), self.owner.clone(), self.token);
+            let (client, name, owner, token) = (
+                self.client.clone(),
+                self.name.clone(),
+                self.owner.clone(),
+                self.token,
+            );
             handle.spawn(async move {
                 let _ = client.release(&name, &owner, token).await;
             });

@@ -286,9 +286,7 @@ impl Parser {
                     }
                 }
                 b'|' => {
-                    return Err(Error::Protocol(
-                        "RESP3 attributes are not supported".into(),
-                    ));
+                    return Err(Error::Protocol("RESP3 attributes are not supported".into()));
                 }
                 other => {
                     return Err(Error::Protocol(format!(
@@ -434,10 +432,17 @@ mod tests {
             Value::Verbatim(Bytes::from_static(b"abcd")),
             Value::Error("BAD".into()),
             Value::Array(vec![
-                Value::Array(vec![Value::Int(0), Value::Int(7), Value::Bulk(Bytes::from_static(b"x"))]),
+                Value::Array(vec![
+                    Value::Int(0),
+                    Value::Int(7),
+                    Value::Bulk(Bytes::from_static(b"x")),
+                ]),
                 Value::Array(vec![]),
             ]),
-            Value::Map(vec![(Value::Simple("k".into()), Value::Set(vec![Value::Int(1)]))]),
+            Value::Map(vec![(
+                Value::Simple("k".into()),
+                Value::Set(vec![Value::Int(1)]),
+            )]),
             Value::Push(vec![Value::Simple("p".into())]),
         ]
     }
@@ -489,10 +494,17 @@ mod tests {
             b"#x\r\n",
         ] {
             let r = parse_all(bad, limits);
-            assert!(matches!(r, Err(Error::Protocol(_))), "{:?}: {r:?}", String::from_utf8_lossy(bad));
+            assert!(
+                matches!(r, Err(Error::Protocol(_))),
+                "{:?}: {r:?}",
+                String::from_utf8_lossy(bad)
+            );
         }
         // Within the limits the same shapes parse.
-        assert_eq!(parse_all(b"$10\r\n0123456789\r\n", limits).unwrap().len(), 1);
+        assert_eq!(
+            parse_all(b"$10\r\n0123456789\r\n", limits).unwrap().len(),
+            1
+        );
         assert_eq!(parse_all(b"*1\r\n*1\r\n:1\r\n", limits).unwrap().len(), 1);
     }
 
@@ -505,13 +517,19 @@ mod tests {
         buf.extend_from_slice(b"c\r\n");
         assert_eq!(
             p.parse(&mut buf).unwrap(),
-            Some(Value::Array(vec![Value::Int(1), Value::Bulk(Bytes::from_static(b"abc"))]))
+            Some(Value::Array(vec![
+                Value::Int(1),
+                Value::Bulk(Bytes::from_static(b"abc"))
+            ]))
         );
         assert!(p.is_idle());
     }
 
     #[test]
     fn encodes_requests_as_bulk_arrays() {
-        assert_eq!(encode_command(&[b"PING", b""]), b"*2\r\n$4\r\nPING\r\n$0\r\n\r\n");
+        assert_eq!(
+            encode_command(&[b"PING", b""]),
+            b"*2\r\n$4\r\nPING\r\n$0\r\n\r\n"
+        );
     }
 }

@@ -11,18 +11,39 @@ use fencelog_client::{Client, Config, Error, LeaseOptions};
 
 #[tokio::test]
 async fn the_client_finds_and_follows_the_leader() {
-    let Some(cluster) = common::Server::start_cluster(3) else { return };
+    let Some(cluster) = common::Server::start_cluster(3) else {
+        return;
+    };
     let base: u16 = cluster.addr.rsplit(':').next().unwrap().parse().unwrap();
     let nodes: Vec<String> = (0..3).map(|i| format!("127.0.0.1:{}", base + i)).collect();
 
     // Seeds are every node; the first writes wait out the election
     // (TRYAGAIN) within the retry time.
-    let config = Config { seeds: nodes.clone(), retry_total: Duration::from_secs(20), ..Config::default() };
+    let config = Config {
+        seeds: nodes.clone(),
+        retry_total: Duration::from_secs(20),
+        ..Config::default()
+    };
     let a = Client::connect(config.clone()).await.unwrap();
     // A first grant, so the lease's token has an older one below it.
-    a.acquire("other", "worker-a", Duration::from_secs(5), &LeaseOptions::default()).await.unwrap();
+    a.acquire(
+        "other",
+        "worker-a",
+        Duration::from_secs(5),
+        &LeaseOptions::default(),
+    )
+    .await
+    .unwrap();
     let lease = a
-        .lease("jobs", "worker-a", Duration::from_secs(5), LeaseOptions { fence: true, ..Default::default() })
+        .lease(
+            "jobs",
+            "worker-a",
+            Duration::from_secs(5),
+            LeaseOptions {
+                fence: true,
+                ..Default::default()
+            },
+        )
         .await
         .unwrap();
     assert_eq!(lease.append("jobs", &["a1"]).await.unwrap(), 0);
@@ -32,15 +53,32 @@ async fn the_client_finds_and_follows_the_leader() {
     // A client that knows only a follower, and does not ask CLUSTER SLOTS:
     // its first command gets -MOVED and goes on to the leader.
     let follower = nodes.iter().find(|n| **n != leader).unwrap().clone();
-    let b = Client::connect(Config { seeds: vec![follower.clone()], discover_leader: false, ..config }).await.unwrap();
+    let b = Client::connect(Config {
+        seeds: vec![follower.clone()],
+        discover_leader: false,
+        ..config
+    })
+    .await
+    .unwrap();
     assert_eq!(b.leader(), None);
     assert_eq!(b.stat("jobs").await.unwrap().records, 1);
-    assert_eq!(b.leader().as_deref(), Some(leader.as_str()), "MOVED was remembered");
+    assert_eq!(
+        b.leader().as_deref(),
+        Some(leader.as_str()),
+        "MOVED was remembered"
+    );
     match b.append("jobs", lease.token() - 1, &["stale"]).await {
-        Err(Error::Stale { presented, highest }) => assert_eq!((presented + 1, highest), (lease.token(), lease.token())),
+        Err(Error::Stale { presented, highest }) => {
+            assert_eq!((presented + 1, highest), (lease.token(), lease.token()))
+        }
         other => panic!("{other:?}"),
     }
-    assert_eq!(b.append_at("jobs", lease.token(), 1, &["a2"]).await.unwrap(), 1);
+    assert_eq!(
+        b.append_at("jobs", lease.token(), 1, &["a2"])
+            .await
+            .unwrap(),
+        1
+    );
     let records = a.read("jobs", 0, 10).await.unwrap();
     assert_eq!(records.len(), 2);
     assert!(lease.release().await.unwrap());

@@ -17,31 +17,55 @@ async fn streams_answer_typed_values_and_errors() {
     assert_eq!(c.append("s", 5, &["a", "b"]).await.unwrap(), 0);
     assert_eq!(c.append_at("s", 5, 2, &["c"]).await.unwrap(), 2);
     match c.append_at("s", 5, 1, &["x"]).await {
-        Err(Error::Mismatch { expected: 1, next: 3 }) => {}
+        Err(Error::Mismatch {
+            expected: 1,
+            next: 3,
+        }) => {}
         other => panic!("{other:?}"),
     }
     match c.append("s", 4, &["late"]).await {
-        Err(Error::Stale { presented: 4, highest: 5 }) => {}
+        Err(Error::Stale {
+            presented: 4,
+            highest: 5,
+        }) => {}
         other => panic!("{other:?}"),
     }
     assert_eq!(c.fence("s", 7).await.unwrap(), 7);
     match c.fence("s", 6).await {
-        Err(Error::Stale { presented: 6, highest: 7 }) => {}
+        Err(Error::Stale {
+            presented: 6,
+            highest: 7,
+        }) => {}
         other => panic!("{other:?}"),
     }
 
     let records = c.read("s", 0, 10).await.unwrap();
-    let got: Vec<(u64, u64, &[u8])> = records.iter().map(|r| (r.offset, r.token, r.payload.as_ref())).collect();
+    let got: Vec<(u64, u64, &[u8])> = records
+        .iter()
+        .map(|r| (r.offset, r.token, r.payload.as_ref()))
+        .collect();
     assert_eq!(got, vec![(0, 5, &b"a"[..]), (1, 5, b"b"), (2, 5, b"c")]);
     assert_eq!(c.read("s", 1, 1).await.unwrap().len(), 1);
     assert!(c.read("s", 3, 10).await.unwrap().is_empty());
 
     let stat = c.stat("s").await.unwrap();
-    assert_eq!((stat.highest_token, stat.next_offset, stat.start_offset, stat.records, stat.bytes), (7, 3, 0, 3, 3));
+    assert_eq!(
+        (
+            stat.highest_token,
+            stat.next_offset,
+            stat.start_offset,
+            stat.records,
+            stat.bytes
+        ),
+        (7, 3, 0, 3, 3)
+    );
 
     assert_eq!(c.trim("s", 7, 2).await.unwrap(), 2);
     match c.read("s", 1, 10).await {
-        Err(Error::Trimmed { requested: 1, start: 2 }) => {}
+        Err(Error::Trimmed {
+            requested: 1,
+            start: 2,
+        }) => {}
         other => panic!("{other:?}"),
     }
     match c.append("s", 7, &[vec![0u8; 2048]]).await {
@@ -51,17 +75,29 @@ async fn streams_answer_typed_values_and_errors() {
     // The connection stays usable after TOOBIG.
     assert_eq!(c.delete("s", 7).await.unwrap(), 1);
     let stat = c.stat("s").await.unwrap();
-    assert_eq!((stat.highest_token, stat.next_offset, stat.records), (7, 3, 0));
+    assert_eq!(
+        (stat.highest_token, stat.next_offset, stat.records),
+        (7, 3, 0)
+    );
 
     c.append("t", 1, &["x"]).await.unwrap();
     let names = c.streams().await.unwrap();
-    assert_eq!(names, vec![bytes::Bytes::from_static(b"s"), bytes::Bytes::from_static(b"t")]);
+    assert_eq!(
+        names,
+        vec![
+            bytes::Bytes::from_static(b"s"),
+            bytes::Bytes::from_static(b"t")
+        ]
+    );
 
     match c.append("s", 0, &["zero"]).await {
         Err(Error::Server(msg)) => assert!(msg.starts_with("ERR"), "{msg}"),
         other => panic!("{other:?}"),
     }
-    assert!(matches!(c.append::<&str>("s", 7, &[]).await, Err(Error::Invalid(_))));
+    assert!(matches!(
+        c.append::<&str>("s", 7, &[]).await,
+        Err(Error::Invalid(_))
+    ));
 }
 
 #[tokio::test]
@@ -70,25 +106,65 @@ async fn leases_answer_typed_values_and_errors() {
     let c = server.client().await;
     let ttl = Duration::from_secs(10);
     assert_eq!(c.lease_info("job").await.unwrap(), None);
-    let g = c.acquire("job", "a", ttl, &LeaseOptions { fence: true, ..Default::default() }).await.unwrap();
+    let g = c
+        .acquire(
+            "job",
+            "a",
+            ttl,
+            &LeaseOptions {
+                fence: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
     assert_eq!(g.ttl, ttl);
-    assert_eq!(c.stat("job").await.unwrap().highest_token, g.token, "FENCE fenced the stream");
+    assert_eq!(
+        c.stat("job").await.unwrap().highest_token,
+        g.token,
+        "FENCE fenced the stream"
+    );
     match c.acquire("job", "b", ttl, &LeaseOptions::default()).await {
-        Err(Error::Held { remaining }) => assert!(remaining > Duration::from_secs(5) && remaining <= ttl, "{remaining:?}"),
+        Err(Error::Held { remaining }) => assert!(
+            remaining > Duration::from_secs(5) && remaining <= ttl,
+            "{remaining:?}"
+        ),
         other => panic!("{other:?}"),
     }
     let info = c.lease_info("job").await.unwrap().unwrap();
     assert_eq!((info.owner.as_str(), info.token), ("a", g.token));
     assert_eq!(c.renew("job", "a", g.token, ttl).await.unwrap(), ttl);
-    assert!(matches!(c.renew("job", "a", g.token + 100, ttl).await, Err(Error::Lost)));
-    assert!(matches!(c.renew("job", "b", g.token, ttl).await, Err(Error::Lost)));
+    assert!(matches!(
+        c.renew("job", "a", g.token + 100, ttl).await,
+        Err(Error::Lost)
+    ));
+    assert!(matches!(
+        c.renew("job", "b", g.token, ttl).await,
+        Err(Error::Lost)
+    ));
     assert!(c.release("job", "a", g.token).await.unwrap());
     assert!(!c.release("job", "a", g.token).await.unwrap());
 
     // WAIT: b gets it once a's short lease expires, with a newer token.
-    let short = c.acquire("job2", "a", Duration::from_millis(300), &LeaseOptions::default()).await.unwrap();
+    let short = c
+        .acquire(
+            "job2",
+            "a",
+            Duration::from_millis(300),
+            &LeaseOptions::default(),
+        )
+        .await
+        .unwrap();
     let waited = c
-        .acquire("job2", "b", ttl, &LeaseOptions { wait: Some(Duration::from_secs(5)), ..Default::default() })
+        .acquire(
+            "job2",
+            "b",
+            ttl,
+            &LeaseOptions {
+                wait: Some(Duration::from_secs(5)),
+                ..Default::default()
+            },
+        )
         .await
         .unwrap();
     assert!(waited.token > short.token);
@@ -99,7 +175,11 @@ async fn tail_follows_new_records_with_block() {
     let server = server_or_skip!(&[]);
     let c = server.client().await;
     let mut tail = c.tail("log", 0, Duration::from_millis(200));
-    assert_eq!(tail.next().await.unwrap(), None, "nothing yet: one BLOCK interval, then None");
+    assert_eq!(
+        tail.next_record().await.unwrap(),
+        None,
+        "nothing yet: one BLOCK interval, then None"
+    );
     let writer = c.clone();
     let w = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -109,7 +189,7 @@ async fn tail_follows_new_records_with_block() {
     });
     let mut got = Vec::new();
     for _ in 0..50 {
-        if let Some(r) = tail.next().await.unwrap() {
+        if let Some(r) = tail.next_record().await.unwrap() {
             got.push((r.offset, r.payload));
         }
         if got.len() == 3 {
@@ -117,7 +197,9 @@ async fn tail_follows_new_records_with_block() {
         }
     }
     w.await.unwrap();
-    let want: Vec<(u64, bytes::Bytes)> = (0..3).map(|i| (i, bytes::Bytes::from(format!("r{i}")))).collect();
+    let want: Vec<(u64, bytes::Bytes)> = (0..3)
+        .map(|i| (i, bytes::Bytes::from(format!("r{i}"))))
+        .collect();
     assert_eq!(got, want);
     assert_eq!(tail.position(), 3);
 }
@@ -125,7 +207,11 @@ async fn tail_follows_new_records_with_block() {
 #[tokio::test]
 async fn auth_over_resp3_and_resp2() {
     let server = server_or_skip!(&["--requirepass", "sesame"]);
-    let wrong = Client::connect(Config { password: Some("nope".into()), ..server.config() }).await;
+    let wrong = Client::connect(Config {
+        password: Some("nope".into()),
+        ..server.config()
+    })
+    .await;
     match wrong {
         Err(Error::Server(msg)) => assert!(msg.starts_with("WRONGPASS"), "{msg}"),
         other => panic!("{other:?}"),
@@ -137,13 +223,22 @@ async fn auth_over_resp3_and_resp2() {
     }
     for resp3 in [true, false] {
         for user in [None, Some("default".to_string())] {
-            let c = Client::connect(Config { password: Some("sesame".into()), user: user.clone(), resp3, ..server.config() })
-                .await
-                .unwrap();
+            let c = Client::connect(Config {
+                password: Some("sesame".into()),
+                user: user.clone(),
+                resp3,
+                ..server.config()
+            })
+            .await
+            .unwrap();
             // LOG.STAT is a map under RESP3 and a flat array under RESP2:
             // both read the same.
             c.append("a", 1, &["x"]).await.unwrap();
-            assert_eq!(c.stat("a").await.unwrap().highest_token, 1, "resp3={resp3} user={user:?}");
+            assert_eq!(
+                c.stat("a").await.unwrap().highest_token,
+                1,
+                "resp3={resp3} user={user:?}"
+            );
             assert_eq!(c.lease_info("nobody").await.unwrap(), None, "resp3={resp3}");
         }
     }
@@ -151,13 +246,29 @@ async fn auth_over_resp3_and_resp2() {
 
 #[test]
 fn the_blocking_client_is_the_async_one() {
-    let Some(server) = common::Server::start(&[]) else { return };
+    let Some(server) = common::Server::start(&[]) else {
+        return;
+    };
     let c = fencelog_client::blocking::Client::connect(server.config()).unwrap();
     c.ping().unwrap();
     // A first grant, so the lease's token has an older one below it.
-    c.acquire("other", "w", Duration::from_secs(10), &LeaseOptions::default()).unwrap();
+    c.acquire(
+        "other",
+        "w",
+        Duration::from_secs(10),
+        &LeaseOptions::default(),
+    )
+    .unwrap();
     let lease = c
-        .lease("b", "w", Duration::from_millis(300), LeaseOptions { fence: true, ..Default::default() })
+        .lease(
+            "b",
+            "w",
+            Duration::from_millis(300),
+            LeaseOptions {
+                fence: true,
+                ..Default::default()
+            },
+        )
         .unwrap();
     // The keeper runs on the client's own runtime while this thread sleeps.
     std::thread::sleep(Duration::from_millis(1000));
@@ -179,7 +290,9 @@ fn the_blocking_client_is_the_async_one() {
 async fn falls_back_to_resp2_when_hello_is_refused() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let port = common::free_ports(&[0]);
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
     let fake = tokio::spawn(async move {
         let (mut s, _) = listener.accept().await.unwrap();
         let mut seen = Vec::new();
@@ -196,9 +309,17 @@ async fn falls_back_to_resp2_when_hello_is_refused() {
         }
         seen
     });
-    let c = Client::connect(Config::new(format!("127.0.0.1:{port}"))).await.unwrap();
+    let c = Client::connect(Config::new(format!("127.0.0.1:{port}")))
+        .await
+        .unwrap();
     let stat = c.stat("x").await.unwrap();
-    assert_eq!((stat.highest_token, stat.next_offset, stat.bytes), (9, 1, 3));
+    assert_eq!(
+        (stat.highest_token, stat.next_offset, stat.bytes),
+        (9, 1, 3)
+    );
     let seen = fake.await.unwrap();
-    assert!(seen[0].contains("HELLO") && seen[1].contains("CLUSTER") && seen[2].contains("LOG.STAT"), "{seen:?}");
+    assert!(
+        seen[0].contains("HELLO") && seen[1].contains("CLUSTER") && seen[2].contains("LOG.STAT"),
+        "{seen:?}"
+    );
 }

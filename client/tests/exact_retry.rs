@@ -27,13 +27,17 @@ struct Proxy {
 
 async fn proxy(upstream: String) -> Proxy {
     let port = common::free_ports(&[0]);
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
     let mode = Arc::new(AtomicU8::new(PASS));
     let swallowed = Arc::new(AtomicUsize::new(0));
     let (m, sw) = (mode.clone(), swallowed.clone());
     tokio::spawn(async move {
         loop {
-            let Ok((client, _)) = listener.accept().await else { return };
+            let Ok((client, _)) = listener.accept().await else {
+                return;
+            };
             let server = tokio::net::TcpStream::connect(&upstream).await.unwrap();
             let (m, sw) = (m.clone(), sw.clone());
             tokio::spawn(async move {
@@ -89,7 +93,11 @@ async fn proxy(upstream: String) -> Proxy {
             });
         }
     });
-    Proxy { addr: format!("127.0.0.1:{port}"), mode, swallowed }
+    Proxy {
+        addr: format!("127.0.0.1:{port}"),
+        mode,
+        swallowed,
+    }
 }
 
 #[tokio::test]
@@ -97,11 +105,22 @@ async fn a_lost_reply_is_retried_exactly_once() {
     let server = server_or_skip!(&[]);
     let direct = server.client().await;
     let p = proxy(server.addr.clone()).await;
-    let c = Client::connect(Config { request_timeout: Duration::from_millis(500), ..Config::new(p.addr.clone()) })
-        .await
-        .unwrap();
+    let c = Client::connect(Config {
+        request_timeout: Duration::from_millis(500),
+        ..Config::new(p.addr.clone())
+    })
+    .await
+    .unwrap();
     let lease = c
-        .lease("x", "me", Duration::from_secs(30), LeaseOptions { fence: true, ..Default::default() })
+        .lease(
+            "x",
+            "me",
+            Duration::from_secs(30),
+            LeaseOptions {
+                fence: true,
+                ..Default::default()
+            },
+        )
         .await
         .unwrap();
 
@@ -111,7 +130,11 @@ async fn a_lost_reply_is_retried_exactly_once() {
         let payload = format!("exactly once {i}");
         let offset = lease.append("x", &[payload.as_str()]).await.unwrap();
         assert_eq!(offset, i as u64, "mode {mode}");
-        assert_eq!(p.swallowed.load(Ordering::SeqCst), before + 1, "the first reply was swallowed");
+        assert_eq!(
+            p.swallowed.load(Ordering::SeqCst),
+            before + 1,
+            "the first reply was swallowed"
+        );
         let records = direct.read("x", 0, 100).await.unwrap();
         assert_eq!(records.len(), i + 1, "mode {mode}: {records:?}");
         assert_eq!(records[i].payload, payload.as_bytes());
@@ -127,7 +150,10 @@ async fn a_lost_reply_is_retried_exactly_once() {
 
     // A write refused for a stale token is not retried, and ends the lease.
     direct.fence("x", lease.token() + 1).await.unwrap();
-    assert!(matches!(lease.append("x", &["late"]).await, Err(Error::Stale { .. })));
+    assert!(matches!(
+        lease.append("x", &["late"]).await,
+        Err(Error::Stale { .. })
+    ));
     assert!(lease.is_lost());
     assert_eq!(direct.stat("x").await.unwrap().records, 3);
 }

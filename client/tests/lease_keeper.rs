@@ -15,7 +15,10 @@ async fn the_keeper_holds_a_lease_across_many_ttls() {
     let server = server_or_skip!(&[]);
     let c = server.client().await;
     let ttl = Duration::from_millis(300);
-    let lease = c.lease("held", "keeper", ttl, LeaseOptions::default()).await.unwrap();
+    let lease = c
+        .lease("held", "keeper", ttl, LeaseOptions::default())
+        .await
+        .unwrap();
     let lost = lease.lost();
     tokio::pin!(lost);
     let until = Instant::now() + ttl * 8;
@@ -31,14 +34,20 @@ async fn the_keeper_holds_a_lease_across_many_ttls() {
     }
     assert!(checks >= 15, "{checks}");
     assert!(matches!(
-        c.acquire("held", "other", ttl, &LeaseOptions::default()).await,
+        c.acquire("held", "other", ttl, &LeaseOptions::default())
+            .await,
         Err(Error::Held { .. })
     ));
     assert_eq!(lease.append("held", &["still mine"]).await.unwrap(), 0);
     let token = lease.token();
     assert!(lease.release().await.unwrap());
-    assert!(!c.release("held", "keeper", token).await.unwrap(), "released once already");
-    c.acquire("held", "other", ttl, &LeaseOptions::default()).await.unwrap();
+    assert!(
+        !c.release("held", "keeper", token).await.unwrap(),
+        "released once already"
+    );
+    c.acquire("held", "other", ttl, &LeaseOptions::default())
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -46,22 +55,38 @@ async fn a_refused_renewal_ends_the_lease_and_dropping_releases() {
     let server = server_or_skip!(&[]);
     let c = server.client().await;
     let ttl = Duration::from_millis(600);
-    let lease = c.lease("r", "me", ttl, LeaseOptions::default()).await.unwrap();
+    let lease = c
+        .lease("r", "me", ttl, LeaseOptions::default())
+        .await
+        .unwrap();
     // Someone with the token releases it behind the keeper's back: the next
     // renewal answers LOST.
     assert!(c.release("r", "me", lease.token()).await.unwrap());
-    let why = tokio::time::timeout(ttl, lease.lost()).await.expect("loss signalled within a ttl");
+    let why = tokio::time::timeout(ttl, lease.lost())
+        .await
+        .expect("loss signalled within a ttl");
     assert_eq!(why, LeaseLoss::Refused);
     assert!(matches!(lease.append("r", &["x"]).await, Err(Error::Lost)));
     assert_eq!(c.stat("r").await.unwrap().records, 0);
 
-    let dropped = c.lease("d", "me", Duration::from_secs(30), LeaseOptions::default()).await.unwrap();
+    let dropped = c
+        .lease("d", "me", Duration::from_secs(30), LeaseOptions::default())
+        .await
+        .unwrap();
     let lost = dropped.lost();
     drop(dropped);
-    assert_eq!(tokio::time::timeout(Duration::from_secs(1), lost).await.unwrap(), LeaseLoss::Released);
+    assert_eq!(
+        tokio::time::timeout(Duration::from_secs(1), lost)
+            .await
+            .unwrap(),
+        LeaseLoss::Released
+    );
     let deadline = Instant::now() + Duration::from_secs(5);
     while c.lease_info("d").await.unwrap().is_some() {
-        assert!(Instant::now() < deadline, "the drop never released the lease");
+        assert!(
+            Instant::now() < deadline,
+            "the drop never released the lease"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -73,10 +98,25 @@ async fn a_refused_renewal_ends_the_lease_and_dropping_releases() {
 #[tokio::test]
 async fn a_silent_server_past_the_ttl_is_a_lost_lease() {
     let server = server_or_skip!(&[]);
-    let config = Config { request_timeout: Duration::from_secs(1), ..server.config() };
+    let config = Config {
+        request_timeout: Duration::from_secs(1),
+        ..server.config()
+    };
     let c = Client::connect(config).await.unwrap();
     let ttl = Duration::from_millis(600);
-    let lease = std::sync::Arc::new(c.lease("w", "me", ttl, LeaseOptions { fence: true, ..Default::default() }).await.unwrap());
+    let lease = std::sync::Arc::new(
+        c.lease(
+            "w",
+            "me",
+            ttl,
+            LeaseOptions {
+                fence: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap(),
+    );
 
     // A worker writing through the lease until it is refused.
     let worker = {
@@ -96,18 +136,26 @@ async fn a_silent_server_past_the_ttl_is_a_lost_lease() {
     tokio::time::sleep(ttl / 2).await;
     server.signal("STOP");
     let stopped = Instant::now();
-    let why = tokio::time::timeout(ttl * 3, lease.lost()).await.expect("lost() fired while the server was stopped");
+    let why = tokio::time::timeout(ttl * 3, lease.lost())
+        .await
+        .expect("lost() fired while the server was stopped");
     let after = stopped.elapsed();
     assert_eq!(why, LeaseLoss::Expired);
     // Measured from the last renewal sent (before the stop): never later
     // than a ttl after the stop, whatever the scheduling.
-    assert!(after <= ttl, "lost() fired {after:?} after the stop, ttl {ttl:?}");
+    assert!(
+        after <= ttl,
+        "lost() fired {after:?} after the stop, ttl {ttl:?}"
+    );
 
     for i in 0..3 {
         let t = Instant::now();
         let r = lease.append("w", &[format!("after {i}")]).await;
         assert!(matches!(r, Err(Error::Lost)), "{r:?}");
-        assert!(t.elapsed() < Duration::from_millis(100), "refused locally, not after a round trip");
+        assert!(
+            t.elapsed() < Duration::from_millis(100),
+            "refused locally, not after a round trip"
+        );
     }
     server.signal("CONT");
     let (ok, last) = worker.await.unwrap();
@@ -117,7 +165,10 @@ async fn a_silent_server_past_the_ttl_is_a_lost_lease() {
     assert!(matches!(last, Error::Lost | Error::Uncertain), "{last:?}");
 
     let records = c.read("w", 0, 10_000).await.unwrap();
-    assert!(records.iter().all(|r| r.payload.starts_with(b"before ")), "a write after the loss landed");
+    assert!(
+        records.iter().all(|r| r.payload.starts_with(b"before ")),
+        "a write after the loss landed"
+    );
     let in_flight = usize::from(matches!(last, Error::Uncertain));
     assert!(
         records.len() == ok.len() || records.len() == ok.len() + in_flight,

@@ -37,7 +37,8 @@ pub fn bin() -> Option<PathBuf> {
 pub fn free_ports(offsets: &[u16]) -> u16 {
     use std::sync::atomic::{AtomicU32, Ordering};
     static NEXT: AtomicU32 = AtomicU32::new(0);
-    static GIVEN: Mutex<std::collections::BTreeSet<u32>> = Mutex::new(std::collections::BTreeSet::new());
+    static GIVEN: Mutex<std::collections::BTreeSet<u32>> =
+        Mutex::new(std::collections::BTreeSet::new());
     // Another crate's tests use 20000 and up from their own start: this
     // range starts a little higher to meet them less often.
     const LOW: u32 = 21_000;
@@ -49,9 +50,9 @@ pub fn free_ports(offsets: &[u16]) -> u16 {
         let base = LOW + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
         let ports: Vec<u32> = offsets.iter().map(|&o| base + u32::from(o)).collect();
         let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
-        let free = ports
-            .iter()
-            .all(|&p| !given.contains(&p) && std::net::TcpListener::bind(("127.0.0.1", p as u16)).is_ok());
+        let free = ports.iter().all(|&p| {
+            !given.contains(&p) && std::net::TcpListener::bind(("127.0.0.1", p as u16)).is_ok()
+        });
         if free {
             given.extend(ports);
             return base as u16;
@@ -77,7 +78,11 @@ impl Server {
         let port = free_ports(&[0]);
         let addr = format!("127.0.0.1:{port}");
         let mut cmd = Command::new(bin);
-        cmd.arg("serve").arg("--dir").arg(dir.path().join("data")).args(["--addr", &addr]).args(extra);
+        cmd.arg("serve")
+            .arg("--dir")
+            .arg(dir.path().join("data"))
+            .args(["--addr", &addr])
+            .args(extra);
         Some(Server::spawn(cmd, dir, addr, &[port]))
     }
 
@@ -88,9 +93,16 @@ impl Server {
         let offsets: Vec<u16> = (0..nodes).chain((0..nodes).map(|i| 10_000 + i)).collect();
         let port = free_ports(&offsets);
         let mut cmd = Command::new(bin);
-        cmd.args(["cluster", "local", "--nodes", &nodes.to_string(), "--port", &port.to_string()])
-            .arg("--dir")
-            .arg(dir.path().join("cluster"));
+        cmd.args([
+            "cluster",
+            "local",
+            "--nodes",
+            &nodes.to_string(),
+            "--port",
+            &port.to_string(),
+        ])
+        .arg("--dir")
+        .arg(dir.path().join("cluster"));
         let ports: Vec<u16> = (0..nodes).map(|i| port + i).collect();
         Some(Server::spawn(cmd, dir, format!("127.0.0.1:{port}"), &ports))
     }
@@ -126,7 +138,12 @@ impl Server {
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
-        Server { child, addr, dir, log }
+        Server {
+            child,
+            addr,
+            dir,
+            log,
+        }
     }
 
     /// Sends a signal (`STOP`, `CONT`, …) to the server process.
@@ -143,7 +160,9 @@ impl Server {
     }
 
     pub async fn client(&self) -> fencelog_client::Client {
-        fencelog_client::Client::connect(self.config()).await.expect("connect")
+        fencelog_client::Client::connect(self.config())
+            .await
+            .expect("connect")
     }
 }
 
@@ -151,8 +170,12 @@ impl Drop for Server {
     fn drop(&mut self) {
         // A stopped process would take SIGKILL too, but its children (a
         // cluster's nodes) need their parent's SIGINT to go down.
-        let _ = Command::new("kill").args(["-CONT", &self.child.id().to_string()]).status();
-        let _ = Command::new("kill").args(["-INT", &self.child.id().to_string()]).status();
+        let _ = Command::new("kill")
+            .args(["-CONT", &self.child.id().to_string()])
+            .status();
+        let _ = Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status();
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if self.child.try_wait().ok().flatten().is_some() {
