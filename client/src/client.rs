@@ -154,11 +154,12 @@ const STREAMS_PAGE: u32 = 1_000;
 /// A fencelog client: cloneable (clones share the pool and the leader), for
 /// one node or a cluster.
 ///
-/// Calls never resend a request that may have reached the server: an I/O
+/// Calls never resend a write that may have reached the server: an I/O
 /// error or timeout after the request was written is returned as
-/// [`Error::Io`], because a write may have been applied. What is retried is
-/// only what cannot have been applied: a refused connection, `-MOVED`,
-/// `-TRYAGAIN` and `-CLUSTERDOWN`.
+/// [`Error::Io`], because the write may have been applied. What is retried
+/// is only what cannot have been applied (a refused connection, `-MOVED`,
+/// `-TRYAGAIN`, `-CLUSTERDOWN`) and reads (`LOG.READ`, `LOG.STAT`,
+/// `LOG.STREAMS`, `LEASE.INFO`, `PING`), which change nothing.
 #[derive(Debug, Clone)]
 pub struct Client {
     inner: Arc<Inner>,
@@ -292,8 +293,9 @@ impl Client {
 
     /// Sends a command to the leader, following `-MOVED` and waiting out
     /// `-TRYAGAIN` / `-CLUSTERDOWN` and refused connections (capped
-    /// exponential backoff, `retry_total` in all). `timeout` bounds each
-    /// attempt's wait for its reply. An error reply is returned as a value.
+    /// exponential backoff, `retry_total` in all); a read is also asked
+    /// again after an I/O error. `timeout` bounds each attempt's wait for
+    /// its reply. An error reply is returned as a value.
     pub(crate) async fn call(&self, args: &[&[u8]], timeout: Duration) -> Result<Value, Error> {
         let cfg = &self.inner.config;
         let started = Instant::now();
@@ -318,7 +320,21 @@ impl Client {
                 }
                 Err(e) => return Err(e),
             };
-            match self.exec(conn, &target, args, timeout).await? {
+            let reply = match self.exec(conn, &target, args, timeout).await {
+                Ok(v) => v,
+                // A read changes nothing, so a lost reply is simply asked
+                // again (a pooled connection to a node that just died fails
+                // so); a write's outcome is the caller's to decide.
+                Err(e @ Error::Io(_)) if is_read(args) => {
+                    if !self.backoff(started, &mut backoff).await {
+                        return Err(e);
+                    }
+                    redirects = 0;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            match reply {
                 Value::Error(e) if e.starts_with("MOVED ") => {
                     redirects += 1;
                     let addr = e.split_whitespace().nth(2).map(str::to_string);
@@ -336,7 +352,12 @@ impl Client {
                     }
                     redirects = 0;
                 }
-                v => return Ok(v),
+                v => {
+                    // It answered instead of redirecting: it leads (or is
+                    // the single node), wherever the address came from.
+                    *lock(&self.inner.leader) = Some(target);
+                    return Ok(v);
+                }
             }
         }
         Err(Error::Server(format!(
@@ -762,6 +783,20 @@ impl Tail {
     pub fn position(&self) -> u64 {
         self.next
     }
+}
+
+/// Whether a command only reads, so that resending it after a lost reply
+/// cannot change anything.
+fn is_read(args: &[&[u8]]) -> bool {
+    const READS: [&[u8]; 5] = [
+        b"PING",
+        b"LOG.READ",
+        b"LOG.STAT",
+        b"LOG.STREAMS",
+        b"LEASE.INFO",
+    ];
+    args.first()
+        .is_some_and(|c| READS.iter().any(|r| r.eq_ignore_ascii_case(c)))
 }
 
 fn with_records<'a, R: AsRef<[u8]>>(

@@ -12,9 +12,9 @@
 //!
 //! Against a cluster the client asks `CLUSTER SLOTS` for the leader, follows
 //! `-MOVED` and waits out `-TRYAGAIN` / `-CLUSTERDOWN` with a capped
-//! exponential backoff. It never resends a request that may have reached
-//! the server: such a failure is [`Error::Io`] or [`Error::Uncertain`]
-//! ([`Error::outcome_unknown`]).
+//! exponential backoff. It asks a read again after a lost reply, but never
+//! resends a write that may have reached the server: such a failure is
+//! [`Error::Io`] or [`Error::Uncertain`] ([`Error::outcome_unknown`]).
 //!
 //! [`blocking::Client`] is the same client for code without async.
 //!

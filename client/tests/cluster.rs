@@ -83,3 +83,74 @@ async fn the_client_finds_and_follows_the_leader() {
     assert_eq!(records.len(), 2);
     assert!(lease.release().await.unwrap());
 }
+
+/// The pid of the `cluster local` node serving clients on `addr`.
+fn node_pid(parent: u32, addr: &str) -> u32 {
+    let out = std::process::Command::new("pgrep")
+        .args(["-P", &parent.to_string()])
+        .output()
+        .unwrap();
+    for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+        if args
+            .windows(2)
+            .any(|w| w[0] == b"--addr" && w[1] == addr.as_bytes())
+        {
+            return pid.parse().unwrap();
+        }
+    }
+    panic!("no node of {parent} serves {addr}");
+}
+
+/// The leader is killed (SIGKILL) while a lease is held: the same client
+/// finds the new leader (refused connections, TRYAGAIN, MOVED), the keeper
+/// holds the lease through the change, and writes go on with its token.
+#[tokio::test]
+async fn a_lease_survives_a_leader_kill() {
+    let Some(cluster) = common::Server::start_cluster(3) else {
+        return;
+    };
+    let base: u16 = cluster.addr.rsplit(':').next().unwrap().parse().unwrap();
+    let nodes: Vec<String> = (0..3).map(|i| format!("127.0.0.1:{}", base + i)).collect();
+    let config = Config {
+        seeds: nodes.clone(),
+        retry_total: Duration::from_secs(20),
+        ..Config::default()
+    };
+    let c = Client::connect(config).await.unwrap();
+    let lease = c
+        .lease(
+            "jobs",
+            "worker-a",
+            Duration::from_secs(6),
+            LeaseOptions {
+                fence: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(lease.append("jobs", &["before"]).await.unwrap(), 0);
+    let old = c.leader().unwrap();
+
+    let pid = node_pid(cluster.child.id(), &old);
+    let status = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+
+    assert_eq!(lease.append("jobs", &["after"]).await.unwrap(), 1);
+    let new = c.leader().unwrap();
+    assert_ne!(new, old, "the write went to a new leader");
+    // Two more ttl thirds: the keeper renews through the new leader.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(!lease.is_lost(), "{:?}", lease.loss());
+    let info = c.lease_info("jobs").await.unwrap().unwrap();
+    assert_eq!(info.token, lease.token());
+    let records = c.read("jobs", 0, 10).await.unwrap();
+    let payloads: Vec<&[u8]> = records.iter().map(|r| r.payload.as_ref()).collect();
+    assert_eq!(payloads, vec![&b"before"[..], b"after"]);
+    assert!(lease.release().await.unwrap());
+}
