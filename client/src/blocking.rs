@@ -2,10 +2,11 @@
 //! there is one code path for every decision.
 //!
 //! The runtime has one worker thread of its own, so a [`Lease`]'s keeper
-//! goes on renewing while the caller's thread does other work. Do not use
-//! these types from inside an async runtime (blocking there would stall
-//! it, and tokio refuses to drop a runtime from within one).
+//! goes on renewing while the caller's thread does other work. Do not call
+//! these from inside an async runtime: `block_on` there panics (it would
+//! stall the runtime's thread). Dropping them anywhere is fine.
 
+use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,10 +15,35 @@ use tokio::runtime::Runtime;
 
 pub use crate::{Config, Error, Grant, LeaseInfo, LeaseLoss, LeaseOptions, Record, StreamStat};
 
+/// The facade's runtime. Shut down without waiting when the last client,
+/// lease or tail holding it goes: a plain drop blocks, and panics inside
+/// another runtime.
+#[derive(Debug)]
+struct OwnRuntime(Option<Runtime>);
+
+impl Deref for OwnRuntime {
+    type Target = Runtime;
+    fn deref(&self) -> &Runtime {
+        match &self.0 {
+            Some(rt) => rt,
+            // Taken only in drop, after which nothing can deref it.
+            None => unreachable!("the runtime is taken only when dropped"),
+        }
+    }
+}
+
+impl Drop for OwnRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
 /// A blocking [`crate::Client`].
 #[derive(Debug, Clone)]
 pub struct Client {
-    rt: Arc<Runtime>,
+    rt: Arc<OwnRuntime>,
     inner: crate::Client,
 }
 
@@ -31,7 +57,7 @@ impl Client {
             .build()?;
         let inner = rt.block_on(crate::Client::connect(config))?;
         Ok(Client {
-            rt: Arc::new(rt),
+            rt: Arc::new(OwnRuntime(Some(rt))),
             inner,
         })
     }
@@ -179,7 +205,7 @@ impl Client {
 /// A blocking [`crate::Tail`].
 #[derive(Debug)]
 pub struct Tail {
-    rt: Arc<Runtime>,
+    rt: Arc<OwnRuntime>,
     inner: crate::Tail,
 }
 
@@ -198,7 +224,7 @@ impl Tail {
 /// A blocking [`crate::Lease`]; its keeper runs on the client's runtime.
 #[derive(Debug)]
 pub struct Lease {
-    rt: Arc<Runtime>,
+    rt: Arc<OwnRuntime>,
     /// Always `Some` until `release` or drop takes it.
     inner: Option<crate::Lease>,
 }

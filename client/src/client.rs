@@ -856,3 +856,41 @@ fn leader_of(ranges: &[Value]) -> Option<String> {
     };
     Some(format!("{host}:{port}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_leader_is_the_first_node_of_cluster_slots() {
+        let node = |port| {
+            Value::Array(vec![
+                Value::Bulk(Bytes::from_static(b"127.0.0.1")),
+                Value::Int(port),
+                Value::Bulk(Bytes::from_static(b"0001")),
+            ])
+        };
+        let ranges = vec![Value::Array(vec![
+            Value::Int(0),
+            Value::Int(16383),
+            node(7380),
+            node(7379),
+        ])];
+        assert_eq!(leader_of(&ranges).as_deref(), Some("127.0.0.1:7380"));
+        assert_eq!(leader_of(&[]), None);
+        assert_eq!(
+            leader_of(&[Value::Array(vec![Value::Int(0), Value::Int(16383)])]),
+            None
+        );
+    }
+
+    #[test]
+    fn only_reads_are_asked_again() {
+        assert!(is_read(&[b"log.stat", b"s"]));
+        assert!(is_read(&[b"LOG.READ", b"s", b"0"]));
+        assert!(!is_read(&[b"LOG.APPENDAT", b"s"]));
+        assert!(!is_read(&[b"LEASE.RENEW"]));
+        assert!(!is_read(&[b"CLUSTER", b"ADDNODE"]));
+        assert!(!is_read(&[]));
+    }
+}

@@ -323,3 +323,22 @@ async fn falls_back_to_resp2_when_hello_is_refused() {
         "{seen:?}"
     );
 }
+
+/// The blocking client dropped inside an async runtime (a plain tokio
+/// runtime drop would panic there), and its tail.
+#[tokio::test]
+async fn the_blocking_client_can_be_dropped_anywhere() {
+    let server = server_or_skip!(&[]);
+    let addr = server.addr.clone();
+    let c = tokio::task::spawn_blocking(move || {
+        let c = fencelog_client::blocking::Client::connect(Config::new(addr)).unwrap();
+        c.append("bt", 1, &["x"]).unwrap();
+        let mut tail = c.tail("bt", 0, Duration::from_millis(50));
+        assert_eq!(tail.next_record().unwrap().map(|r| r.offset), Some(0));
+        assert_eq!(tail.next_record().unwrap(), None);
+        c
+    })
+    .await
+    .unwrap();
+    drop(c);
+}
