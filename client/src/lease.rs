@@ -123,10 +123,27 @@ impl Lease {
                 "a safety margin of {margin:?} leaves no time to renew a ttl of {ttl:?}"
             )));
         }
-        let sent = Instant::now();
+        let mut sent = Instant::now();
         let grant = client.acquire(&name, owner, ttl, &options).await?;
         // The server may grant less than asked; never believe more.
-        let ttl = grant.ttl.min(ttl);
+        let mut ttl = grant.ttl.min(ttl);
+        // The grant happened somewhere between the send and the answer: only
+        // the send time is safe to count from. After a long WAIT that
+        // would leave little or nothing of the ttl, so confirm it at once
+        // with a renewal, whose send time is recent.
+        if sent.elapsed() >= ttl / 3 {
+            sent = Instant::now();
+            let renewed = client.renew(&name, owner, grant.token, ttl).await;
+            match renewed {
+                Ok(granted) => ttl = granted.min(ttl),
+                Err(e) => {
+                    // Best effort: do not leave a lease behind that nobody
+                    // keeps.
+                    let _ = client.release(&name, owner, grant.token).await;
+                    return Err(e);
+                }
+            }
+        }
         let margin = margin.min(ttl / 2);
         let (loss, _) = watch::channel(None);
         let shared = Arc::new(Shared {

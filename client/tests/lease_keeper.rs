@@ -177,3 +177,44 @@ async fn a_silent_server_past_the_ttl_is_a_lost_lease() {
         ok.len()
     );
 }
+
+/// A lease that waited (`WAIT`) longer than its own ttl is confirmed at
+/// once, not taken as expired: the wait must not eat the ttl.
+#[tokio::test]
+async fn a_lease_acquired_after_a_long_wait_is_held() {
+    let server = server_or_skip!(&[]);
+    let c = server.client().await;
+    let first = c
+        .acquire(
+            "w",
+            "first",
+            Duration::from_millis(600),
+            &LeaseOptions::default(),
+        )
+        .await
+        .unwrap();
+    let ttl = Duration::from_millis(300);
+    let waited = Instant::now();
+    let lease = c
+        .lease(
+            "w",
+            "second",
+            ttl,
+            LeaseOptions {
+                wait: Some(Duration::from_secs(5)),
+                fence: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(
+        waited.elapsed() > ttl,
+        "it waited for the first lease to expire"
+    );
+    assert!(lease.token() > first.token);
+    assert!(!lease.is_lost(), "{:?}", lease.loss());
+    tokio::time::sleep(ttl * 3).await;
+    assert!(!lease.is_lost(), "{:?}", lease.loss());
+    assert_eq!(lease.append("w", &["mine"]).await.unwrap(), 0);
+}
