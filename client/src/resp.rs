@@ -57,9 +57,11 @@ pub struct ReplyLimits {
     pub max_aggregate_len: usize,
     /// Deepest nesting of aggregates. Default 8 (records are at depth 2).
     pub max_depth: usize,
-    /// Most bytes one reply may take on the wire, all elements together.
-    /// Default 128 MiB: a `LOG.READ` answers at most `--max-read-bytes`
-    /// (16 MiB by default) of payload, plus one record.
+    /// Most bytes one reply may take, all elements together: its wire
+    /// bytes plus the in-memory size of a [`Value`] per element (so a reply
+    /// of many tiny elements cannot cost ten times its wire size). Default
+    /// 128 MiB: a `LOG.READ` answers at most `--max-read-bytes` (16 MiB by
+    /// default) of payload, plus one record.
     pub max_reply_bytes: usize,
     /// Longest simple string, error or length line. Default 64 KiB.
     pub max_line_bytes: usize,
@@ -122,7 +124,7 @@ const AGGREGATE_INITIAL_CAPACITY: usize = 16;
 pub(crate) struct Parser {
     limits: ReplyLimits,
     stack: Vec<Partial>,
-    /// Wire bytes the reply in progress has taken so far.
+    /// What the reply in progress has cost so far (see `max_reply_bytes`).
     reply_bytes: usize,
 }
 
@@ -333,17 +335,18 @@ impl Parser {
         Ok(Some(lf - 1))
     }
 
-    /// Counts `n` wire bytes against the reply limit and takes them from
-    /// the front of `buf`.
+    /// Counts one element of `n` wire bytes against the reply limit and
+    /// takes them from the front of `buf`.
     fn consume(&mut self, buf: &mut BytesMut, n: usize) -> Result<(), Error> {
         self.count(n)?;
         buf.advance(n);
         Ok(())
     }
 
-    /// Counts `n` wire bytes against the reply limit.
+    /// Counts one element of `n` wire bytes against the reply limit.
     fn count(&mut self, n: usize) -> Result<(), Error> {
-        self.reply_bytes = self.reply_bytes.saturating_add(n);
+        let cost = n.saturating_add(std::mem::size_of::<Value>());
+        self.reply_bytes = self.reply_bytes.saturating_add(cost);
         if self.reply_bytes > self.limits.max_reply_bytes {
             return Err(Error::Protocol(format!(
                 "a reply over the limit of {} bytes",
@@ -475,7 +478,9 @@ mod tests {
             max_bulk_bytes: 10,
             max_aggregate_len: 3,
             max_depth: 2,
-            max_reply_bytes: 48,
+            // Three bulks of 10 in an array (55 wire bytes, 4 elements) are
+            // one byte too many.
+            max_reply_bytes: 54 + 4 * std::mem::size_of::<Value>(),
             max_line_bytes: 8,
         };
         for bad in [
@@ -506,6 +511,12 @@ mod tests {
             1
         );
         assert_eq!(parse_all(b"*1\r\n*1\r\n:1\r\n", limits).unwrap().len(), 1);
+        let one_more = ReplyLimits {
+            max_reply_bytes: limits.max_reply_bytes + 1,
+            ..limits
+        };
+        let three = b"*3\r\n$10\r\n0123456789\r\n$10\r\n0123456789\r\n$10\r\n0123456789\r\n";
+        assert_eq!(parse_all(three, one_more).unwrap().len(), 1);
     }
 
     #[test]
