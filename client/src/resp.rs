@@ -536,6 +536,47 @@ mod tests {
         assert!(p.is_idle());
     }
 
+    proptest::proptest! {
+        /// Any split of the input into reads gives the same replies.
+        #[test]
+        fn any_split_parses_the_same(cuts in proptest::collection::vec(0..SAMPLE.len(), 0..12)) {
+            let mut cuts = cuts;
+            cuts.sort_unstable();
+            cuts.push(SAMPLE.len());
+            let mut p = Parser::new(ReplyLimits::default());
+            let mut buf = BytesMut::new();
+            let mut out = Vec::new();
+            let mut from = 0;
+            for to in cuts {
+                buf.extend_from_slice(&SAMPLE[from..to.max(from)]);
+                from = to.max(from);
+                while let Some(v) = p.parse(&mut buf).unwrap() {
+                    out.push(v);
+                }
+            }
+            proptest::prop_assert_eq!(out, sample());
+        }
+
+        /// Arbitrary bytes never panic, and never leave more buffered than
+        /// the limits allow while the parser waits.
+        #[test]
+        fn arbitrary_bytes_are_refused_or_parsed(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256)) {
+            let limits = ReplyLimits { max_bulk_bytes: 64, max_aggregate_len: 8, max_depth: 3, max_reply_bytes: 4096, max_line_bytes: 32 };
+            let mut p = Parser::new(limits);
+            let mut buf = BytesMut::from(&bytes[..]);
+            for _ in 0..bytes.len() + 1 {
+                match p.parse(&mut buf) {
+                    Ok(Some(_)) => continue,
+                    Ok(None) => {
+                        proptest::prop_assert!(buf.len() <= 1 + 32 + 2 + 64 + 2);
+                        break;
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
+    }
+
     #[test]
     fn encodes_requests_as_bulk_arrays() {
         assert_eq!(
