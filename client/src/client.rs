@@ -437,6 +437,30 @@ impl Client {
         self.inner.config.request_timeout
     }
 
+    /// Any command, routed like the typed ones (to the leader, following
+    /// `-MOVED`, waiting out `-TRYAGAIN`); an error reply is returned as a
+    /// typed [`Error`]. For what has no typed method (`INFO`, `CLUSTER
+    /// INFO`, …). A command that waits (`BLOCK`, `WAIT`) needs a `timeout`
+    /// beyond its wait.
+    pub async fn execute(&self, args: &[&[u8]], timeout: Duration) -> Result<Value, Error> {
+        self.command(args, timeout).await
+    }
+
+    /// Any command on one node, without routing (`CLUSTER INFO` of a
+    /// given member); an error reply is returned as a typed [`Error`],
+    /// `-MOVED` included (as [`Error::Server`]).
+    pub async fn execute_on(
+        &self,
+        addr: &str,
+        args: &[&[u8]],
+        timeout: Duration,
+    ) -> Result<Value, Error> {
+        match self.exec_on(addr, args, timeout).await? {
+            Value::Error(e) => Err(Error::from_server(&e)),
+            v => Ok(v),
+        }
+    }
+
     /// `PING`: a round trip to the leader.
     pub async fn ping(&self) -> Result<(), Error> {
         self.command(&[b"PING"], self.timeout()).await.map(|_| ())
