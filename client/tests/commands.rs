@@ -263,7 +263,7 @@ fn the_blocking_client_is_the_async_one() {
         .lease(
             "b",
             "w",
-            Duration::from_millis(300),
+            Duration::from_millis(600),
             LeaseOptions {
                 fence: true,
                 ..Default::default()
@@ -271,7 +271,7 @@ fn the_blocking_client_is_the_async_one() {
         )
         .unwrap();
     // The keeper runs on the client's own runtime while this thread sleeps.
-    std::thread::sleep(Duration::from_millis(1000));
+    std::thread::sleep(Duration::from_millis(2000));
     assert!(!lease.is_lost());
     assert_eq!(lease.append("b", &["one"]).unwrap(), 0);
     match c.append("b", lease.token() - 1, &["stale"]) {

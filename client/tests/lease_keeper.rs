@@ -14,7 +14,7 @@ use tokio::time::Instant;
 async fn the_keeper_holds_a_lease_across_many_ttls() {
     let server = server_or_skip!(&[]);
     let c = server.client().await;
-    let ttl = Duration::from_millis(300);
+    let ttl = Duration::from_millis(600);
     let lease = c
         .lease("held", "keeper", ttl, LeaseOptions::default())
         .await
