@@ -91,6 +91,7 @@ class AsyncClient:
         self._nodes: Dict[Addr, _Node] = {}
         self._order: List[Addr] = P.seeds(host, port, nodes)
         self._current: Addr = self._order[0]
+        self._cursor = 0
 
     @property
     def current_node(self) -> Addr:
@@ -107,9 +108,16 @@ class AsyncClient:
         return node
 
     def _rotate(self, failed: Addr) -> None:
-        if self._current == failed:
-            i = self._order.index(failed) if failed in self._order else -1
-            self._current = self._order[(i + 1) % len(self._order)]
+        # A cursor over every known node, so that followers naming a dead
+        # leader in -MOVED cannot keep the client off the other nodes.
+        if self._current != failed:
+            return
+        for _ in range(len(self._order)):
+            self._cursor += 1
+            candidate = self._order[self._cursor % len(self._order)]
+            if candidate != failed:
+                self._current = candidate
+                return
 
     async def execute(
         self,

@@ -104,6 +104,7 @@ class Client:
         self._nodes: Dict[Addr, _Node] = {}
         self._order: List[Addr] = P.seeds(host, port, nodes)
         self._current: Addr = self._order[0]
+        self._cursor = 0
 
     # -- plumbing -----------------------------------------------------------
 
@@ -123,10 +124,17 @@ class Client:
             return node
 
     def _rotate(self, failed: Addr) -> None:
+        # A cursor over every known node, so that followers naming a dead
+        # leader in -MOVED cannot keep the client off the other nodes.
         with self._lock:
-            if self._current == failed:
-                i = self._order.index(failed) if failed in self._order else -1
-                self._current = self._order[(i + 1) % len(self._order)]
+            if self._current != failed:
+                return
+            for _ in range(len(self._order)):
+                self._cursor += 1
+                candidate = self._order[self._cursor % len(self._order)]
+                if candidate != failed:
+                    self._current = candidate
+                    return
 
     def execute(
         self,
