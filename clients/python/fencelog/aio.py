@@ -39,7 +39,16 @@ class _Node:
     async def checkout(self, timeout: Optional[float]) -> Connection:
         idle = self._idle.get(timeout)
         if idle:
-            return idle.pop()
+            conn = idle.pop()
+            # An idle connection the server closed meanwhile (a restart)
+            # reads as ready: take a new one rather than send into it.
+            ready = getattr(conn, "can_read", None) or conn.can_read_destructive  # redis-py 5: the latter
+            try:
+                if not await ready():
+                    return conn
+            except (rex.ConnectionError, rex.TimeoutError, OSError):
+                pass
+            await conn.disconnect()
         conn = Connection(
             host=self.addr[0],
             port=self.addr[1],
@@ -412,6 +421,10 @@ class AsyncLease:
             except asyncio.TimeoutError:
                 pass
             sent = time.monotonic()
+            if sent >= self._valid_until:
+                # Never renew what the client already counts as lost.
+                self._mark_lost("not renewed in time")
+                return
             try:
                 granted = await self.client.renew(
                     self.name, self.owner, self.token, ttl_ms,

@@ -36,8 +36,16 @@ class _Node:
     def checkout(self, timeout: Optional[float]) -> Connection:
         with self._lock:
             idle = self._idle.get(timeout)
-            if idle:
-                return idle.pop()
+            conn = idle.pop() if idle else None
+        if conn is not None:
+            # An idle connection the server closed meanwhile (a restart)
+            # reads as ready: take a new one rather than send into it.
+            try:
+                if not conn.can_read(0):
+                    return conn
+            except (rex.ConnectionError, rex.TimeoutError, OSError):
+                pass
+            conn.disconnect()
         conn = Connection(
             host=self.addr[0],
             port=self.addr[1],
@@ -457,6 +465,11 @@ class Lease:
         next_at = self._last_sent + period
         while not self._stop.wait(timeout=max(0.0, next_at - time.monotonic())):
             sent = time.monotonic()
+            if sent >= self._valid_until:
+                # Never renew what the client already counts as lost (a
+                # process pause can wake the keeper past the deadline).
+                self._mark_lost("not renewed in time")
+                return
             try:
                 granted = self.client.renew(
                     self.name, self.owner, self.token, ttl_ms,

@@ -79,13 +79,24 @@ class Server:
             pytest.fail(f"fencelog binary not found at {BIN}: build it or set FENCELOG_BIN")
         self.port = free_port()
         self.dir = data_dir
-        self.log = open(data_dir.parent / f"server-{self.port}.log", "wb")
+        self.args = args or []
+        self.log = open(data_dir.parent / f"server-{self.port}.log", "ab")
+        self._start()
+
+    def _start(self) -> None:
         self.proc = subprocess.Popen(
-            [str(BIN), "serve", "--dir", str(data_dir), "--addr", f"127.0.0.1:{self.port}",
-             *(args or [])],
+            [str(BIN), "serve", "--dir", str(self.dir), "--addr", f"127.0.0.1:{self.port}",
+             *self.args],
             stdout=self.log, stderr=subprocess.STDOUT,
         )
         wait_until(self._ready, 20, f"fencelog serve on port {self.port}")
+
+    def restart(self) -> None:
+        """Stops the server (SIGTERM) and starts it again on its port and
+        data directory."""
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        self._start()
 
     def _ready(self) -> bool:
         if self.proc.poll() is not None:

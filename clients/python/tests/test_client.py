@@ -158,6 +158,19 @@ def test_password(tmp_path) -> None:
         s.stop()
 
 
+def test_idle_connections_survive_a_server_restart(own_server: Server, name: str) -> None:
+    """A pooled connection the server closed is replaced, not written into:
+    a plain append after a restart neither fails nor lands twice."""
+    c = Client("127.0.0.1", own_server.port)
+    assert c.append(name, 3, b"before") == 0
+    own_server.restart()
+    assert c.append(name, 3, b"after") == 1
+    with pytest.raises(StaleError):
+        c.append(name, 2, b"stale after restart")
+    assert [r.payload for r in c.read(name, 0)] == [b"before", b"after"]
+    c.close()
+
+
 def test_unreachable_server_is_a_connection_error() -> None:
     from conftest import free_port
 

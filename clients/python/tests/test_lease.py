@@ -13,11 +13,11 @@ from fencelog import Client, HeldError, LostError, Record, StaleError, Uncertain
 
 def test_keeper_holds_the_lease_across_several_ttls(server: Server, name: str) -> None:
     client = Client("127.0.0.1", server.port)
-    with client.lease(name, ttl=0.3) as lease:
+    with client.lease(name, ttl=0.5) as lease:
         token = lease.token
         assert client.stat(name).highest_token == token  # fenced on acquire
-        # Five ttls: without renewals the lease would have expired four times.
-        assert not lease.lost.wait(1.5), lease.lost_reason
+        # Four ttls: without renewals the lease would have expired three times.
+        assert not lease.lost.wait(2.0), lease.lost_reason
         info = client.lease_info(name)
         assert info is not None and info.token == token and info.owner == lease.owner
         assert lease.append(name, b"after 5 ttls") == 0
@@ -61,9 +61,9 @@ def test_loss_is_signalled_when_the_server_stops_answering(own_server: Server, n
         paused = time.monotonic()
         try:
             assert lease.lost.wait(ttl + 2), "loss not signalled"
-            # At most a ttl after the pause (the last confirmed renewal was
-            # sent before it), and before the server's own expiry.
-            assert lease.lost_at is not None and lease.lost_at - paused <= ttl + 0.3
+            # At most a ttl after the pause: the last confirmed renewal was
+            # sent before it (plus scheduling slack on a busy machine).
+            assert lease.lost_at is not None and lease.lost_at - paused <= ttl + 0.5
             assert lease.lost_reason == "not renewed in time"
             with pytest.raises(LostError):
                 lease.append(name, b"after loss")
