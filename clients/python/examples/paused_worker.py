@@ -91,16 +91,18 @@ def run(host: str, port: int, cluster: bool = False, stream: str = "") -> Dict[s
     parent, child = ctx.Pipe()
     a = ctx.Process(target=worker_a, args=(host, port, cluster, stream, child), daemon=True)
     a.start()
+    pid = a.pid
+    assert pid is not None
     try:
         first = _recv(parent, "worker A's first write")
-        os.kill(a.pid, signal.SIGSTOP)  # A is "paused": no thread of it runs
+        os.kill(pid, signal.SIGSTOP)  # A is "paused": no thread of it runs
         paused_at = time.monotonic()
         client = Client(host, port, cluster=cluster)
         try:
             with client.lease(stream, ttl=5.0, wait=TIMEOUT) as b:
                 b_acquired = time.monotonic() - paused_at
                 b_offset = b.append(stream, b"B: step 1")
-                os.kill(a.pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGCONT)
                 parent.send("go")
                 late = _recv(parent, "worker A's late write")
                 b.append(stream, b"B: step 2")
@@ -110,7 +112,7 @@ def run(host: str, port: int, cluster: bool = False, stream: str = "") -> Dict[s
             client.close()
     finally:
         if a.is_alive():
-            os.kill(a.pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGCONT)
         a.join(TIMEOUT)
         if a.is_alive():
             a.kill()

@@ -510,7 +510,13 @@ class Lease:
         try:
             return self._append_at(stream, expected, payloads)
         except (FencelogConnectionError, UncertainError) as first:
-            self.check()
+            try:
+                self.check()
+            except LostError as lost:
+                raise LostError(
+                    f"{lost}; the append to {stream!r} at offset {expected} was sent, "
+                    "its reply lost: read the stream to learn whether it landed"
+                ) from first
             try:
                 return self._append_at(stream, expected, payloads)
             except (FencelogConnectionError, UncertainError) as second:
