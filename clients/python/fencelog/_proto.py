@@ -201,12 +201,30 @@ class Backoff:
         return delay
 
 
-def moved_addr(e: "rex.MovedError") -> Addr:
-    return (str(e.host), int(e.port))
+def redirect(e: BaseException) -> Tuple[str, Optional[Addr]]:
+    """``("MOVED", (host, port))``, ``("TRYAGAIN", None)``,
+    ``("CLUSTERDOWN", None)``, or ``("", None)`` for any other error.
 
-
-def is_redirect(e: BaseException) -> bool:
-    return isinstance(e, (rex.MovedError, rex.TryAgainError, rex.ClusterDownError))
+    redis-py 6+ parses these codes into their own exceptions on every
+    connection; redis-py 5 only in its cluster client, so the message is
+    read too."""
+    if isinstance(e, rex.MovedError):
+        return "MOVED", (str(e.host), int(e.port))
+    if isinstance(e, rex.TryAgainError):
+        return "TRYAGAIN", None
+    if isinstance(e, rex.ClusterDownError):
+        return "CLUSTERDOWN", None
+    code, _, rest = str(e).partition(" ")
+    if code == "MOVED":
+        try:
+            _slot, target = rest.split(" ", 1)
+            host, port = target.strip().rsplit(":", 1)
+            return "MOVED", (host, int(port))
+        except ValueError:
+            return "", None
+    if code in ("TRYAGAIN", "CLUSTERDOWN"):
+        return code, None
+    return "", None
 
 
 def seeds(

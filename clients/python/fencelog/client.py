@@ -183,14 +183,14 @@ class Client:
                 continue
             except rex.ResponseError as e:
                 node.checkin(conn, t)
-                if self.cluster and isinstance(e, rex.MovedError):
-                    target = P.moved_addr(e)
+                kind, target = P.redirect(e) if self.cluster else ("", None)
+                if kind == "MOVED" and target is not None:
                     self._node(target)
                     with self._lock:
                         self._current = target
                     backoff.next_delay(e, sleep=False)
                     continue
-                if self.cluster and P.is_redirect(e):
+                if kind:
                     time.sleep(backoff.next_delay(e))
                     continue
                 raise P.translate(e) from e
