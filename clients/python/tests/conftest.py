@@ -136,7 +136,9 @@ class Cluster:
         self.log = open(base / "cluster.log", "wb")
         self.proc = subprocess.Popen(
             [str(BIN), "cluster", "local", "--nodes", "3", "--port", str(self.port),
-             "--dir", str(base / "cluster")],
+             "--dir", str(base / "cluster"),
+             # Twice the default: fewer spurious elections on a busy machine.
+             "--", "--cluster-election-timeout-ms", "600"],
             stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         probe = Client("127.0.0.1", self.port, cluster=True, max_wait=2.0)
