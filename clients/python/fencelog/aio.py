@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Tuple
+from typing import Any, AsyncIterator, Awaitable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 from redis import exceptions as rex
 from redis.asyncio.connection import Connection
@@ -26,6 +26,7 @@ from .errors import (
 from ._proto import Addr, Grant, LeaseInfo, Payload, Record, Stat
 
 _DEFAULT: Any = object()
+T = TypeVar("T")
 
 
 class _Node:
@@ -454,10 +455,36 @@ class AsyncLease:
                 self._mark_lost("not renewed in time")
                 return
 
+    async def guard(self, aw: Awaitable[T]) -> T:
+        """Runs ``aw`` as the lease's work: answers its result, or, if the
+        lease is lost first, cancels it and raises :class:`LostError` (loss
+        as a cancellation of the work in progress)::
+
+            async with client.lease("jobs", ttl=10) as lease:
+                await lease.guard(process_jobs(lease))
+        """
+        self.check()
+        work = asyncio.ensure_future(aw)
+        lost = asyncio.ensure_future(self.lost.wait())
+        try:
+            await asyncio.wait({work, lost}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            work.cancel()
+            raise
+        finally:
+            lost.cancel()
+        if work.done():
+            return work.result()
+        work.cancel()
+        await asyncio.gather(work, return_exceptions=True)
+        raise LostError(
+            f"lease {self.name!r} token {self.token} is lost: {self.lost_reason}; its work was cancelled"
+        )
+
     async def append(self, stream: Payload, *payloads: Payload) -> int:
         """Appends with this lease's token, retried exactly once through
         ``LOG.APPENDAT`` if the reply is lost; see
-        :meth:`fencelog.Lease.append`."""
+        :meth:`fencelog.Lease.append`. One append at a time per stream."""
         self.check()
         expected = (await self.client.stat(stream)).next_offset
         self.check()

@@ -503,7 +503,9 @@ class Lease:
         timeout, ``UNCERTAIN``) the same ``LOG.APPENDAT`` is sent once more,
         which answers the original offset if the first one landed. Refused
         locally with :class:`LostError` once ``lost`` is set; a ``STALE``
-        answer sets ``lost`` and raises :class:`StaleError`."""
+        answer sets ``lost`` and raises :class:`StaleError`. One append at
+        a time per stream (concurrent ones would race for the offset and
+        answer ``MISMATCH``)."""
         self.check()
         expected = self.client.stat(stream).next_offset
         self.check()
