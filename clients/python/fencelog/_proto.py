@@ -8,7 +8,7 @@ import random
 import re
 import socket
 import time
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from redis import exceptions as rex
 
@@ -133,12 +133,6 @@ def default_margin(ttl: float) -> float:
     return min(max(0.1 * ttl, 0.02), ttl / 3.0)
 
 
-class RedirectError(Exception):
-    """Internal: the reply said the command did not run here (``MOVED``,
-    ``TRYAGAIN``, ``CLUSTERDOWN``) or no connection could be made (nothing
-    was sent)."""
-
-
 def translate(e: BaseException) -> FencelogError:
     """A redis-py exception as a fencelog exception."""
     if isinstance(e, FencelogError):
@@ -235,8 +229,3 @@ def seeds(
         if (h, int(p)) not in out:
             out.append((h, int(p)))
     return out
-
-
-def check_uncertain(e: BaseException) -> bool:
-    return isinstance(e, FencelogError) and e.code == "UNCERTAIN"
-
