@@ -209,6 +209,8 @@ class Proxy:
     contains ``marker``: ``mode="reply"`` forwards the request and drops the
     reply (the write happened, its answer is lost), ``mode="request"``
     drops the request (nothing happened); then it closes that connection.
+    ``mode="stall"`` drops the reply and keeps the connection open (the
+    client's read times out).
     ``fired`` is set when it did."""
 
     def __init__(self, target_port: int) -> None:
@@ -220,6 +222,7 @@ class Proxy:
         self.port = self.listener.getsockname()[1]
         self.marker: Optional[bytes] = None
         self.mode = "reply"
+        self.stall = False
         self.fired = threading.Event()
         self._lock = threading.Lock()
         self._closed = False
@@ -228,7 +231,8 @@ class Proxy:
 
     def arm(self, marker: bytes, mode: str) -> None:
         with self._lock:
-            self.marker, self.mode = marker, mode
+            self.stall = mode == "stall"
+            self.marker, self.mode = marker, "reply" if mode == "stall" else mode
 
     def _take(self, data: bytes) -> Optional[str]:
         with self._lock:
@@ -283,6 +287,8 @@ class Proxy:
                     break
                 if state["drop_reply"]:
                     self.fired.set()
+                    if self.stall:
+                        continue  # the client hears nothing: its read times out
                     break
                 client.sendall(data)
         except OSError:

@@ -91,14 +91,15 @@ def test_stale_answer_marks_the_lease_lost(server: Server, name: str) -> None:
     assert client.stat(name).records == 0
 
 
-@pytest.mark.parametrize("mode", ["reply", "request"])
+@pytest.mark.parametrize("mode", ["reply", "request", "stall"])
 def test_append_with_a_lost_reply_lands_exactly_once(
     server: Server, proxy: Proxy, name: str, mode: str
 ) -> None:
-    """The proxy loses the first LOG.APPENDAT's reply (the write happened) or
-    its request (it did not); the lease's one retry lands it exactly once."""
+    """The proxy loses the first LOG.APPENDAT's reply (the write happened),
+    its request (it did not), or holds the reply back until the client's
+    read times out; the lease's one retry lands it exactly once."""
     direct = Client("127.0.0.1", server.port)
-    client = Client("127.0.0.1", proxy.port)
+    client = Client("127.0.0.1", proxy.port, socket_timeout=1.0 if mode == "stall" else 10.0)
     with client.lease(name, ttl=10) as lease:
         assert lease.append(name, b"first") == 0
         proxy.arm(b"LOG.APPENDAT", mode)
