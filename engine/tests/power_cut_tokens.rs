@@ -216,3 +216,41 @@ fn a_power_cut_at_every_operation_across_segment_rotations_raises_no_token() {
     let (points, _) = sweep(24, 3 << 10, 512);
     assert!(points > 100, "only {points} cut points");
 }
+
+/// ENOSPC or an I/O error on any write (a batch, a footer, a trailer, a new
+/// segment's `.tmp`, the marks): the log latches, the write is never
+/// acknowledged, and after a restart (the machine up, or a power cut on
+/// top) the cut of what it left raises nothing either.
+#[test]
+fn a_failed_write_anywhere_raises_no_token() {
+    // Writes of a clean run: each one is failed in turn below.
+    let clean = SimStorage::new();
+    let log = open(&clean).unwrap();
+    let before = clean.faults().writes();
+    workload(&log, 24, 3 << 10, &mut Acked::default());
+    drop(log);
+    let writes = clean.faults().writes() - before;
+    let mut latched = 0;
+    for n in 0..writes + 5 {
+        let sim = SimStorage::new();
+        let log = open(&sim).unwrap();
+        sim.faults().fail_write_after(n);
+        let mut acked = Acked::default();
+        workload(&log, 24, 3 << 10, &mut acked);
+        // A failed creation by the allocator, ahead of need, does not
+        // latch: the sync thread creates the segment again when it needs it.
+        latched += u64::from(log.has_failed());
+        drop(log);
+        for mode in [
+            CrashMode::ProcessCrash,
+            CrashMode::LoseUnsynced,
+            CrashMode::TornSequence { seed: n },
+        ] {
+            let what = format!("write {n} failed, then {mode:?}");
+            let log =
+                open(&sim.cut_power(mode)).unwrap_or_else(|e| panic!("{what}: open failed: {e}"));
+            check(&log, &acked, &what);
+        }
+    }
+    assert!(latched > 50, "only {latched} of {writes} failed writes latched");
+}

@@ -160,6 +160,9 @@ fn damage_at_rest_in_the_middle_of_the_tail_is_cut_and_kept_aside() {
     assert!(out.contains(&format!("byte:     {}", victim.1)), "{out}");
     assert!(out.contains("streams:  \"alpha\", \"beta\""), "{out}");
     assert!(out.contains("Token floor now in force:"), "{out}");
+    // Salvage cut acknowledged entries: it says it raised the floor, and
+    // by how much.
+    assert!(out.contains("Token floor raised from 0 to "), "{out}");
     assert!(out.trim_end().contains("OK"), "{out}");
     let aside = damaged_files(dir.path());
     assert_eq!(aside.len(), 1, "{aside:?}");
