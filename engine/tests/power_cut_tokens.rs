@@ -78,7 +78,10 @@ fn workload(log: &Log, rounds: u64, len: usize, acked: &mut Acked) {
             for stream in STREAMS {
                 token += 1;
                 let p = payload(stream, token, len);
-                match log.append_deferred(stream.as_bytes(), t(token), vec![p.clone()]).await {
+                match log
+                    .append_deferred(stream.as_bytes(), t(token), vec![p.clone()])
+                    .await
+                {
                     Ok(d) => pending.push((stream, token, p, d)),
                     Err(_) => return false,
                 }
@@ -124,14 +127,22 @@ fn check(log: &Log, acked: &Acked, what: &str) {
             "{what}: {stream}'s highest token is not what its surviving records carry"
         );
         for (s, token, offset, p) in acked.appends.iter().filter(|a| a.0 == stream) {
-            let r = records
-                .get(*offset as usize)
-                .unwrap_or_else(|| panic!("{what}: acknowledged {s}@{offset} (token {token}) lost"));
-            assert_eq!((r.token.get(), &r.payload), (*token, p), "{what}: {s}@{offset}");
+            let r = records.get(*offset as usize).unwrap_or_else(|| {
+                panic!("{what}: acknowledged {s}@{offset} (token {token}) lost")
+            });
+            assert_eq!(
+                (r.token.get(), &r.payload),
+                (*token, p),
+                "{what}: {s}@{offset}"
+            );
             assert!(*token <= st.highest_token, "{what}: {s} token {token} lost");
         }
     }
-    assert_eq!(log.stat("never-written").unwrap().highest_token, 0, "{what}");
+    assert_eq!(
+        log.stat("never-written").unwrap().highest_token,
+        0,
+        "{what}"
+    );
     // The lease counter never issues an answered token again.
     let next = log
         .acquire(
@@ -252,5 +263,8 @@ fn a_failed_write_anywhere_raises_no_token() {
             check(&log, &acked, &what);
         }
     }
-    assert!(latched > 50, "only {latched} of {writes} failed writes latched");
+    assert!(
+        latched > 50,
+        "only {latched} of {writes} failed writes latched"
+    );
 }

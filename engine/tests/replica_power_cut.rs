@@ -198,7 +198,6 @@ fn state(log: &Log) -> Vec<String> {
     out
 }
 
-
 /// Applies `entries` in batches of uneven sizes, syncing after the batch
 /// that ends at `sync_at`; stops at the first error. Answers how many
 /// entries were handed to the engine and how many were synced.
@@ -278,7 +277,10 @@ async fn a_replica_opens_after_a_power_cut_at_any_operation_in_any_crash_mode() 
             .unwrap_or_else(|e| panic!("{what}: the replica cannot start: {e}"));
             let applied = log.applied().map_or(0, |p| p.index) as usize;
             assert!(applied <= given, "{what}: applied {applied}");
-            assert!(applied >= synced, "{what}: applied {applied}, synced entries lost");
+            assert!(
+                applied >= synced,
+                "{what}: applied {applied}, synced entries lost"
+            );
             apply_all(&log, &entries[applied..]).await;
             assert_eq!(state(&log), want, "{what}: applied {applied}");
         }

@@ -155,10 +155,16 @@ pub fn run(args: &RepairArgs) -> ExitCode {
             raise.to.saturating_sub(raise.from),
             raise.to
         ),
-        None if report.cut.as_ref().is_some_and(|c| c.kind == CutKind::TornTail) => println!(
-            "Token floor not raised: the cut held only what followed the last sync, never \
+        None if report
+            .cut
+            .as_ref()
+            .is_some_and(|c| c.kind == CutKind::TornTail) =>
+        {
+            println!(
+                "Token floor not raised: the cut held only what followed the last sync, never \
              acknowledged."
-        ),
+            )
+        }
         None => {}
     }
     println!(

@@ -376,7 +376,11 @@ fn without_a_sync_per_batch_a_power_cut_at_every_operation_opens() {
             modes.push(CrashMode::TornSequence { seed });
         }
         let unsynced = image.unsynced_bytes();
-        modes.extend((0..=unsynced).step_by(1000).map(|bytes| CrashMode::Prefix { bytes }));
+        modes.extend(
+            (0..=unsynced)
+                .step_by(1000)
+                .map(|bytes| CrashMode::Prefix { bytes }),
+        );
         for mode in modes {
             let after = image.cut_power(mode);
             let storage: Arc<dyn Storage> = Arc::new(after.clone());
@@ -387,7 +391,11 @@ fn without_a_sync_per_batch_a_power_cut_at_every_operation_opens() {
             wal.close().unwrap();
             let records = all_records(&after, dir);
             for (i, (lsn, bytes)) in records.iter().enumerate() {
-                assert_eq!(decided.get(lsn), Some(bytes), "cut {cut}, {mode:?}: LSN {lsn}");
+                assert_eq!(
+                    decided.get(lsn),
+                    Some(bytes),
+                    "cut {cut}, {mode:?}: LSN {lsn}"
+                );
                 if let Some(&(prev, _)) = i.checked_sub(1).and_then(|p| records.get(p)) {
                     assert!(prev < *lsn);
                 }
@@ -399,7 +407,10 @@ fn without_a_sync_per_batch_a_power_cut_at_every_operation_opens() {
                     "cut {cut}, {mode:?}: hole at LSN {lsn} below {last}"
                 );
             }
-            assert!(last >= synced, "cut {cut}, {mode:?}: synced LSN {synced} lost");
+            assert!(
+                last >= synced,
+                "cut {cut}, {mode:?}: synced LSN {synced} lost"
+            );
         }
         cut += 1;
     }
