@@ -237,7 +237,7 @@ fn describe_plan(cut: &Cut, touched: &Touched, ceiling: u64) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
     let kind = match cut.kind {
-        CutKind::TornTail => "a torn tail (the last sync never completed)",
+        CutKind::TornTail => "a torn tail (past the last sync a later write proves)",
         CutKind::Salvaged => "damage to acknowledged entries",
     };
     let _ = writeln!(s, "The log ends early: {kind}.");

@@ -717,7 +717,14 @@ fn plan(storage: &dyn Storage, dir: &Path, opts: &WalOptions) -> Result<Plan, Wa
                     kind: CutKind::TornTail,
                     file: seg.path.clone(),
                     position: stop_pos,
-                    reason: format!("{reason}: the last sync never completed"),
+                    // Honest about what cannot be known: nothing after
+                    // this proves a sync covered it (a torn write looks
+                    // like this; so would damage at rest to the newest
+                    // synced epoch, with nothing written after it).
+                    reason: format!(
+                        "{reason}: no later write proves a sync completed here, so it was \
+                         never acknowledged"
+                    ),
                     bytes_cut: stop_written_end.saturating_sub(stop_pos),
                     entries_cut: entries_cut(stop_index),
                     moved_aside: Vec::new(),

@@ -1041,7 +1041,8 @@ impl<S: Sequencer> Wal<S> {
 
     /// Writes what is pending and syncs the segment being written: with
     /// `sync_every_batch` off, everything acknowledged so far is durable
-    /// when this returns.
+    /// when this returns, and (if nothing new was submitted meanwhile) the
+    /// next entry starts a new sync epoch.
     pub fn sync_all(&self) -> Result<(), WalError> {
         let mut fs = self.shared.flush.lock();
         if self.shared.flush_pending(&mut fs) == Flushed::Failed {
