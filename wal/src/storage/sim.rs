@@ -729,3 +729,60 @@ impl StorageFile for SimFile {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn two_unsynced_writes() -> (SimStorage, PathBuf) {
+        let sim = SimStorage::new();
+        let dir = Path::new("/d");
+        sim.create_dir_all(dir).unwrap();
+        let path = dir.join("f");
+        let f = sim.create_new(&path).unwrap();
+        f.write_all_at(b"synced", 0).unwrap();
+        f.sync_data().unwrap();
+        sim.sync_dir(dir).unwrap();
+        f.write_all_at(b"AAAA", 6).unwrap();
+        f.write_all_at(b"BBBB", 10).unwrap();
+        (sim, path)
+    }
+
+    /// A torn sequence keeps any subset of whole writes, a later one
+    /// without an earlier one among them; every subset turns up.
+    #[test]
+    fn torn_sequence_keeps_whole_writes_in_any_subset() {
+        let (sim, path) = two_unsynced_writes();
+        let mut seen = std::collections::BTreeSet::new();
+        for seed in 0..64 {
+            let after = sim.cut_power(CrashMode::TornSequence { seed });
+            let bytes = after.contents(&path).unwrap();
+            let kept = (
+                bytes.get(6..10) == Some(b"AAAA"),
+                bytes.get(10..14) == Some(b"BBBB"),
+            );
+            assert!(bytes.starts_with(b"synced"));
+            assert!(kept.0 || bytes.get(6..10).is_none_or(|b| b == [0; 4]));
+            seen.insert(kept);
+        }
+        assert_eq!(seen.len(), 4, "{seen:?}");
+    }
+
+    /// A prefix keeps the unsynced writes in order up to a byte count,
+    /// cutting the write that crosses it.
+    #[test]
+    fn prefix_keeps_the_writes_in_order_up_to_a_byte() {
+        let (sim, path) = two_unsynced_writes();
+        assert_eq!(sim.unsynced_bytes(), 8);
+        let at = |bytes| {
+            sim.cut_power(CrashMode::Prefix { bytes })
+                .contents(&path)
+                .unwrap()
+        };
+        assert_eq!(at(0), b"synced");
+        assert_eq!(at(3), b"syncedAAA");
+        assert_eq!(at(6), b"syncedAAAABB");
+        assert_eq!(at(8), b"syncedAAAABBBB");
+        assert_eq!(at(100), b"syncedAAAABBBB");
+    }
+}
