@@ -184,15 +184,21 @@ fn modes(unsynced: u64, prefix_step: u64) -> Vec<CrashMode> {
 
 /// Cuts the power at every mutating operation of the workload (the first
 /// open included), recovers the disk under every crash mode and checks.
-fn sweep(rounds: u64, len: usize, prefix_step: u64) -> (u64, u64) {
+fn sweep(rounds: u64, len: usize, prefix_step: u64) -> (u64, u64, bool) {
     let mut points = 0;
     let mut images = 0;
+    let mut grouped = false;
     for n in 0.. {
         let sim = SimStorage::new();
         sim.cut_power_after(n, CrashMode::ProcessCrash);
         let mut acked = Acked::default();
         if let Ok(log) = open(&sim) {
             workload(&log, rounds, len, &mut acked);
+            if sim.image().is_none() {
+                // The run no cut touched: did appends share group commits?
+                let wal = log.metrics().wal;
+                grouped = wal.entries > wal.syncs;
+            }
             drop(log);
         }
         let Some(image) = sim.image() else {
@@ -210,21 +216,22 @@ fn sweep(rounds: u64, len: usize, prefix_step: u64) -> (u64, u64) {
             images += 1;
         }
     }
-    (points, images)
+    (points, images, grouped)
 }
 
 #[test]
 fn a_power_cut_at_every_byte_of_small_batches_raises_no_token() {
-    let (points, images) = sweep(6, 40, 1);
+    let (points, images, grouped) = sweep(6, 40, 1);
     assert!(points > 20, "only {points} cut points");
     assert!(images > 1000, "only {images} images");
+    assert!(grouped, "no batch held more than one entry");
 }
 
 #[test]
 fn a_power_cut_at_every_operation_across_segment_rotations_raises_no_token() {
     // 3 KiB records in 64 KiB segments: the workload seals and starts
     // several segments, so cuts fall inside seals and creations too.
-    let (points, _) = sweep(24, 3 << 10, 512);
+    let (points, _, _) = sweep(24, 3 << 10, 512);
     assert!(points > 100, "only {points} cut points");
 }
 
