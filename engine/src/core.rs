@@ -67,7 +67,7 @@ struct Part {
 /// token passes it: large enough that the marks file is written rarely
 /// (once per 65 536 tokens issued one by one, or per millionth of the
 /// token's size for tokens taken from clocks), small enough that after a
-/// cut the floor lies close to the last token acknowledged.
+/// salvage cut the floor lies close to the last token acknowledged.
 pub(crate) fn ceiling_for(token: u64) -> u64 {
     token
         .saturating_add((1u64 << 16).max(token >> 20))
@@ -554,9 +554,11 @@ impl Core {
             let (_, effect) = self.seal_segment(last);
             effect.durable();
         }
-        // The token floor: after a cut, every stream's highest token and the
-        // token counter start at or above it. (A replica keeps no marks: the
-        // replicated log holds whatever a cut of its own log takes.)
+        // The token floor: raised only by a salvage cut (a torn tail was
+        // never acknowledged and raises nothing), after which every stream's
+        // highest token and the token counter start at or above it. (A
+        // replica keeps no marks: the replicated log holds whatever a cut
+        // of its own log takes.)
         self.floor = if self.repl.is_some() {
             0
         } else {

@@ -67,8 +67,9 @@ impl<T> std::future::Future for Deferred<T> {
 /// A stream's durable state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct StreamStat {
-    /// The highest token accepted on the stream (0: none yet). After
-    /// recovery cut entries, at least the token floor.
+    /// The highest token accepted on the stream (0: none yet): the highest
+    /// its surviving entries carry. After a salvage cut, at least the token
+    /// floor.
     pub highest_token: u64,
     /// The offset the next record gets.
     pub next_offset: Offset,
@@ -1462,7 +1463,7 @@ impl Log {
     }
 
     /// The stream's durable state. A stream never written to is all zeros
-    /// (but its highest token is the token floor, after a cut).
+    /// (but its highest token is the token floor, after a salvage cut).
     pub fn stat(&self, stream: impl AsRef<[u8]>) -> Result<StreamStat> {
         let stream = stream.as_ref();
         check_stream_name(stream)?;

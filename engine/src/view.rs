@@ -110,8 +110,9 @@ type Shard = RwLock<HashMap<Bytes, Arc<StreamView>>>;
 pub(crate) struct Views {
     shards: [Shard; SHARDS],
     hasher: hashbrown::DefaultHashBuilder,
-    /// Every stream's highest token is at least this: raised after recovery
-    /// cut entries that may have carried tokens up to it.
+    /// Every stream's highest token is at least this: raised after a
+    /// salvage cut acknowledged entries that may have carried tokens up to
+    /// it (a torn tail, never acknowledged, raises nothing).
     pub floor: AtomicU64,
     /// Notified when a stream is created, for readers blocked on a stream
     /// that does not exist yet.

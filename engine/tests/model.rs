@@ -14,6 +14,7 @@ fn mode() -> impl Strategy<Value = CrashMode> {
         Just(CrashMode::LastWriteOnly),
         Just(CrashMode::ProcessCrash),
         any::<u64>().prop_map(|seed| CrashMode::Torn { seed }),
+        any::<u64>().prop_map(|seed| CrashMode::TornSequence { seed }),
     ]
 }
 

@@ -1,11 +1,14 @@
-//! A cut never lowers what was promised. Recovery cuts a torn tail, and
-//! salvage cuts damage; both can take acknowledged entries with them (the
-//! last synced epoch damaged at rest looks exactly like a torn write). What
-//! broke before: the token counter and a stream's highest token restarted
-//! from what was left, so a token was issued twice and a fenced-out writer
-//! was accepted again. Now every token is covered by a durable ceiling
-//! (`MARKS`) before it is acknowledged, and a cut raises every stream's
-//! highest token and the lease counter to it.
+//! What a cut raises. A torn tail follows the last sync: it was never
+//! acknowledged, and cutting it raises nothing (every byte and operation of
+//! that is swept in `power_cut_tokens.rs`). Salvage drops acknowledged
+//! entries on purpose: it raises the token floor to the durable ceiling
+//! (`MARKS`, which covers every token before it is acknowledged), so the
+//! token counter and every stream's highest token restart above every token
+//! that could have been acknowledged, and it says by how much. What broke
+//! before salvage raised it: the token counter and a stream's highest token
+//! restarted from what was left, so a token was issued twice and a
+//! fenced-out writer was accepted again. What broke when torn tails raised
+//! it too: one power cut fenced out every writer with a counter of its own.
 //!
 //! Also here: `lease_info` and a HELD answer show only durable grants, and a
 //! read from a failing disk answers an error without harming the log.
@@ -57,8 +60,16 @@ fn last_entry(sim: &SimStorage) -> (std::path::PathBuf, u64) {
     (Path::new("/db").join(format::segment_file_name(seg)), pos)
 }
 
+/// Damage at rest to the newest synced epoch, with nothing written after
+/// it, looks exactly like a torn write: no later entry proves it was
+/// synced. That is what recovery cannot know; it is cut as a torn tail,
+/// reported, and raises nothing. Everything a later write proves synced is
+/// kept, tokens included. (Before, this cut raised every stream to the
+/// ceiling, 65 536 above the last token; the assertions that stream "c"
+/// kept token 1000 and that "a", "b" and a never-seen stream refused 999
+/// encoded that floor and are gone: "c" is back to what survives.)
 #[test]
-fn a_torn_tail_cut_keeps_every_token_acknowledged_before() {
+fn damage_to_the_newest_synced_epoch_is_cut_as_a_torn_tail_and_raises_nothing() {
     let sim = SimStorage::new();
     let log = open(&sim, opts()).unwrap();
     log.append("a", t(5), &["a"]).unwrap();
@@ -73,39 +84,32 @@ fn a_torn_tail_cut_keeps_every_token_acknowledged_before() {
         .unwrap();
     // The last acknowledged write: the highest token of all.
     log.append("c", t(1000), &["last"]).unwrap();
-    assert!(
-        log.metrics().token_ceiling >= 1000,
-        "acknowledged above the ceiling"
-    );
     drop(log);
-    // Damage at rest in the last synced epoch: indistinguishable from a
-    // torn write, so it is cut (and reported) instead of refused.
     let image = sim.cut_power(CrashMode::LoseUnsynced);
     let (file, pos) = last_entry(&image);
     image.flip_bit(&file, pos + 30, 2).unwrap();
     let log = open(&image, opts()).unwrap();
-    let cut = log
-        .recovery_report()
-        .cut
-        .clone()
-        .expect("the cut is reported");
+    let report = log.recovery_report().clone();
+    let cut = report.cut.clone().expect("the cut is reported");
     assert_eq!(cut.kind, fencelog::wal::CutKind::TornTail);
-    // Stream c lost its record, but not its token: nothing below 1000 is
-    // accepted anywhere, on any stream, even one never seen.
-    for stream in ["a", "b", "c", "never-seen"] {
-        let st = log.stat(stream).unwrap();
-        assert!(
-            st.highest_token >= 1000,
-            "{stream}: highest {}",
-            st.highest_token
-        );
-        assert!(matches!(
-            log.append(stream, t(999), &["late"]),
-            Err(Error::Stale { presented: 999, .. })
-        ));
-    }
-    assert_eq!(log.stat("c").unwrap().next_offset, 0);
-    // The lease counter moved past the floor: no token is issued twice.
+    assert_eq!(cut.position, pos);
+    assert!(report.floor_raised.is_none(), "{report:?}");
+    assert_eq!(log.metrics().token_floor, 0);
+    // Proven synced by later entries: kept, with their tokens.
+    assert_eq!(log.stat("a").unwrap().highest_token, 5);
+    assert_eq!(log.stat("b").unwrap().highest_token, 900);
+    assert!(matches!(
+        log.append("b", t(899), &["late"]),
+        Err(Error::Stale {
+            presented: 899,
+            highest: 900
+        })
+    ));
+    // The cut entry's stream: what survives, and nothing else.
+    let c = log.stat("c").unwrap();
+    assert_eq!((c.highest_token, c.next_offset), (0, 0));
+    assert_eq!(log.stat("never-seen").unwrap().highest_token, 0);
+    // The grant survived: the lease counter goes on above it.
     let next = log
         .acquire(
             "other",
@@ -115,13 +119,13 @@ fn a_torn_tail_cut_keeps_every_token_acknowledged_before() {
         )
         .unwrap();
     assert!(next.token > grant.token);
-    assert!(next.token.get() > 1000);
-    // And the floor outlives the next restart.
-    let floor = log.metrics().token_floor;
+    // Writers with tokens of their own go on where they were.
+    log.append("a", t(6), &["next"]).unwrap();
     drop(log);
     let log = open(&image, opts()).unwrap();
-    assert_eq!(log.metrics().token_floor, floor);
-    assert!(log.stat("never-seen").unwrap().highest_token >= 1000);
+    assert!(log.recovery_report().cut.is_none());
+    assert_eq!(log.metrics().token_floor, 0);
+    assert_eq!(log.stat("a").unwrap().highest_token, 6);
 }
 
 #[test]
@@ -157,7 +161,16 @@ fn salvage_of_acknowledged_damage_raises_the_floor_too() {
     let mut salvage = opts();
     salvage.wal.recovery = RecoveryMode::Salvage;
     let log = open(&image, salvage).unwrap();
-    assert!(log.recovery_report().cut.is_some());
+    let report = log.recovery_report().clone();
+    assert_eq!(
+        report.cut.as_ref().map(|c| c.kind),
+        Some(fencelog::wal::CutKind::Salvaged)
+    );
+    // It says so, and by how much: from the old floor to the ceiling.
+    let raise = report.floor_raised.expect("salvage reports its raise");
+    assert_eq!(raise.from, 0);
+    assert!(raise.to >= 200, "{raise:?}");
+    assert_eq!(log.metrics().token_floor, raise.to);
     for i in 0..7 {
         assert!(log.stat(format!("s{i}")).unwrap().highest_token >= 200);
     }

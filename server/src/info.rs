@@ -294,7 +294,7 @@ pub fn metrics(ctx: &Context) -> Vec<Metric> {
             section: "persistence",
             info: "token_floor",
             prometheus: "fencelog_token_floor",
-            help: "Every stream's highest token is at least this (raised when recovery cut entries).",
+            help: "Every stream's highest token is at least this (raised only when salvage cut acknowledged entries).",
             kind: Kind::Gauge,
             value: m.token_floor as f64,
         },

@@ -6,10 +6,14 @@
 //!    streams and leases they touch.
 //! 2. Ask: on a terminal, a yes/no question; otherwise `--yes` is needed
 //!    (a script must say so; silence is no consent).
-//! 3. Cut: the log is opened with [`RecoveryMode::Salvage`], which raises
-//!    the durable token floor first, keeps the cut bytes in `*.damaged`
-//!    files, then cuts.
-//! 4. Check: the floor now in force is reported and the log is verified.
+//! 3. Cut: the log is opened with [`RecoveryMode::Salvage`]. When it cuts
+//!    damage to acknowledged entries, it raises the durable token floor
+//!    first (to the marks' ceiling, above every token that could have been
+//!    acknowledged), keeps the cut bytes in `*.damaged` files, then cuts. A
+//!    torn tail (what followed the last sync, never acknowledged) is cut
+//!    without raising anything.
+//! 4. Check: the raise (from, to, by how much) or its absence, and the
+//!    floor now in force, are reported and the log is verified.
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, IsTerminal, Write};
@@ -142,6 +146,27 @@ pub fn run(args: &RepairArgs) -> ExitCode {
         }
         None => println!("\nOpening cut nothing after all."),
     }
+    match report.floor_raised {
+        Some(raise) => println!(
+            "Token floor raised from {} to {} (by {}): acknowledged entries were cut, and \
+             every token they could have carried is at or below {}.",
+            raise.from,
+            raise.to,
+            raise.to.saturating_sub(raise.from),
+            raise.to
+        ),
+        None if report
+            .cut
+            .as_ref()
+            .is_some_and(|c| c.kind == CutKind::TornTail) =>
+        {
+            println!(
+                "Token floor not raised: the cut held only what followed the last sync, never \
+             acknowledged."
+            )
+        }
+        None => {}
+    }
     println!(
         "Token floor now in force: {floor} (every stream's highest token and the lease counter \
          restart at or above it, durably)."
@@ -212,7 +237,7 @@ fn describe_plan(cut: &Cut, touched: &Touched, ceiling: u64) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
     let kind = match cut.kind {
-        CutKind::TornTail => "a torn tail (the last sync never completed)",
+        CutKind::TornTail => "a torn tail (past the last sync a later write proves)",
         CutKind::Salvaged => "damage to acknowledged entries",
     };
     let _ = writeln!(s, "The log ends early: {kind}.");
@@ -259,11 +284,18 @@ fn describe_plan(cut: &Cut, touched: &Touched, ceiling: u64) -> String {
     for p in &cut.removed {
         let _ = writeln!(s, "  removed:  {} (no valid entry)", p.display());
     }
-    let _ = writeln!(
-        s,
-        "  floor:    tokens restart at or above {ceiling} (no write acknowledged before can be \
-         undercut)"
-    );
+    let _ = match cut.kind {
+        CutKind::Salvaged => writeln!(
+            s,
+            "  floor:    tokens restart at or above {ceiling} (no write acknowledged before can be \
+             undercut)"
+        ),
+        CutKind::TornTail => writeln!(
+            s,
+            "  floor:    not raised (never acknowledged: every stream keeps the highest token its \
+             surviving entries carry)"
+        ),
+    };
     s
 }
 

@@ -137,7 +137,7 @@ impl Server {
             "log opened"
         );
         if let Some(cut) = &report.cut {
-            tracing::warn!(event = "recovery_cut", file = %cut.file.display(), position = cut.position, kind = ?cut.kind, reason = %cut.reason, bytes_cut = cut.bytes_cut, entries_cut = cut.entries_cut, token_floor = report.marks.floor, "recovery cut the log");
+            tracing::warn!(event = "recovery_cut", file = %cut.file.display(), position = cut.position, kind = ?cut.kind, reason = %cut.reason, bytes_cut = cut.bytes_cut, entries_cut = cut.entries_cut, token_floor = report.marks.floor, floor_raised = ?report.floor_raised, "recovery cut the log");
         }
         Ok(Server::with(config, log, None, listener, metrics))
     }

@@ -160,6 +160,9 @@ fn damage_at_rest_in_the_middle_of_the_tail_is_cut_and_kept_aside() {
     assert!(out.contains(&format!("byte:     {}", victim.1)), "{out}");
     assert!(out.contains("streams:  \"alpha\", \"beta\""), "{out}");
     assert!(out.contains("Token floor now in force:"), "{out}");
+    // Salvage cut acknowledged entries: it says it raised the floor, and
+    // by how much.
+    assert!(out.contains("Token floor raised from 0 to "), "{out}");
     assert!(out.trim_end().contains("OK"), "{out}");
     let aside = damaged_files(dir.path());
     assert_eq!(aside.len(), 1, "{aside:?}");
@@ -218,4 +221,39 @@ fn a_directory_in_use_is_refused() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("in use"), "{}", text(&o));
     drop(log);
+}
+
+/// A torn tail (junk past the last entry, what a write cut short by a
+/// power cut leaves) is cut without raising the token floor: it followed
+/// the last sync and was never acknowledged, so every writer keeps its
+/// token (SPEC §5, "a power cut keeps every writer's token").
+#[test]
+fn a_torn_tail_is_cut_without_raising_the_floor() {
+    let dir = tempfile::tempdir().unwrap();
+    let top = write_log(dir.path(), 30);
+    let (last_seg, last_pos, _, _) = *entries(dir.path()).last().unwrap();
+    let file = segment(dir.path(), last_seg);
+    // Well past the last entry (a 300-byte record), inside the zeros of
+    // the preallocated segment, or just past its end if it grows.
+    let len = std::fs::metadata(&file).unwrap().len();
+    let junk_at = (last_pos + 2048).min(len);
+    {
+        let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+        f.write_all_at(&[0xA5; 8], junk_at).unwrap();
+    }
+    let o = fencelog(&["repair", "--yes", "--no-progress"], dir.path());
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    assert!(out.contains("a torn tail"), "{out}");
+    assert!(out.contains("floor:    not raised"), "{out}");
+    assert!(out.contains("Token floor not raised"), "{out}");
+    assert!(out.contains("Token floor now in force: 0"), "{out}");
+    let _serial = serial();
+    let log = Log::open(dir.path(), opts()).unwrap();
+    assert_eq!(log.metrics().token_floor, 0);
+    for stream in ["alpha", "beta"] {
+        assert_eq!(log.stat(stream).unwrap().highest_token, top);
+        log.append(stream, t(top), &["the same writer goes on"])
+            .unwrap();
+    }
 }

@@ -45,7 +45,7 @@ pub use error::WalError;
 pub use format::EntryKind;
 pub use marks::Marks;
 pub use options::{Preallocation, RecoveryMode, WalOptions};
-pub use recovery::{Cut, CutKind, RecoveryReport, plan_recovery};
+pub use recovery::{Cut, CutKind, FloorRaise, RecoveryReport, plan_recovery};
 pub use segment::Entry;
 pub use stats::{Histogram, HistogramSnapshot, WalStats, WalStatsSnapshot};
 pub use storage::{CrashMode, DirLock, Faults, FsStorage, SimStorage, Storage, StorageFile};

@@ -1,13 +1,15 @@
 //! Durable marks kept beside the segments, in the file `MARKS`: a value the
 //! layer above promises no acknowledged entry exceeds (the *ceiling*), and
-//! a *floor* raised to that ceiling whenever recovery cuts entries.
+//! a *floor* raised to that ceiling when a salvage cut drops acknowledged
+//! entries.
 //!
-//! They live outside the segments because a cut can take any segment's tail
-//! with it: what was promised before the cut must survive it. The engine
-//! uses them for tokens (SPEC: salvage and torn-tail cuts never lower what
-//! was promised): every token it acknowledges is at or below the ceiling,
-//! so after a cut every stream's highest token restarts at or above the
-//! floor.
+//! They live outside the segments because a salvage cut can take any
+//! segment's tail with it: what was promised before the cut must survive
+//! it. The engine uses them for tokens (SPEC §5: only what drops
+//! acknowledged data on purpose raises a floor): every token it
+//! acknowledges is at or below the ceiling, so after a salvage every
+//! stream's highest token restarts at or above the floor. A torn tail (what
+//! followed the last sync, never acknowledged) leaves them alone.
 //!
 //! ```text
 //! // MARKS: [ Slot 48 B ][ Slot 48 B ]   written alternately; the valid slot with the higher generation wins
@@ -39,8 +41,9 @@ pub struct Marks {
     /// No acknowledged entry carries a value above this (the layer above
     /// raises it, durably, before it acknowledges one that would).
     pub ceiling: u64,
-    /// Raised to the ceiling whenever recovery cuts entries: values at or
-    /// below it may have been acknowledged and lost with the cut.
+    /// Raised to the ceiling when a salvage cut drops acknowledged entries:
+    /// values at or below it may have been acknowledged and lost with the
+    /// cut. Never lowered.
     pub floor: u64,
 }
 

@@ -71,7 +71,10 @@ pub struct WalOptions {
     /// acknowledged entry is durable. False only where something else makes
     /// entries durable (a replica's state machine, whose replicated log
     /// does): batches are then acknowledged once written, and made durable
-    /// by `Wal::sync_all`, by seals, and when the log closes.
+    /// by `Wal::sync_all`, by seals, and when the log closes. Such batches
+    /// start no sync epoch (only a completed sync does), so after a power
+    /// cut everything past the last completed sync is a torn tail, cut,
+    /// whatever order its writes reached the disk in.
     pub sync_every_batch: bool,
 }
 

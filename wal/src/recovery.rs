@@ -1,17 +1,21 @@
 //! Recovery: find where replay starts, scan the tail, classify damage, then
 //! (and only then) change anything on disk.
 //!
-//! Writes reach the disk in sync epochs: the sync thread writes every entry
-//! of an epoch, then issues one `fdatasync`, and only then writes the next
-//! epoch. So at any crash at most the last epoch can be partly on disk, and
-//! each entry records (as `epoch_first_lsn`) which epoch it belongs to.
+//! Writes reach the disk in sync epochs: an entry records (as
+//! `epoch_first_lsn`) an LSN below which everything was durable before the
+//! entry was written: with a sync per batch, the first LSN of its batch (the
+//! sync thread writes a batch only after the previous one's `fdatasync`
+//! returned); without one, the first LSN after the last sync that really
+//! completed. So at any crash only what follows the last completed sync can
+//! be partly on disk, and each entry says where that boundary was.
 //!
 //! Scanning stops at the first position that is not the expected next entry.
 //! What lies beyond decides what that stop means:
 //! - nothing but zeros: the clean end of the log;
 //! - non-zero bytes, and every valid entry among them belongs to the same
-//!   epoch as the stop: a **torn tail**, an epoch that never finished its
-//!   sync and so was never acknowledged; it is cut off;
+//!   epoch as the stop: a **torn tail**, what followed the last sync, never
+//!   acknowledged; it is cut off, and that raises nothing (a stream's
+//!   highest token is what its surviving entries carry);
 //! - a valid entry of a *later* epoch, or a later segment (readable or
 //!   not): the stop's epoch was synced (a later one was written after it),
 //!   so acknowledged data is damaged: **corruption**, and open refuses
@@ -19,9 +23,9 @@
 //!
 //! The work is done in two phases. [`plan`] reads and classifies, and
 //! changes nothing (`fencelog repair` shows it before asking). Applying the
-//! plan first raises the token floor ([`crate::marks`]) when anything is
-//! cut, then copies a damaged segment aside before anything is sealed over
-//! or removed, and only then renames and removes files.
+//! plan first raises the token floor ([`crate::marks`]) when salvage cuts
+//! acknowledged data, then copies a damaged segment aside before anything
+//! is sealed over or removed, and only then renames and removes files.
 //!
 //! Replay starts at the newest segment that opens with a checkpoint (some
 //! segments open with a link instead, see [`EntryKind::Link`]), so open time
@@ -54,9 +58,25 @@ pub struct RecoveryReport {
     pub next_lsn: u64,
     /// What was cut off the end of the log, if anything.
     pub cut: Option<Cut>,
-    /// The token marks after recovery (see [`Marks`]): after a cut, the
-    /// floor is at or above every value that may have been acknowledged.
+    /// The token marks after recovery (see [`Marks`]): after a salvage
+    /// cut, the floor is at or above every value that may have been
+    /// acknowledged.
     pub marks: Marks,
+    /// The floor raised by this recovery (only a [`CutKind::Salvaged`] cut
+    /// raises it; a torn tail raises nothing).
+    pub floor_raised: Option<FloorRaise>,
+}
+
+/// A raise of the token floor by a salvage cut: every value at or below
+/// `to` is refused from now on, on every stream, and the token counter
+/// restarts above it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FloorRaise {
+    /// The floor before the cut.
+    pub from: u64,
+    /// The floor after it: the marks' ceiling, at or above every value
+    /// that was acknowledged before the cut.
+    pub to: u64,
 }
 
 /// A part of the log that recovery cut off (or, in a plan, would cut).
@@ -86,15 +106,18 @@ pub struct Cut {
 /// The kind of a [`Cut`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CutKind {
-    /// The last sync epoch is incomplete on disk and was cut. Almost always
-    /// a write torn by a crash before its sync returned, so never
-    /// acknowledged. Damage at rest to the very last synced epoch looks the
-    /// same (no later entry proves it was synced), which is why the cut is
-    /// always reported and raises the token floor.
+    /// What followed the last sync that can be proven is incomplete on
+    /// disk and was cut: a write torn by a power cut, ENOSPC or an I/O
+    /// error before its sync returned, never acknowledged, so the cut
+    /// raises nothing. Damage at rest to the very last synced epoch, with
+    /// nothing written after it, looks the same (no later entry proves it
+    /// was synced): that is what recovery cannot know, and why the cut is
+    /// always reported (see `docs/DESIGN.md`, "What a cut raises").
     TornTail,
     /// Damage to acknowledged entries, cut because the caller asked for
     /// [`RecoveryMode::Salvage`]; entries after the damage were dropped
-    /// (kept in `*.damaged` files).
+    /// (kept in `*.damaged` files). It raises the token floor to the
+    /// marks' ceiling first ([`RecoveryReport::floor_raised`]).
     Salvaged,
 }
 
@@ -694,7 +717,14 @@ fn plan(storage: &dyn Storage, dir: &Path, opts: &WalOptions) -> Result<Plan, Wa
                     kind: CutKind::TornTail,
                     file: seg.path.clone(),
                     position: stop_pos,
-                    reason: format!("{reason}: the last sync never completed"),
+                    // Honest about what cannot be known: nothing after
+                    // this proves a sync covered it (a torn write looks
+                    // like this; so would damage at rest to the newest
+                    // synced epoch, with nothing written after it).
+                    reason: format!(
+                        "{reason}: no later write proves a sync completed here, so it was \
+                         never acknowledged"
+                    ),
                     bytes_cut: stop_written_end.saturating_sub(stop_pos),
                     entries_cut: entries_cut(stop_index),
                     moved_aside: Vec::new(),
@@ -767,8 +797,8 @@ fn plan(storage: &dyn Storage, dir: &Path, opts: &WalOptions) -> Result<Plan, Wa
     })
 }
 
-/// Recovers the log in `dir`: plans, raises the token floor if anything is
-/// cut, then carries the plan out.
+/// Recovers the log in `dir`: plans, raises the token floor if salvage cuts
+/// acknowledged data, then carries the plan out.
 pub(crate) fn recover(
     storage: &dyn Storage,
     dir: &Path,
@@ -790,9 +820,11 @@ pub(crate) fn recover(
         mut report,
     } = plan(storage, dir, opts)?;
 
-    // Whatever is cut may have held acknowledged values up to the ceiling:
-    // the floor rises before the first byte of it is gone.
-    if cut.is_some() {
+    // A salvage cut drops acknowledged entries on purpose, and with them
+    // values up to the ceiling: the floor rises, durably, before the first
+    // byte of them is gone. A torn tail followed the last sync: it was never
+    // acknowledged, and cutting it raises nothing.
+    if cut.as_ref().is_some_and(|c| c.kind == CutKind::Salvaged) {
         let m = marks.get();
         if m.floor < m.ceiling {
             marks
@@ -801,6 +833,10 @@ pub(crate) fn recover(
                     floor: m.ceiling,
                 })
                 .map_err(|e| WalError::io("write token marks in", dir, e))?;
+            report.floor_raised = Some(FloorRaise {
+                from: m.floor,
+                to: m.ceiling,
+            });
         }
     }
     let mut dir_changed = false;

@@ -1041,7 +1041,8 @@ impl<S: Sequencer> Wal<S> {
 
     /// Writes what is pending and syncs the segment being written: with
     /// `sync_every_batch` off, everything acknowledged so far is durable
-    /// when this returns.
+    /// when this returns, and (if nothing new was submitted meanwhile) the
+    /// next entry starts a new sync epoch.
     pub fn sync_all(&self) -> Result<(), WalError> {
         let mut fs = self.shared.flush.lock();
         if self.shared.flush_pending(&mut fs) == Flushed::Failed {
@@ -1057,6 +1058,16 @@ impl<S: Sequencer> Wal<S> {
                 return Err(self.failed_error());
             }
             fs.unsynced = false;
+        }
+        // Everything written so far is durable now. If nothing was encoded
+        // since (the pending batch is empty), the next entry may start a new
+        // epoch: every LSN below it was synced before it is written. If
+        // something was, it keeps the old epoch: it may be written in one
+        // write with later entries, and a torn write of that must stay a
+        // torn tail.
+        let mut locked = self.shared.locked.lock();
+        if locked.pending.is_empty() {
+            locked.epoch_first_lsn = None;
         }
         Ok(())
     }
@@ -1281,7 +1292,15 @@ impl<S: Sequencer> Shared<S> {
                 return Flushed::Nothing;
             }
             let pending = mem::replace(&mut locked.pending, Pending::new());
-            locked.epoch_first_lsn = None;
+            // With a sync per batch, the next batch is written only after
+            // this one's `fdatasync` returned: entries encoded from now on
+            // start a new epoch. Without one, nothing will have been synced
+            // when they are written, so the epoch goes on (until a real sync,
+            // see `sync_all`, or a seal): recovery must never take a later
+            // unsynced write for proof that an earlier one was synced.
+            if self.opts.sync_every_batch {
+                locked.epoch_first_lsn = None;
+            }
             locked.inflight = Some(Arc::clone(&pending.batch));
             (pending, locked.next_lsn - 1)
         };

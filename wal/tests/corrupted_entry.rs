@@ -449,3 +449,64 @@ fn salvage_classifies_before_setting_aside_and_names_every_file() {
     sim.read_exact_at(&mut kept, 0).unwrap();
     assert_eq!(kept, one);
 }
+
+/// Without a sync per batch (a replica), only a completed `sync_all`
+/// starts an epoch: damage before it, with entries of a later epoch after
+/// it, is still proven acknowledged and refused; damage among batches
+/// written after the last sync is a torn tail, cut. (Every batch used to
+/// start an epoch, so an unsynced later batch "proved" an earlier one.)
+#[test]
+fn without_a_sync_per_batch_only_a_completed_sync_proves_an_epoch() {
+    let mut opts = small_opts();
+    opts.sync_every_batch = false;
+    let image = SimStorage::new();
+    let storage: Arc<dyn Storage> = Arc::new(image.clone());
+    let (wal, _) = open(&storage, Path::new(DIR), &opts).unwrap();
+    let mut written = Vec::new();
+    let write = |n: u32, written: &mut Vec<Appended>| {
+        for i in 0..n {
+            let p = payload(7, i, 100);
+            let (at, t) = append(&wal, &p).unwrap();
+            t.wait().unwrap();
+            written.push(at);
+        }
+    };
+    write(10, &mut written);
+    wal.sync_all().unwrap();
+    write(10, &mut written);
+    wal.sync_all().unwrap();
+    // Batches written after the last sync: one epoch, however many.
+    write(10, &mut written);
+    let (synced_early, unsynced, later) = (written[4], written[24], written[28]);
+    // Closing makes everything durable but starts no epoch in what was
+    // written: the image holds what a power cut could have kept (a later
+    // batch, and perhaps not an earlier one).
+    drop(wal);
+    assert!(later.segment == unsynced.segment && later.position > unsynced.position);
+
+    let damaged = image.fork();
+    damaged
+        .flip_bit(
+            &seg_path(synced_early.segment),
+            synced_early.position + 30,
+            1,
+        )
+        .unwrap();
+    let storage: Arc<dyn Storage> = Arc::new(damaged);
+    match open(&storage, Path::new(DIR), &opts) {
+        Err(e) => assert!(e.is_corruption(), "{e}"),
+        Ok(_) => panic!("damage before a completed sync, with a later epoch after it, was cut"),
+    }
+
+    let torn = image.fork();
+    torn.flip_bit(&seg_path(unsynced.segment), unsynced.position + 30, 1)
+        .unwrap();
+    let storage: Arc<dyn Storage> = Arc::new(torn);
+    let (wal, report) = open(&storage, Path::new(DIR), &opts)
+        .unwrap_or_else(|e| panic!("batches after the last sync were refused: {e}"));
+    let cut = report.cut.expect("the torn tail is reported");
+    assert_eq!(cut.kind, CutKind::TornTail);
+    assert_eq!(cut.position, unsynced.position);
+    assert!(report.floor_raised.is_none());
+    drop(wal);
+}

@@ -37,6 +37,22 @@ pub enum CrashMode {
     /// Synced data survives, plus only the last unsynced write of each file:
     /// the disk reordered the writes and the earlier ones never landed.
     LastWriteOnly,
+    /// Synced data survives, plus an arbitrary subset of the unsynced
+    /// writes of each file, each whole or not at all, chosen by the seed: a
+    /// later write can survive while an earlier one is lost (LazyFS's
+    /// `torn-seq`). [`CrashMode::LastWriteOnly`] is one such subset.
+    TornSequence {
+        /// Chooses which writes survive; the same seed gives the same image.
+        seed: u64,
+    },
+    /// Synced data survives, plus the unsynced writes of each file in the
+    /// order they were made, up to `bytes` bytes of them: the write that
+    /// crosses that count is cut at that byte, and later ones are lost. A
+    /// test sweeping `bytes` cuts a batch at every byte.
+    Prefix {
+        /// How many bytes of each file's unsynced writes reach the disk.
+        bytes: u64,
+    },
 }
 
 /// Faults to inject, shared by a [`SimStorage`] and all its files.
@@ -312,6 +328,26 @@ impl SimStorage {
         Ok(inode.lock().data.clone())
     }
 
+    /// The most bytes written and not yet synced to any one file (by
+    /// durable name): how far a [`CrashMode::Prefix`] sweep must go to cover
+    /// every byte a power cut could tear now.
+    pub fn unsynced_bytes(&self) -> u64 {
+        let fs = self.fs.lock();
+        fs.durable_names
+            .values()
+            .filter_map(|ino| fs.inodes.get(ino))
+            .map(|inode| {
+                inode
+                    .lock()
+                    .unsynced
+                    .iter()
+                    .map(|(_, b)| b.len() as u64)
+                    .sum::<u64>()
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
     fn file(&self, ino: u64, inode: Arc<Mutex<Inode>>) -> Box<dyn StorageFile> {
         Box::new(SimFile {
             fs: Arc::clone(&self.fs),
@@ -362,7 +398,7 @@ impl SimFs {
             };
         }
         let mut rng = SplitMix(match mode {
-            CrashMode::Torn { seed } => seed,
+            CrashMode::Torn { seed } | CrashMode::TornSequence { seed } => seed,
             _ => 0,
         });
         let names = self.durable_names.clone();
@@ -381,6 +417,28 @@ impl SimFs {
                     let mut image = inode.durable.clone();
                     if let Some((pos, bytes)) = inode.unsynced.last() {
                         write_into(&mut image, *pos, bytes);
+                    }
+                    image
+                }
+                CrashMode::TornSequence { .. } => {
+                    let mut image = inode.durable.clone();
+                    for (pos, bytes) in &inode.unsynced {
+                        if rng.next().is_multiple_of(2) {
+                            write_into(&mut image, *pos, bytes);
+                        }
+                    }
+                    image
+                }
+                CrashMode::Prefix { bytes: budget } => {
+                    let mut image = inode.durable.clone();
+                    let mut left = budget;
+                    for (pos, bytes) in &inode.unsynced {
+                        if left == 0 {
+                            break;
+                        }
+                        let n = (bytes.len() as u64).min(left) as usize;
+                        write_into(&mut image, *pos, &bytes[..n]);
+                        left -= n as u64;
                     }
                     image
                 }
@@ -669,5 +727,62 @@ impl StorageFile for SimFile {
         durable.resize(data.len(), 0);
         drop(fs);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn two_unsynced_writes() -> (SimStorage, PathBuf) {
+        let sim = SimStorage::new();
+        let dir = Path::new("/d");
+        sim.create_dir_all(dir).unwrap();
+        let path = dir.join("f");
+        let f = sim.create_new(&path).unwrap();
+        f.write_all_at(b"synced", 0).unwrap();
+        f.sync_data().unwrap();
+        sim.sync_dir(dir).unwrap();
+        f.write_all_at(b"AAAA", 6).unwrap();
+        f.write_all_at(b"BBBB", 10).unwrap();
+        (sim, path)
+    }
+
+    /// A torn sequence keeps any subset of whole writes, a later one
+    /// without an earlier one among them; every subset turns up.
+    #[test]
+    fn torn_sequence_keeps_whole_writes_in_any_subset() {
+        let (sim, path) = two_unsynced_writes();
+        let mut seen = std::collections::BTreeSet::new();
+        for seed in 0..64 {
+            let after = sim.cut_power(CrashMode::TornSequence { seed });
+            let bytes = after.contents(&path).unwrap();
+            let kept = (
+                bytes.get(6..10) == Some(b"AAAA"),
+                bytes.get(10..14) == Some(b"BBBB"),
+            );
+            assert!(bytes.starts_with(b"synced"));
+            assert!(kept.0 || bytes.get(6..10).is_none_or(|b| b == [0; 4]));
+            seen.insert(kept);
+        }
+        assert_eq!(seen.len(), 4, "{seen:?}");
+    }
+
+    /// A prefix keeps the unsynced writes in order up to a byte count,
+    /// cutting the write that crosses it.
+    #[test]
+    fn prefix_keeps_the_writes_in_order_up_to_a_byte() {
+        let (sim, path) = two_unsynced_writes();
+        assert_eq!(sim.unsynced_bytes(), 8);
+        let at = |bytes| {
+            sim.cut_power(CrashMode::Prefix { bytes })
+                .contents(&path)
+                .unwrap()
+        };
+        assert_eq!(at(0), b"synced");
+        assert_eq!(at(3), b"syncedAAA");
+        assert_eq!(at(6), b"syncedAAAABB");
+        assert_eq!(at(8), b"syncedAAAABBBB");
+        assert_eq!(at(100), b"syncedAAAABBBB");
     }
 }
