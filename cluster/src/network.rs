@@ -184,6 +184,13 @@ pub enum PeerError {
     /// know it (a stranger, or another cluster's secret file).
     #[error("the peer's proof does not match this node's cluster secret")]
     BadProof,
+    /// The acceptor closed the connection after this node's proof instead
+    /// of proving itself: it refused the proof (another cluster secret).
+    #[error(
+        "the peer closed the connection after this node's proof: it refused it \
+         (does it have another --cluster-secret-file?)"
+    )]
+    ProofRefused,
     /// The node that answered is not the node dialed (an address that
     /// moved to another member, or a misconfigured member list).
     #[error("dialed node {dialed}, node {answered} answered")]
@@ -272,6 +279,7 @@ impl PeerError {
             PeerError::Version { .. } => "version",
             PeerError::SecretMismatch { .. } => "secret_mismatch",
             PeerError::BadProof => "bad_proof",
+            PeerError::ProofRefused => "proof_refused",
             PeerError::WrongNode { .. } => "wrong_node",
             PeerError::FrameVersion { .. } => "frame_version",
             PeerError::FrameTooLarge { .. } => "frame_too_large",
@@ -448,6 +456,22 @@ async fn read_array<S: AsyncRead + Unpin, const N: usize>(
     Ok(b)
 }
 
+/// Reads a hello, its magic first: anything else that reaches the port
+/// (an older fencelog's frame, a probe) is refused from its first four
+/// bytes, without waiting for the rest.
+async fn read_hello<S: AsyncRead + Unpin>(s: &mut S) -> Result<[u8; HELLO_LEN], PeerError> {
+    let magic: [u8; 4] = read_array(s, "reading the peer's hello").await?;
+    if magic != MAGIC {
+        return Err(PeerError::NotAPeer { got: magic });
+    }
+    let mut b = [0u8; HELLO_LEN];
+    b[..4].copy_from_slice(&magic);
+    s.read_exact(&mut b[4..])
+        .await
+        .map_err(PeerError::io("reading the peer's hello"))?;
+    Ok(b)
+}
+
 /// The handshake, from either end: hellos, then the dialer's proof, then
 /// (only once the dialer proved itself) the acceptor's. `dialed` is the
 /// node the dialer means to reach. Reads exactly [`HELLO_LEN`] and
@@ -464,7 +488,7 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
             s.write_all(&ours.encode())
                 .await
                 .map_err(PeerError::io("sending the hello"))?;
-            let b = read_array(s, "reading the peer's hello").await?;
+            let b = read_hello(s).await?;
             let theirs = Hello::decode(&b, auth)?;
             if let Some(dialed) = dialed
                 && theirs.node != dialed
@@ -482,7 +506,7 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
         }
         Role::Acceptor => {
             // A stranger gets nothing before it sends a well-formed hello.
-            let b = read_array(s, "reading the peer's hello").await?;
+            let b = read_hello(s).await?;
             let theirs = Hello::decode(&b, auth)?;
             s.write_all(&ours.encode())
                 .await
@@ -508,7 +532,17 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
             s.write_all(&proof)
                 .await
                 .map_err(PeerError::io("sending the proof"))?;
-            check_proof(read_array(s, "reading the peer's proof").await?)?;
+            let theirs = match read_array(s, "reading the peer's proof").await {
+                // An acceptor closes without a word when it refuses a
+                // proof: most likely this node's secret is not its.
+                Err(PeerError::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::UnexpectedEof =>
+                {
+                    return Err(PeerError::ProofRefused);
+                }
+                r => r?,
+            };
+            check_proof(theirs)?;
         }
         Role::Acceptor => {
             // The acceptor proves nothing to a peer that has not proved
@@ -1147,7 +1181,7 @@ mod tests {
         let (d, a) = pair(auth(1, Some(b"one")), auth(2, Some(b"two")), 2).await;
         // The acceptor checks the dialer's proof first, and proves nothing.
         assert!(matches!(a.err(), Some(PeerError::BadProof)));
-        assert!(d.is_err());
+        assert!(matches!(d.err(), Some(PeerError::ProofRefused)));
         let (d, a) = pair(auth(1, None), auth(2, Some(b"two")), 2).await;
         assert!(matches!(
             a.err(),
