@@ -216,7 +216,9 @@ pub enum PeerError {
     },
     /// A frame whose MAC does not match: forged, replayed, reordered or
     /// damaged.
-    #[error("frame {seq} of this connection fails its MAC (forged, replayed, reordered or damaged)")]
+    #[error(
+        "frame {seq} of this connection fails its MAC (forged, replayed, reordered or damaged)"
+    )]
     BadMac {
         /// Its sequence number in its direction (from 0).
         seq: u64,
@@ -416,9 +418,12 @@ impl Transcript {
     /// The key of the frames `role` sends.
     // key = HMAC-SHA256(secret, KEY_DOMAIN | role | hello_dialer | hello_acceptor)
     fn frame_key(&self, key: &[u8], role: Role) -> FrameKey {
-        let k = hmac(key, &[KEY_DOMAIN, role.label(), &self.dialer, &self.acceptor])
-            .finalize()
-            .into_bytes();
+        let k = hmac(
+            key,
+            &[KEY_DOMAIN, role.label(), &self.dialer, &self.acceptor],
+        )
+        .finalize()
+        .into_bytes();
         let mut key = [0u8; 32];
         key.copy_from_slice(&k);
         FrameKey { key, seq: 0 }
@@ -723,7 +728,10 @@ impl WarnLimit {
     fn admit(&self) -> Option<u64> {
         let mut st = self.state.lock();
         let now = Instant::now();
-        if st.0.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1)) {
+        if st
+            .0
+            .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1))
+        {
             st.0 = Some(now);
             st.1 = 0;
         }
@@ -1255,14 +1263,23 @@ mod tests {
             read_frame(&mut s, key).await
         }
         // Reordered: frame 1 where frame 0 belongs.
-        assert_eq!(read(&f1, &mut a.recv).await.unwrap_err().reason(), "bad_mac");
+        assert_eq!(
+            read(&f1, &mut a.recv).await.unwrap_err().reason(),
+            "bad_mac"
+        );
         // Flipped bit in the body.
         let mut bad = f0.clone();
         bad[FRAME_HEADER_LEN] ^= 1;
-        assert_eq!(read(&bad, &mut a.recv).await.unwrap_err().reason(), "bad_mac");
+        assert_eq!(
+            read(&bad, &mut a.recv).await.unwrap_err().reason(),
+            "bad_mac"
+        );
         // The genuine order passes; a replay of frame 0 then fails.
         assert_eq!(read(&f0, &mut a.recv).await.unwrap(), 1);
-        assert_eq!(read(&f0, &mut a.recv).await.unwrap_err().reason(), "bad_mac");
+        assert_eq!(
+            read(&f0, &mut a.recv).await.unwrap_err().reason(),
+            "bad_mac"
+        );
         assert_eq!(read(&f1, &mut a.recv).await.unwrap(), 2);
         // A frame sent the other way does not pass as this way's.
         let mut back = seal(&mut a.send, &3u64).unwrap();
@@ -1270,7 +1287,10 @@ mod tests {
             key: a.recv.key,
             seq: 0,
         };
-        assert_eq!(read(&back, &mut again).await.unwrap_err().reason(), "bad_mac");
+        assert_eq!(
+            read(&back, &mut again).await.unwrap_err().reason(),
+            "bad_mac"
+        );
         // A length over the limit is refused from the header alone.
         back[1..5].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(matches!(

@@ -30,7 +30,8 @@ fn config(id: u64, dir: &Path, addr: SocketAddr) -> NodeConfig {
     cfg.snapshot_every_entries = 500;
     // The whole flow, snapshot install included, over authenticated
     // connections.
-    cfg.cluster_secret = Some(fencelog_cluster::ClusterSecret::new(b"nodes test".to_vec()).unwrap());
+    cfg.cluster_secret =
+        Some(fencelog_cluster::ClusterSecret::new(b"nodes test".to_vec()).unwrap());
     cfg
 }
 

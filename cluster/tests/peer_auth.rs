@@ -59,8 +59,9 @@ impl Group {
             .with_test_writer()
             .try_init();
         let tmp = tempfile::tempdir().unwrap();
-        let cfgs: BTreeMap<u64, NodeConfig> =
-            (1..=3).map(|id| (id, config(id, tmp.path(), SECRET))).collect();
+        let cfgs: BTreeMap<u64, NodeConfig> = (1..=3)
+            .map(|id| (id, config(id, tmp.path(), SECRET)))
+            .collect();
         let mut nodes = BTreeMap::new();
         for (id, cfg) in &cfgs {
             nodes.insert(*id, Node::start(cfg.clone()).await.unwrap());
@@ -251,8 +252,11 @@ async fn a_node_with_another_secret_neither_catches_up_nor_wins_a_vote() {
 
     // It believes itself a member and campaigns, term after term: no vote
     // request of it is read, so no term of the group moves.
-    let mut members: BTreeMap<u64, Member> =
-        g.cfgs.iter().map(|(id, c)| (*id, c.member.clone())).collect();
+    let mut members: BTreeMap<u64, Member> = g
+        .cfgs
+        .iter()
+        .map(|(id, c)| (*id, c.member.clone()))
+        .collect();
     members.insert(4, rogue_cfg.member.clone());
     rogue.initialize(members).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(3);
@@ -319,11 +323,7 @@ async fn the_connection_cap_holds_and_idle_handshakes_time_out() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_storm_of_reads_and_heartbeats_reuses_one_connection_per_peer() {
     let g = Group::start().await;
-    let ports: BTreeSet<u16> = g
-        .cfgs
-        .values()
-        .map(|c| c.raft_listen.port())
-        .collect();
+    let ports: BTreeSet<u16> = g.cfgs.values().map(|c| c.raft_listen.port()).collect();
     let count = || -> usize { ports.iter().map(|&p| sockets_dialing(p)).sum() };
     let leader = g.leader_node().await;
     // Settle: every pair that will talk has talked.

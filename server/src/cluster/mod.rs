@@ -57,8 +57,7 @@ pub struct ClusterConfig {
 /// (`\n` or `\r\n`, as an editor or `echo` leaves), 1 to 4096 bytes.
 pub fn read_secret_file(path: &Path) -> Result<ClusterSecret, String> {
     let flag = "--cluster-secret-file";
-    let mut bytes =
-        std::fs::read(path).map_err(|e| format!("{flag} {}: {e}", path.display()))?;
+    let mut bytes = std::fs::read(path).map_err(|e| format!("{flag} {}: {e}", path.display()))?;
     if bytes.last() == Some(&b'\n') {
         bytes.pop();
         if bytes.last() == Some(&b'\r') {
