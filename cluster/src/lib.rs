@@ -31,5 +31,6 @@ mod snapshot;
 pub mod state_machine;
 pub mod types;
 
+pub use network::{ClusterSecret, PeerError};
 pub use node::{ClusterError, Node, NodeConfig, Proposal, Status, wait_for_leader};
 pub use types::{Member, NodeId, Request, Response, Responses, WireCommand, WireError, WireTxOp};

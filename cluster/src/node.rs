@@ -41,6 +41,10 @@ pub struct NodeConfig {
     pub heartbeat_ms: u64,
     /// A snapshot after this many entries applied since the last one.
     pub snapshot_every_entries: u64,
+    /// The secret every member shares; peers prove it to each other
+    /// before any Raft message is read (docs/CLUSTER.md, "Security").
+    /// `None` (the default) only on loopback.
+    pub cluster_secret: Option<network::ClusterSecret>,
 }
 
 impl NodeConfig {
@@ -57,6 +61,7 @@ impl NodeConfig {
             election_timeout_ms: (300, 600),
             heartbeat_ms: 100,
             snapshot_every_entries: 50_000,
+            cluster_secret: None,
         }
     }
 }
@@ -198,7 +203,15 @@ async fn start_here(cfg: NodeConfig) -> Result<Parts, ClusterError> {
     .validate()
     .map_err(|e| ClusterError::Raft(e.to_string()))?;
     let source = Some(cfg.raft_listen.ip()).filter(|ip| !ip.is_unspecified());
-    let raft = Raft::new(cfg.id, Arc::new(config), Network { source }, log_store, sm)
+    let network = Network::new(
+        network::PeerAuth {
+            id: cfg.id,
+            secret: cfg.cluster_secret.clone(),
+        },
+        source,
+    );
+    let auth = network.auth();
+    let raft = Raft::new(cfg.id, Arc::new(config), network, log_store, sm)
         .await
         .map_err(|e| ClusterError::Raft(e.to_string()))?;
     let listener = TcpListener::bind(cfg.raft_listen)
@@ -207,7 +220,7 @@ async fn start_here(cfg: NodeConfig) -> Result<Parts, ClusterError> {
             what: format!("listen for peers on {}", cfg.raft_listen),
             source: e,
         })?;
-    let listener = tokio::spawn(network::serve(listener, raft.clone()));
+    let listener = tokio::spawn(network::serve(listener, raft.clone(), auth));
     // An entry holds at most half of what one may (its writes' framing and
     // the rest of the entry fit in the other half).
     let batcher = Batcher::spawn(raft.clone(), engine.clone(), max_request / 2);

@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 
 use fencelog_cluster::{ClusterError, Member, Node, NodeConfig, Response, WireCommand, WireError};
 
-fn free_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
-}
+mod common;
+// Ports below the ephemeral range: a stopped node's port must still be
+// free when it restarts (one from the ephemeral range may meanwhile be the
+// source port of some outgoing connection: "Address already in use").
+use common::free_addr;
 
 fn config(id: u64, dir: &Path, addr: SocketAddr) -> NodeConfig {
     let member = Member {
@@ -27,6 +28,10 @@ fn config(id: u64, dir: &Path, addr: SocketAddr) -> NodeConfig {
     cfg.engine.wal.max_entry_bytes = 64 << 10;
     cfg.engine.max_payload_bytes = 16 << 10;
     cfg.snapshot_every_entries = 500;
+    // The whole flow, snapshot install included, over authenticated
+    // connections.
+    cfg.cluster_secret =
+        Some(fencelog_cluster::ClusterSecret::new(b"nodes test".to_vec()).unwrap());
     cfg
 }
 

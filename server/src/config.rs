@@ -79,6 +79,19 @@ impl ServeConfig {
         if self.requirepass.as_deref() == Some("") {
             return Err("--requirepass must not be empty".into());
         }
+        // The Raft port is the group itself: whoever speaks on it votes
+        // and replicates. Off loopback, only peers that prove the secret.
+        if let Some(c) = &self.cluster
+            && c.secret.is_none()
+            && !c.raft_addr.ip().is_loopback()
+        {
+            return Err(format!(
+                "refusing to listen for cluster peers on {} without a cluster secret: set \
+                 --cluster-secret-file (the same file on every member; see docs/CLUSTER.md, \
+                 \"Security\")",
+                c.raft_addr
+            ));
+        }
         if self.limits.max_bulk_bytes < self.engine.max_payload_bytes as usize {
             return Err(format!(
                 "--max-bulk-bytes ({}) must be at least --max-payload ({})",

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use fencelog_cluster::Member;
-use fencelog_server::cluster::{ClusterConfig, parse_members};
+use fencelog_server::cluster::{ClusterConfig, parse_members, read_secret_file};
 use fencelog_server::config::{ServeConfig, parse_addr, parse_addr_with_port, parse_size};
 use fencelog_server::dump::{self, DumpOptions};
 use fencelog_server::logging::LogOptions;
@@ -191,6 +191,12 @@ struct ClusterFlags {
         help_heading = "Cluster"
     )]
     cluster_election_timeout_ms: u64,
+    /// A file holding the secret every member shares (1 to 4096 bytes; one
+    /// trailing newline is ignored): peers prove it to each other before
+    /// any Raft message is read. Required unless the Raft address is
+    /// loopback. Make one with `head -c 32 /dev/urandom | base64 > FILE`.
+    #[arg(long, value_name = "PATH", help_heading = "Cluster")]
+    cluster_secret_file: Option<PathBuf>,
     /// Snapshot the state machine after this many entries (the Raft log
     /// behind a snapshot is removed; a lagging node catches up from it).
     #[arg(
@@ -204,10 +210,21 @@ struct ClusterFlags {
 
 impl ClusterFlags {
     /// The cluster configuration, if cluster mode is asked for.
-    fn config(&self, addr: SocketAddr) -> Result<Option<ClusterConfig>, String> {
+    fn config(
+        &self,
+        addr: SocketAddr,
+        requirepass: Option<&str>,
+    ) -> Result<Option<ClusterConfig>, String> {
         let Some(node_id) = self.cluster_node_id else {
-            if self.cluster_initial.is_some() || self.cluster_join.is_some() {
-                return Err("--cluster-initial and --cluster-join need --cluster-node-id".into());
+            if self.cluster_initial.is_some()
+                || self.cluster_join.is_some()
+                || self.cluster_secret_file.is_some()
+            {
+                return Err(
+                    "--cluster-initial, --cluster-join and --cluster-secret-file need \
+                     --cluster-node-id"
+                        .into(),
+                );
             }
             return Ok(None);
         };
@@ -263,6 +280,12 @@ impl ClusterFlags {
             election_timeout: Duration::from_millis(self.cluster_election_timeout_ms),
             snapshot_every: self.cluster_snapshot_every.max(1),
             raft_segment_bytes: 64 << 20,
+            secret: self
+                .cluster_secret_file
+                .as_deref()
+                .map(read_secret_file)
+                .transpose()?,
+            join_password: requirepass.map(str::to_string),
         }))
     }
 }
@@ -363,7 +386,7 @@ impl ServeArgs {
             },
             ..fencelog::Options::default()
         };
-        let cluster = self.cluster.config(addr)?;
+        let cluster = self.cluster.config(addr, self.requirepass.as_deref())?;
         let threads = self.threads.map_or_else(
             || std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
             |n| n as usize,
@@ -412,6 +435,15 @@ impl ServeArgs {
                 (
                     "cluster-snapshot-every".into(),
                     c.snapshot_every.to_string(),
+                ),
+                // The file's path, never the secret.
+                (
+                    "cluster-secret-file".into(),
+                    self.cluster
+                        .cluster_secret_file
+                        .as_ref()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_default(),
                 ),
             ]);
         }

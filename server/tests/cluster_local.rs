@@ -113,6 +113,15 @@ fn cluster_local_starts_a_cluster_and_sigterm_stops_every_node() {
         1,
         "one leader: {leader}"
     );
+    // Secure by default: the nodes share a secret made for them, readable
+    // by this user only.
+    let secret = tmp.path().join("cluster.secret");
+    let text = std::fs::read_to_string(&secret).unwrap();
+    assert_eq!(text.trim_end().len(), 64, "{text:?}");
+    assert!(text.trim_end().bytes().all(|b| b.is_ascii_hexdigit()));
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&secret).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
     stop_and_check(child, port);
 }
 

@@ -34,6 +34,11 @@ enum ClusterCommand {
         /// Where the nodes keep their data (`n1`, `n2`, …).
         #[arg(long, default_value = "./fencelog-cluster")]
         dir: PathBuf,
+        /// The cluster secret every node is given (see `fencelog serve
+        /// --cluster-secret-file`). [default: `cluster.secret` in --dir,
+        /// made with 32 random bytes on the first run, mode 600]
+        #[arg(long, value_name = "PATH")]
+        cluster_secret_file: Option<PathBuf>,
         /// Options passed on to every node's `fencelog serve`, after `--`
         /// (e.g. `-- --cluster-election-timeout-ms 500 --log-level info`).
         #[arg(last = true, value_name = "SERVE OPTIONS")]
@@ -100,8 +105,9 @@ pub fn run(args: ClusterArgs) -> ExitCode {
                 nodes,
                 port,
                 dir,
+                cluster_secret_file,
                 serve,
-            } => local(nodes, port, dir, &serve).await,
+            } => local(nodes, port, dir, cluster_secret_file, &serve).await,
             ClusterCommand::Status { addr, password } => status(&addr, password.as_deref()).await,
             ClusterCommand::Add {
                 addr,
@@ -170,15 +176,6 @@ pub(crate) async fn request_auth(
     })
     .await
     .map_err(|_| format!("{addr} did not answer in {timeout:?}"))?
-}
-
-/// [`request_auth`] without a password.
-pub(crate) async fn request(
-    addr: &str,
-    args: &[&[u8]],
-    timeout: Duration,
-) -> Result<Reply, String> {
-    request_auth(addr, None, args, timeout).await
 }
 
 /// Sends a membership command, following `MOVED` to the leader.
@@ -298,11 +295,52 @@ async fn status(addr: &str, password: Option<&str>) -> Result<(), String> {
     Ok(())
 }
 
+/// The secret file of a local cluster: `dir/cluster.secret`, made on the
+/// first run (64 hex digits, readable by this user only) and reused after,
+/// so that a local cluster's peers authenticate each other by default.
+fn local_secret_file(dir: &std::path::Path) -> Result<PathBuf, String> {
+    let path = dir.join("cluster.secret");
+    if path.exists() {
+        return Ok(path);
+    }
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let secret = fencelog_cluster::ClusterSecret::random_hex()
+        .map_err(|e| format!("cannot make a cluster secret: {e}"))?;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let write = |options: &std::fs::OpenOptions| -> std::io::Result<()> {
+        use std::io::Write;
+        let mut f = options.open(&path)?;
+        f.write_all(secret.as_bytes())?;
+        f.write_all(b"\n")?;
+        f.sync_all()
+    };
+    write(&options).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    println!("cluster secret: {} (new)", path.display());
+    Ok(path)
+}
+
 /// `fencelog cluster local`
-async fn local(nodes: u64, port: u16, dir: PathBuf, serve: &[String]) -> Result<(), String> {
+async fn local(
+    nodes: u64,
+    port: u16,
+    dir: PathBuf,
+    secret_file: Option<PathBuf>,
+    serve: &[String],
+) -> Result<(), String> {
     if nodes == 0 || nodes > 9 {
         return Err(format!("--nodes {nodes}: from 1 to 9"));
     }
+    let secret_file = match secret_file {
+        Some(path) => {
+            // Refused here, once, rather than by every node.
+            super::read_secret_file(&path)?;
+            path
+        }
+        None => local_secret_file(&dir)?,
+    };
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
     let client = |i: u64| format!("127.0.0.1:{}", u64::from(port) + i - 1);
     let raft = |i: u64| format!("127.0.0.1:{}", u64::from(port) + 10_000 + i - 1);
@@ -329,6 +367,8 @@ async fn local(nodes: u64, port: u16, dir: PathBuf, serve: &[String]) -> Result<
             .args(["--cluster-node-id", &i.to_string()])
             .args(["--cluster-raft-addr", &raft(i)])
             .args(["--cluster-initial", &initial])
+            .arg("--cluster-secret-file")
+            .arg(&secret_file)
             .args(serve)
             .spawn();
         let child = match child {

@@ -21,7 +21,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use fencelog::Log;
-use fencelog_cluster::{Member, Node, NodeConfig, NodeId};
+use fencelog_cluster::{ClusterSecret, Member, Node, NodeConfig, NodeId};
 
 /// What `fencelog serve` is told about its cluster.
 #[derive(Debug, Clone)]
@@ -45,6 +45,54 @@ pub struct ClusterConfig {
     pub snapshot_every: u64,
     /// The Raft log's segment size.
     pub raft_segment_bytes: u64,
+    /// The secret peers prove to each other (`--cluster-secret-file`);
+    /// required unless the Raft address is loopback.
+    pub secret: Option<ClusterSecret>,
+    /// The password `--cluster-join` gives the member it asks (the
+    /// cluster's `--requirepass`, the same on every member).
+    pub join_password: Option<String>,
+}
+
+/// Reads `--cluster-secret-file`: its bytes, less one trailing newline
+/// (`\n` or `\r\n`, as an editor or `echo` leaves), 1 to 4096 bytes.
+pub fn read_secret_file(path: &Path) -> Result<ClusterSecret, String> {
+    let flag = "--cluster-secret-file";
+    let mut bytes = std::fs::read(path).map_err(|e| format!("{flag} {}: {e}", path.display()))?;
+    if bytes.last() == Some(&b'\n') {
+        bytes.pop();
+        if bytes.last() == Some(&b'\r') {
+            bytes.pop();
+        }
+    }
+    let max = fencelog_cluster::network::MAX_SECRET_BYTES;
+    if bytes.is_empty() {
+        return Err(format!(
+            "{flag} {}: the file is empty (make one with: head -c 32 /dev/urandom | base64 > FILE)",
+            path.display()
+        ));
+    }
+    if bytes.len() > max {
+        return Err(format!(
+            "{flag} {}: a secret of {} bytes (at most {max})",
+            path.display(),
+            bytes.len()
+        ));
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if let Ok(meta) = std::fs::metadata(path)
+            && meta.permissions().mode() & 0o077 != 0
+        {
+            tracing::warn!(
+                event = "cluster_secret_readable",
+                path = %path.display(),
+                mode = format!("{:o}", meta.permissions().mode() & 0o777),
+                "the cluster secret file can be read by other users (chmod 600 it)"
+            );
+        }
+    }
+    ClusterSecret::new(bytes).map_err(|e| format!("{flag} {}: {e}", path.display()))
 }
 
 /// Parses `--cluster-initial`: `ID=RAFT_ADDR/CLIENT_ADDR,…`.
@@ -146,6 +194,7 @@ impl Cluster {
         cfg.heartbeat_ms = (timeout / 2).max(10);
         cfg.snapshot_every_entries = config.snapshot_every;
         cfg.raft_segment_bytes = config.raft_segment_bytes;
+        cfg.cluster_secret = config.secret.clone();
         let node = Node::start(cfg)
             .await
             .map_err(|e| format!("cannot start cluster node {}: {e}", config.node_id))?;
@@ -184,7 +233,8 @@ impl Cluster {
 
     /// Asks the member at `--cluster-join` to add this node, until one
     /// does (in the background: the server serves meanwhile, answering
-    /// TRYAGAIN).
+    /// TRYAGAIN). With `--requirepass`, it authenticates first (every
+    /// member has the same password).
     pub async fn join(&self) {
         let Some(via) = self.config.join.clone() else {
             return;
@@ -203,7 +253,14 @@ impl Cluster {
                 member.raft_addr.as_bytes(),
                 member.client_addr.as_bytes(),
             ];
-            match cli::request(&target, &args, Duration::from_secs(120)).await {
+            match cli::request_auth(
+                &target,
+                self.config.join_password.as_deref(),
+                &args,
+                Duration::from_secs(120),
+            )
+            .await
+            {
                 Ok(crate::bench::Reply::Simple(ok)) if ok == "OK" => {
                     tracing::info!(event = "cluster_joined", via = %target, "added to the cluster");
                     return;
