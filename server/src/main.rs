@@ -143,6 +143,12 @@ struct ServeArgs {
     /// limit must leave room for these besides the connections.
     #[arg(long, default_value_t = 64, value_name = "FILES")]
     max_open_segments: usize,
+    /// Leases alive at once; one more acquisition is refused (TOOBIG-like
+    /// `ERR`, the coordinator keeps serving). In cluster mode the group's
+    /// limit is set from the forming node's flags (see docs/CLUSTER.md).
+    #[arg(long, default_value_t = 1_000_000, value_name = "N",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    max_live_leases: u64,
     /// Seconds shutdown gives connections to hand out their last answers
     /// (writes already decided are made durable either way).
     #[arg(long, default_value_t = 1)]
@@ -378,6 +384,7 @@ impl ServeArgs {
             (self.max_bulk_bytes.max(max_payload as usize) + RECORD_OVERHEAD).min(half_segment);
         let engine = fencelog::Options {
             max_payload_bytes: max_payload,
+            max_live_leases: self.max_live_leases,
             wal: fencelog::WalOptions {
                 segment_bytes: self.segment_bytes,
                 max_entry_bytes: u32::try_from(max_entry).unwrap_or(u32::MAX),
@@ -413,6 +420,7 @@ impl ServeArgs {
             ("max-connections".into(), self.max_connections.to_string()),
             ("threads".into(), threads.to_string()),
             ("segment-bytes".into(), self.segment_bytes.to_string()),
+            ("max-live-leases".into(), self.max_live_leases.to_string()),
             (
                 "max-open-segments".into(),
                 self.max_open_segments.to_string(),
