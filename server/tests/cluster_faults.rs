@@ -125,7 +125,7 @@ impl Worker {
                 b"LEASE.ACQUIRE",
                 stream.as_bytes(),
                 owner.as_bytes(),
-                b"400",
+                TTL_MS.to_string().as_bytes(),
                 b"FENCE",
             ]);
             let outcome = match r {
@@ -301,16 +301,28 @@ enum Fault {
     IsolateFollower,
     RestartAll,
     WipeFollower,
+    /// The leader is killed and restarted while another leads, then that
+    /// one is killed: the restarted node may lead next (the schedule in
+    /// which replicas once decided a grant differently).
+    KillRestartedLeader,
+    /// The leader is killed about when the last grants' ttl runs out: a
+    /// take-over must not revive what expired.
+    KillLeaderNearExpiry,
 }
 
-const FAULTS: [Fault; 6] = [
+const FAULTS: [Fault; 8] = [
     Fault::KillLeader,
     Fault::PauseLeader,
     Fault::IsolateLeader,
     Fault::IsolateFollower,
     Fault::RestartAll,
     Fault::WipeFollower,
+    Fault::KillRestartedLeader,
+    Fault::KillLeaderNearExpiry,
 ];
+
+/// The ttl every acquire of the workload asks for, in ms.
+const TTL_MS: u64 = 400;
 
 /// What one schedule saw.
 struct Run {
@@ -417,6 +429,26 @@ fn run_schedule(seed: u64, first: Fault) -> Run {
             Fault::WipeFollower => {
                 cluster.wipe_and_rejoin(follower);
             }
+            Fault::KillRestartedLeader => {
+                cluster.kill(leader);
+                let next = cluster.leader(Duration::from_secs(20));
+                cluster.restart(leader);
+                std::thread::sleep(hold / 2);
+                let at = Instant::now();
+                cluster.kill(next);
+                failover.push(time_to_write(&cluster, at));
+                std::thread::sleep(hold / 2);
+                cluster.restart(next);
+            }
+            Fault::KillLeaderNearExpiry => {
+                std::thread::sleep(Duration::from_millis(TTL_MS - 50 + rng.below(100)));
+                let leader = cluster.leader(Duration::from_secs(20));
+                let at = Instant::now();
+                cluster.kill(leader);
+                failover.push(time_to_write(&cluster, at));
+                std::thread::sleep(hold);
+                cluster.restart(leader);
+            }
         }
         std::thread::sleep(Duration::from_millis(400));
     }
@@ -429,7 +461,11 @@ fn run_schedule(seed: u64, first: Fault) -> Run {
     cluster.converge(Duration::from_secs(30));
     let fin = final_streams(&cluster);
     let events = rec.events.lock().unwrap().clone();
-    let violations = history::check(&events, &fin);
+    let mut violations = history::check(&events, &fin);
+    violations.extend(history::check_lease_exclusion(&events, TTL_MS));
+    // Replicas compared after every schedule: the same digest at the same
+    // position on every node.
+    cluster.assert_replicas_agree(Duration::from_secs(30));
     // The lease history, to read a violation by (grants are few).
     let leases: Vec<String> = events
         .iter()

@@ -89,33 +89,8 @@ fn renew(cluster: &Cluster, name: &str, owner: &str, token: u64, ttl_ms: u64) ->
     )
 }
 
-/// Every running replica, once all stand at the same position, has the
-/// same digest there: none decided differently.
 fn assert_replicas_agree(cluster: &Cluster) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        cluster.converge(Duration::from_secs(30));
-        let infos = cluster.infos();
-        let at: Vec<(&String, &String)> = infos
-            .values()
-            .filter_map(|i| Some((i.get("replica_position")?, i.get("replica_digest")?)))
-            .collect();
-        let running = cluster.nodes.keys().filter(|&&id| cluster.running(id)).count();
-        if at.len() == running && at.iter().all(|(p, _)| *p == at[0].0) {
-            assert!(
-                at.iter().all(|(_, d)| *d == at[0].1),
-                "replicas at position {} disagree: {at:?}\n{}",
-                at[0].0,
-                cluster.logs()
-            );
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "replicas never stood at one position: {at:?}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    cluster.assert_replicas_agree(Duration::from_secs(30));
 }
 
 #[test]

@@ -162,6 +162,21 @@ pub enum Violation {
         /// The later grant's token.
         later: u64,
     },
+    /// A lease was granted to another owner while an earlier grant's ttl
+    /// had certainly not run out: the later grant was answered before the
+    /// earlier one's request was even sent plus its ttl. (The group's clock
+    /// runs no faster than real time, so no correct group does this.)
+    LeaseOverlap {
+        /// The lease.
+        name: String,
+        /// The earlier grant's token.
+        earlier: u64,
+        /// The later grant's token (another owner's).
+        later: u64,
+        /// How long before the earlier lease could end the later one was
+        /// answered, in ms.
+        overlap_ms: u64,
+    },
     /// A read disagrees with the final stream at `offset`.
     ReadDiverges {
         /// The stream.
@@ -185,6 +200,47 @@ impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{self:?}")
     }
+}
+
+/// Lease exclusion, judged against real time: every grant in `history`
+/// was asked for with `ttl_ms` (and none released or renewed), so the
+/// lease of token `t` lasts at least until the last request answered `t`
+/// was sent, plus `ttl_ms`. A grant of a larger token to another owner
+/// answered before then overlaps it.
+pub fn check_lease_exclusion(history: &[Event], ttl_ms: u64) -> Vec<Violation> {
+    let ttl_ns = ttl_ms.saturating_mul(1_000_000);
+    // Per lease: per token, its owner and the last request it answered.
+    let mut leases: BTreeMap<&str, BTreeMap<u64, (&str, u64)>> = BTreeMap::new();
+    let mut answered: Vec<(&str, u64, &str, u64)> = Vec::new();
+    for e in history {
+        if let (Op::Acquire { name, owner }, Outcome::Granted(t)) = (&e.op, &e.outcome) {
+            let entry = leases
+                .entry(name.as_str())
+                .or_default()
+                .entry(*t)
+                .or_insert((owner.as_str(), e.invoked));
+            entry.1 = entry.1.max(e.invoked);
+            answered.push((name.as_str(), *t, owner.as_str(), e.completed));
+        }
+    }
+    let mut v = Vec::new();
+    for (name, later, owner, completed) in answered {
+        let Some(tokens) = leases.get(name) else {
+            continue;
+        };
+        for (&earlier, &(earlier_owner, sent)) in tokens.range(..later) {
+            let ends = sent.saturating_add(ttl_ns);
+            if earlier_owner != owner && completed < ends {
+                v.push(Violation::LeaseOverlap {
+                    name: name.to_string(),
+                    earlier,
+                    later,
+                    overlap_ms: (ends - completed) / 1_000_000,
+                });
+            }
+        }
+    }
+    v
 }
 
 /// Checks `history` against `final_streams` (each stream read in full after
@@ -698,5 +754,41 @@ mod tests {
             )),
             "{v:?}"
         );
+    }
+
+    #[test]
+    fn a_grant_to_another_owner_inside_the_ttl_is_an_overlap() {
+        let ms = 1_000_000u64;
+        let grant = |owner: &str, t: u64, sent: u64, done: u64| Event {
+            client: 0,
+            op: Op::Acquire {
+                name: "job".into(),
+                owner: owner.into(),
+            },
+            invoked: sent * ms,
+            completed: done * ms,
+            outcome: Outcome::Granted(t),
+        };
+        // a holds token 1 from 0 ms (ttl 400): b's grant answered at 300 ms
+        // overlaps; one answered at 450 ms does not.
+        let h = [grant("a", 1, 0, 10), grant("b", 2, 250, 300)];
+        assert_eq!(
+            check_lease_exclusion(&h, 400),
+            vec![Violation::LeaseOverlap {
+                name: "job".into(),
+                earlier: 1,
+                later: 2,
+                overlap_ms: 100
+            }]
+        );
+        let h = [grant("a", 1, 0, 10), grant("b", 2, 420, 450)];
+        assert!(check_lease_exclusion(&h, 400).is_empty());
+        // a re-acquired at 200 ms (same token): its lease runs to 600 ms.
+        let h = [
+            grant("a", 1, 0, 10),
+            grant("a", 1, 200, 210),
+            grant("b", 2, 420, 450),
+        ];
+        assert_eq!(check_lease_exclusion(&h, 400).len(), 1);
     }
 }

@@ -377,6 +377,42 @@ impl Cluster {
         }
     }
 
+    /// Every running replica, once all stand at the same position, has
+    /// the same digest there: none decided differently. (Each replica's
+    /// digest folds in every entry it wrote for the replicated log.)
+    pub fn assert_replicas_agree(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.converge(timeout);
+            let infos = self.infos();
+            let at: Vec<(u64, String, String)> = infos
+                .iter()
+                .filter_map(|(id, i)| {
+                    Some((
+                        *id,
+                        i.get("replica_position")?.clone(),
+                        i.get("replica_digest")?.clone(),
+                    ))
+                })
+                .collect();
+            let running = self.nodes.values().filter(|n| n.child.is_some()).count();
+            if at.len() == running && at.iter().all(|(_, p, _)| *p == at[0].1) {
+                assert!(
+                    at.iter().all(|(_, _, d)| *d == at[0].2),
+                    "replicas at position {} disagree: {at:?}\n{}",
+                    at[0].1,
+                    self.logs()
+                );
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "replicas never stood at one position: {at:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Every node's log so far (for a failure's message).
     pub fn logs(&self) -> String {
         self.nodes
