@@ -240,9 +240,6 @@ fn cluster_mode_checks_the_lease_ttl_bounds_as_one_node_does() {
     }
     let a = granted(&acquire(&cluster, "job", "a", 1_000)).expect("a's grant");
     let r = renew(&cluster, "job", "a", a, 0);
-    assert!(
-        matches!(&r, Reply::Error(e) if e.contains("ttl")),
-        "{r:?}"
-    );
+    assert!(matches!(&r, Reply::Error(e) if e.contains("ttl")), "{r:?}");
     assert_replicas_agree(&cluster);
 }
