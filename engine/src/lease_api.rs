@@ -137,7 +137,13 @@ pub(crate) fn decide_acquire(
         });
     }
     let leases = &mut w.state().leases;
-    if leases.len() as u64 >= max_live && leases.sweep() == 0 && leases.len() as u64 >= max_live {
+    // At the limit, expired leases are let go first; the decision rests on
+    // the leases live now, never on how many expired ones a sweep found (a
+    // replica restored from its log keeps a different set of those).
+    if leases.len() as u64 >= max_live {
+        leases.sweep();
+    }
+    if leases.len() as u64 >= max_live {
         return Err(Error::TooManyLeases {
             live: leases.len() as u64,
             max: max_live,
