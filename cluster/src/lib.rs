@@ -27,6 +27,7 @@ mod batcher;
 pub mod log_store;
 pub mod network;
 pub mod node;
+mod reads;
 mod snapshot;
 pub mod state_machine;
 pub mod types;

@@ -8,7 +8,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use openraft::error::RaftError;
 use openraft::{Config, ServerState, SnapshotPolicy};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -151,6 +150,7 @@ pub struct Node {
     log_store: LogStore,
     max_request: u64,
     batcher: Batcher,
+    reads: Arc<crate::reads::Reads>,
     listener: parking_lot::Mutex<Option<JoinHandle<()>>>,
     /// Stops Raft's runtime, and its thread.
     runtime: parking_lot::Mutex<
@@ -327,6 +327,7 @@ impl Node {
             log_store: parts.log_store,
             max_request: parts.max_request,
             batcher: parts.batcher,
+            reads: Arc::default(),
             listener: parking_lot::Mutex::new(Some(parts.listener)),
             runtime: parking_lot::Mutex::new(Some((stop_tx, thread))),
         })
@@ -410,16 +411,14 @@ impl Node {
     /// Waits until this node, as the leader, has applied every write
     /// committed before now, confirmed by a quorum (Raft's ReadIndex: no
     /// clock is trusted). A read after it misses no committed write.
+    /// Concurrent reads share one round (see `reads.rs`).
     pub async fn linearizable(&self) -> Result<(), ClusterError> {
-        match self.raft.ensure_linearizable().await {
-            Ok(_) => Ok(()),
-            Err(RaftError::APIError(openraft::error::CheckIsLeaderError::ForwardToLeader(f))) => {
-                Err(ClusterError::NotLeader {
-                    leader: f.leader_id.zip(f.leader_node),
-                })
-            }
-            Err(e) => Err(ClusterError::Raft(e.to_string())),
-        }
+        self.reads.linearizable(&self.raft).await
+    }
+
+    /// ReadIndex rounds run so far on this node (reads share them).
+    pub fn read_rounds(&self) -> u64 {
+        self.reads.rounds_run()
     }
 
     /// The leader as this node knows it.

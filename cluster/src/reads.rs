@@ -1,0 +1,95 @@
+//! Linearizable reads share ReadIndex rounds.
+//!
+//! A read must see every write committed before it arrived, so it waits
+//! for a round of Raft's ReadIndex (the leader confirms with a quorum that
+//! it still leads, then applies up to its commit index) that *starts after
+//! it arrived*. One round at a time runs; every read that arrives while it
+//! runs joins the next, so a storm of reads costs one round per round
+//! trip, not one round (and one message to each follower) per read.
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
+
+use crate::node::ClusterError;
+use crate::types::Raft;
+
+type Waiter = oneshot::Sender<Result<(), ClusterError>>;
+
+/// Reads waiting for a round, and whether one runs.
+#[derive(Default)]
+pub(crate) struct Reads {
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    running: bool,
+    waiting: Vec<Waiter>,
+    /// Rounds run (for tests of the sharing).
+    rounds: u64,
+}
+
+impl Reads {
+    /// Waits for a round that started after this call.
+    pub(crate) async fn linearizable(self: &Arc<Self>, raft: &Raft) -> Result<(), ClusterError> {
+        let (tx, rx) = oneshot::channel();
+        let start = {
+            let mut s = self.state.lock();
+            s.waiting.push(tx);
+            !std::mem::replace(&mut s.running, true)
+        };
+        if start {
+            // Spawned, not driven by this read: a client that goes away
+            // must not strand the others.
+            tokio::spawn(Arc::clone(self).rounds(raft.clone()));
+        }
+        rx.await.unwrap_or_else(|_| {
+            Err(ClusterError::Raft(
+                "the node stopped during a read round".into(),
+            ))
+        })
+    }
+
+    /// Runs rounds while reads wait; each round answers the reads that were
+    /// waiting when it started.
+    async fn rounds(self: Arc<Self>, raft: Raft) {
+        loop {
+            let batch = {
+                let mut s = self.state.lock();
+                if s.waiting.is_empty() {
+                    s.running = false;
+                    return;
+                }
+                s.rounds += 1;
+                std::mem::take(&mut s.waiting)
+            };
+            let outcome = round(&raft).await;
+            for w in batch {
+                let _ = w.send(match &outcome {
+                    Ok(()) => Ok(()),
+                    Err(e) => Err(e.duplicate()),
+                });
+            }
+        }
+    }
+
+    /// Rounds run so far.
+    pub(crate) fn rounds_run(&self) -> u64 {
+        self.state.lock().rounds
+    }
+}
+
+async fn round(raft: &Raft) -> Result<(), ClusterError> {
+    use openraft::error::{CheckIsLeaderError, RaftError};
+    match raft.ensure_linearizable().await {
+        Ok(_) => Ok(()),
+        Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
+            Err(ClusterError::NotLeader {
+                leader: f.leader_id.zip(f.leader_node),
+            })
+        }
+        Err(e) => Err(ClusterError::Raft(e.to_string())),
+    }
+}
