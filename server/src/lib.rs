@@ -2,7 +2,9 @@
 //!
 //! fencelog over the Redis protocol (RESP2 and RESP3), so that `redis-cli`,
 //! `redis-benchmark` and every Redis client library are its clients; and the
-//! `fencelog` command line (`serve`, `verify`, `dump`, `bench`).
+//! `fencelog` command line (`serve`, `verify`, `repair`, `dump`, `cluster`).
+//! The load generator behind `fencelog bench` is the `fencelog-bench`
+//! crate: the binary dispatches to it, this library never imports it.
 //!
 //! The contract is SPEC.md §6–7. A connection's pipelined writes are decided
 //! in the order they arrive and answered once durable, so a burst of
@@ -10,7 +12,6 @@
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
-pub mod bench;
 pub mod budget;
 pub mod clients;
 pub mod clock;
@@ -22,7 +23,6 @@ pub mod connection;
 pub mod dump;
 pub mod fds;
 pub mod glob;
-pub mod history;
 pub mod info;
 pub mod logging;
 pub mod metrics;

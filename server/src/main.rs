@@ -50,7 +50,7 @@ enum Command {
     Dump(DumpArgs),
     /// Load a server (--addr) or an in-process engine with durable appends
     /// and stale-write rejections; print a summary table.
-    Bench(fencelog_server::bench::BenchArgs),
+    Bench(fencelog_bench::BenchArgs),
     /// Cut a damaged log back to its valid prefix (salvage): show what will
     /// be cut, ask (or --yes), keep the cut bytes in `*.damaged` files,
     /// raise the token floor, then verify.
@@ -522,7 +522,7 @@ fn main() -> ExitCode {
         Command::Repair(args) => fencelog_server::repair::run(&args),
         Command::Verify(args) => verify::run(&args.dir, &args.options()),
         Command::Dump(args) => dump::run(&args.dir, &args.options()),
-        Command::Bench(args) => fencelog_server::bench::run(args),
+        Command::Bench(args) => fencelog_bench::run(args),
         Command::Cluster(args) => fencelog_server::cluster::cli::run(args),
     }
 }

@@ -7,10 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
-
-use crate::bench::{Reply, encode_command, read_reply};
+use fencelog_client::{Client, Config, Error, Value};
 
 /// `fencelog cluster`
 #[derive(clap::Args, Debug)]
@@ -146,93 +143,89 @@ pub fn run(args: ClusterArgs) -> ExitCode {
     }
 }
 
-/// Sends one command to `addr` (after AUTH if a password is given) and
-/// answers the reply, within `timeout`.
-pub(crate) async fn request_auth(
+/// Connect time allowed at most, however long the request may take.
+const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A client of the member at `addr`, authenticated with `password` (the
+/// cluster's `--requirepass`, the same on every member). It does not ask
+/// for the leader at connect: `status` wants the member it names, and a
+/// member that knows no leader yet still answers `CLUSTER INFO`;
+/// [`Client::execute`] follows `-MOVED` to the leader when asked. Each
+/// request waits up to `timeout`; `-TRYAGAIN` and refused connections are
+/// retried within `retry_total`.
+pub(crate) async fn connect(
     addr: &str,
     password: Option<&str>,
-    args: &[&[u8]],
     timeout: Duration,
-) -> Result<Reply, String> {
-    tokio::time::timeout(timeout, async {
-        let stream = TcpStream::connect(addr)
-            .await
-            .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
-        let (mut rd, mut wr) = stream.into_split();
-        let mut buf = bytes::BytesMut::new();
-        if let Some(pw) = password {
-            wr.write_all(&encode_command(&[b"AUTH", pw.as_bytes()]))
-                .await
-                .map_err(|e| format!("{addr}: {e}"))?;
-            match read_reply(&mut rd, &mut buf).await? {
-                Reply::Simple(ok) if ok == "OK" => {}
-                other => return Err(format!("{addr}: AUTH answered {other}")),
-            }
-        }
-        wr.write_all(&encode_command(args))
-            .await
-            .map_err(|e| format!("{addr}: {e}"))?;
-        read_reply(&mut rd, &mut buf).await
+    retry_total: Duration,
+) -> Result<Client, Error> {
+    Client::connect(Config {
+        password: password.map(str::to_string),
+        connect_timeout: timeout.min(MAX_CONNECT_TIMEOUT),
+        request_timeout: timeout,
+        retry_total,
+        discover_leader: false,
+        ..Config::new(addr)
     })
     .await
-    .map_err(|_| format!("{addr} did not answer in {timeout:?}"))?
 }
 
-/// Sends a membership command, following `MOVED` to the leader.
-async fn to_leader(addr: &str, password: Option<&str>, args: &[&[u8]]) -> Result<(), String> {
-    let mut target = addr.to_string();
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        match request_auth(&target, password, args, Duration::from_secs(300)).await? {
-            Reply::Simple(ok) if ok == "OK" => {
-                println!("OK ({target})");
-                return Ok(());
-            }
-            Reply::Error(e) if e.starts_with("MOVED ") => {
-                target = e
-                    .split_whitespace()
-                    .nth(2)
-                    .ok_or_else(|| format!("{target}: {e}"))?
-                    .to_string();
-            }
-            Reply::Error(e) if e.starts_with("TRYAGAIN") && Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            other => return Err(format!("{target}: {other}")),
-        }
+/// The text of a bulk reply (RESP2 bulk, RESP3 verbatim: `INFO`-like
+/// replies come as either, depending on the protocol the handshake chose).
+fn text(reply: &Value) -> Option<String> {
+    match reply {
+        Value::Bulk(b) | Value::Verbatim(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        _ => None,
     }
 }
 
-/// `CLUSTER INFO` of one node, as fields.
-async fn info(addr: &str, password: Option<&str>) -> Result<BTreeMap<String, String>, String> {
-    match request_auth(
-        addr,
-        password,
-        &[b"CLUSTER", b"INFO"],
-        Duration::from_secs(2),
-    )
-    .await?
-    {
-        Reply::Bulk(Some(text)) => Ok(String::from_utf8_lossy(&text)
+/// Sends a membership command to the leader (found by following `-MOVED`
+/// from `addr`), waiting out `-TRYAGAIN` for up to 300 s: adding a node
+/// waits while it catches up.
+async fn to_leader(addr: &str, password: Option<&str>, args: &[&[u8]]) -> Result<(), String> {
+    let wait = Duration::from_secs(300);
+    let client = connect(addr, password, wait, wait)
+        .await
+        .map_err(|e| format!("{addr}: {e}"))?;
+    let reply = client.execute(args, wait).await;
+    // The node that answered (or redirected last): the leader, as far as
+    // the client knows.
+    let target = client.leader().unwrap_or_else(|| addr.to_string());
+    match reply {
+        Ok(Value::Simple(ok)) if ok == "OK" => {
+            println!("OK ({target})");
+            Ok(())
+        }
+        Ok(other) => Err(format!("{target}: {other:?}")),
+        Err(e) => Err(format!("{target}: {e}")),
+    }
+}
+
+/// `CLUSTER INFO` of the member at `addr`, as fields.
+async fn info(client: &Client, addr: &str) -> Result<BTreeMap<String, String>, String> {
+    let reply = client
+        .execute_on(addr, &[b"CLUSTER", b"INFO"], Duration::from_secs(2))
+        .await
+        .map_err(|e| e.to_string())?;
+    match text(&reply) {
+        Some(text) => Ok(text
             .lines()
             .filter_map(|l| l.split_once(':'))
             .map(|(k, v)| (k.to_string(), v.trim().to_string()))
             .collect()),
-        other => Err(format!("{addr}: CLUSTER INFO answered {other}")),
+        None => Err(format!("{addr}: CLUSTER INFO answered {reply:?}")),
     }
 }
 
-/// The members a node knows: (id, client address) from `CLUSTER NODES`.
-async fn members(addr: &str, password: Option<&str>) -> Result<Vec<(u64, String, bool)>, String> {
-    match request_auth(
-        addr,
-        password,
-        &[b"CLUSTER", b"NODES"],
-        Duration::from_secs(2),
-    )
-    .await?
-    {
-        Reply::Bulk(Some(text)) => Ok(String::from_utf8_lossy(&text)
+/// The members a node knows: (id, client address, voter) from `CLUSTER
+/// NODES`.
+async fn members(client: &Client, addr: &str) -> Result<Vec<(u64, String, bool)>, String> {
+    let reply = client
+        .execute_on(addr, &[b"CLUSTER", b"NODES"], Duration::from_secs(2))
+        .await
+        .map_err(|e| format!("{addr}: {e}"))?;
+    match text(&reply) {
+        Some(text) => Ok(text
             .lines()
             .filter_map(|l| {
                 let mut f = l.split_whitespace();
@@ -242,17 +235,27 @@ async fn members(addr: &str, password: Option<&str>) -> Result<Vec<(u64, String,
                 Some((id, client, voter))
             })
             .collect()),
-        other => Err(format!("{addr}: CLUSTER NODES answered {other}")),
+        None => Err(format!("{addr}: CLUSTER NODES answered {reply:?}")),
     }
 }
 
 /// `fencelog cluster status`
 async fn status(addr: &str, password: Option<&str>) -> Result<(), String> {
-    let members = members(addr, password).await?;
+    let timeout = Duration::from_secs(2);
+    let client = connect(addr, password, timeout, timeout)
+        .await
+        .map_err(|e| format!("{addr}: {e}"))?;
+    status_of(&client, addr).await
+}
+
+/// `fencelog cluster status` through a connected client: `addr`'s
+/// members, then each member's `CLUSTER INFO` (a connection of its own).
+async fn status_of(client: &Client, addr: &str) -> Result<(), String> {
+    let members = members(client, addr).await?;
     let mut rows = Vec::new();
     let mut lag: BTreeMap<u64, String> = BTreeMap::new();
-    for (id, client, voter) in &members {
-        let i = info(client, password).await;
+    for (id, member, voter) in &members {
+        let i = info(client, member).await;
         if let Ok(i) = &i
             && i.get("raft_state").is_some_and(|s| s == "leader")
         {
@@ -263,7 +266,7 @@ async fn status(addr: &str, password: Option<&str>) -> Result<(), String> {
                 }
             }
         }
-        rows.push((*id, client.clone(), *voter, i));
+        rows.push((*id, member.clone(), *voter, i));
     }
     println!(
         "{:>4}  {:<22} {:<10} {:>6} {:>10} {:>10} {:>10} {:>8}",
@@ -388,9 +391,17 @@ async fn local(
         children.push(child);
     }
     let ready = async {
+        let first = client(1);
+        let timeout = Duration::from_secs(2);
         let deadline = Instant::now() + Duration::from_secs(20);
+        // Node 1 may not listen yet: connect again until it does.
+        let mut node1: Option<Client> = None;
         loop {
-            if let Ok(i) = info(&client(1), None).await
+            if node1.is_none() {
+                node1 = connect(&first, None, timeout, timeout).await.ok();
+            }
+            if let Some(c) = &node1
+                && let Ok(i) = info(c, &first).await
                 && i.get("raft_leader").is_some_and(|l| l != "none")
             {
                 break;
@@ -401,7 +412,10 @@ async fn local(
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        status(&client(1), None).await.ok();
+        match &node1 {
+            Some(c) => status_of(c, &first).await.ok(),
+            None => status(&first, None).await.ok(),
+        };
         println!(
             "\nredis-cli -c -p {port} LOG.APPEND orders 1 hello   # -c follows MOVED\n\
              fencelog cluster status --addr {}                 # Ctrl-C (or SIGTERM) stops the nodes",

@@ -21,6 +21,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use fencelog::Log;
+use fencelog_client::{Error as ClientError, Value};
 use fencelog_cluster::{ClusterSecret, Member, Node, NodeConfig, NodeId};
 
 /// What `fencelog serve` is told about its cluster.
@@ -244,35 +245,44 @@ impl Cluster {
         }
         let id = self.config.node_id.to_string();
         let member = self.config.member.clone();
-        let mut target = via;
+        let password = self.config.join_password.as_deref();
+        // Adding a node waits while it catches up; TRYAGAIN (no leader
+        // yet) is waited out by the client, then asked again here.
+        let timeout = Duration::from_secs(120);
+        let retry_total = Duration::from_secs(10);
+        let args: [&[u8]; 5] = [
+            b"CLUSTER",
+            b"ADDNODE",
+            id.as_bytes(),
+            member.raft_addr.as_bytes(),
+            member.client_addr.as_bytes(),
+        ];
         for attempt in 0u32.. {
-            let args: [&[u8]; 5] = [
-                b"CLUSTER",
-                b"ADDNODE",
-                id.as_bytes(),
-                member.raft_addr.as_bytes(),
-                member.client_addr.as_bytes(),
-            ];
-            match cli::request_auth(
-                &target,
-                self.config.join_password.as_deref(),
-                &args,
-                Duration::from_secs(120),
-            )
-            .await
-            {
-                Ok(crate::bench::Reply::Simple(ok)) if ok == "OK" => {
+            // A fresh client each attempt, through `--cluster-join` again:
+            // the member that redirected last time may be gone.
+            let client = match cli::connect(&via, password, timeout, retry_total).await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(via = %via, error = %e, attempt, "join failed");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+            };
+            let reply = client.execute(&args, timeout).await;
+            // The member that answered: the leader, after any -MOVED.
+            let target = client.leader().unwrap_or_else(|| via.clone());
+            match reply {
+                Ok(Value::Simple(ok)) if ok == "OK" => {
                     tracing::info!(event = "cluster_joined", via = %target, "added to the cluster");
                     return;
                 }
-                Ok(crate::bench::Reply::Error(e)) if e.starts_with("MOVED ") => {
-                    if let Some(addr) = e.split_whitespace().nth(2) {
-                        target = addr.to_string();
-                        continue;
-                    }
+                Ok(other) => {
+                    tracing::warn!(via = %target, reply = ?other, attempt, "join refused")
                 }
-                Ok(other) => tracing::warn!(via = %target, reply = %other, attempt, "join refused"),
-                Err(e) => tracing::warn!(via = %target, error = %e, attempt, "join failed"),
+                Err(e @ ClientError::Io(_)) => {
+                    tracing::warn!(via = %target, error = %e, attempt, "join failed")
+                }
+                Err(e) => tracing::warn!(via = %target, error = %e, attempt, "join refused"),
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }

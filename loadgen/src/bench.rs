@@ -2039,14 +2039,14 @@ mod tests {
     impl TestServer {
         fn start(password: Option<&str>) -> TestServer {
             let dir = tempfile::tempdir().unwrap();
-            let config = crate::config::ServeConfig {
+            let config = fencelog_server::config::ServeConfig {
                 dir: dir.path().to_path_buf(),
                 addr: "127.0.0.1:0".parse().unwrap(),
                 requirepass: password.map(str::to_string),
                 metrics_addr: None,
                 allow_unauthenticated_remote: false,
                 engine: Options::default(),
-                limits: crate::protocol::Limits::default(),
+                limits: fencelog_server::protocol::Limits::default(),
                 max_query_buffer_bytes: 64 << 20,
                 client_output_buffer_limit_bytes: 32 << 20,
                 maxmemory_clients_bytes: 512 << 20,
@@ -2067,7 +2067,7 @@ mod tests {
                     .build()
                     .unwrap();
                 rt.block_on(async move {
-                    let server = crate::server::Server::bind(config).await.unwrap();
+                    let server = fencelog_server::server::Server::bind(config).await.unwrap();
                     addr_tx.send(server.local_addr().unwrap()).unwrap();
                     server
                         .run(async {
