@@ -271,7 +271,7 @@ impl Client {
                     }
                 }
             }
-            if !self.backoff(started, &mut backoff).await {
+            if !self.backoff(started, &mut backoff, cfg.backoff_max).await {
                 return Err(last);
             }
         }
@@ -279,15 +279,15 @@ impl Client {
     }
 
     /// Waits the next backoff step if it ends within `retry_total` from
-    /// `started`; false if the time is up.
-    async fn backoff(&self, started: Instant, backoff: &mut Duration) -> bool {
+    /// `started`; false if the time is up. Steps double up to `max`.
+    async fn backoff(&self, started: Instant, backoff: &mut Duration, max: Duration) -> bool {
         let cfg = &self.inner.config;
         let wake = Instant::now() + *backoff;
         if wake > started + cfg.retry_total {
             return false;
         }
         tokio::time::sleep_until(wake).await;
-        *backoff = (*backoff * 2).min(cfg.backoff_max);
+        *backoff = (*backoff * 2).min(max);
         true
     }
 
@@ -297,8 +297,21 @@ impl Client {
     /// again after an I/O error. `timeout` bounds each attempt's wait for
     /// its reply. An error reply is returned as a value.
     pub(crate) async fn call(&self, args: &[&[u8]], timeout: Duration) -> Result<Value, Error> {
+        self.call_with(args, timeout, self.inner.config.backoff_max)
+            .await
+    }
+
+    /// As [`Client::call`], with the backoff steps capped at `backoff_max`
+    /// (at most the configured one).
+    pub(crate) async fn call_with(
+        &self,
+        args: &[&[u8]],
+        timeout: Duration,
+        backoff_max: Duration,
+    ) -> Result<Value, Error> {
         let cfg = &self.inner.config;
         let started = Instant::now();
+        let backoff_max = backoff_max.clamp(cfg.backoff_initial, cfg.backoff_max);
         let mut backoff = cfg.backoff_initial;
         let mut redirects = 0;
         let mut seed = 0;
@@ -310,12 +323,22 @@ impl Client {
                     // Nothing was sent: try the seeds in turn, the leader
                     // may be gone.
                     self.forget_leader(&target);
-                    if !self.backoff(started, &mut backoff).await {
+                    if !self.backoff(started, &mut backoff, backoff_max).await {
                         return Err(e);
                     }
                     redirects = 0;
-                    target = cfg.seeds[seed % cfg.seeds.len()].clone();
-                    seed += 1;
+                    // Not the node that just refused, if there is another:
+                    // after a leader dies, a turn spent on its address
+                    // is a whole backoff step lost (issue 22: a lease
+                    // keeper renewing through a failover).
+                    let failed = std::mem::take(&mut target);
+                    for _ in 0..cfg.seeds.len() {
+                        target = cfg.seeds[seed % cfg.seeds.len()].clone();
+                        seed += 1;
+                        if target != failed {
+                            break;
+                        }
+                    }
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -326,7 +349,7 @@ impl Client {
                 // again (a pooled connection to a node that just died fails
                 // so); a write's outcome is the caller's to decide.
                 Err(e @ Error::Io(_)) if is_read(args) => {
-                    if !self.backoff(started, &mut backoff).await {
+                    if !self.backoff(started, &mut backoff, backoff_max).await {
                         return Err(e);
                     }
                     redirects = 0;
@@ -347,7 +370,7 @@ impl Client {
                     }
                 }
                 Value::Error(e) if e.starts_with("TRYAGAIN") || e.starts_with("CLUSTERDOWN") => {
-                    if !self.backoff(started, &mut backoff).await {
+                    if !self.backoff(started, &mut backoff, backoff_max).await {
                         return Err(Error::Server(e));
                     }
                     redirects = 0;
@@ -705,13 +728,33 @@ impl Client {
         token: u64,
         ttl: Duration,
     ) -> Result<Duration, Error> {
+        self.renew_with(
+            name.as_ref(),
+            owner,
+            token,
+            ttl,
+            self.inner.config.backoff_max,
+        )
+        .await
+    }
+
+    /// [`Client::renew`] with the routing's backoff steps capped at
+    /// `backoff_max`: the keeper's, whose renewal must find a new leader
+    /// within what is left of the ttl.
+    pub(crate) async fn renew_with(
+        &self,
+        name: &[u8],
+        owner: &str,
+        token: u64,
+        ttl: Duration,
+        backoff_max: Duration,
+    ) -> Result<Duration, Error> {
         let (t, ms) = (arg(token), millis(ttl));
-        let granted = self
-            .integer(
-                &[b"LEASE.RENEW", name.as_ref(), owner.as_bytes(), &t, &ms],
-                self.timeout(),
-            )
-            .await?;
+        let args: [&[u8]; 5] = [b"LEASE.RENEW", name, owner.as_bytes(), &t, &ms];
+        let granted = match self.call_with(&args, self.timeout(), backoff_max).await? {
+            Value::Error(e) => return Err(Error::from_server(&e)),
+            v => as_u64(&v)?,
+        };
         Ok(Duration::from_millis(granted))
     }
 

@@ -343,7 +343,16 @@ async fn keep(
         }
         let sent = Instant::now();
         let deadline = *lock(&shared.valid_until);
-        match tokio::time::timeout_at(deadline, client.renew(&name, &owner, token, ttl)).await {
+        // The routing's backoff steps are capped at the keeper's own retry
+        // interval (a tenth of the ttl) rather than `Config::backoff_max`
+        // (500 ms): during a failover the renewal retries TRYAGAIN and
+        // refused connections inside one call, and a 500 ms step taken
+        // just before the new leader answers could carry it past the
+        // deadline. Issue 22: with a 3 s ttl, a leader killed just before
+        // a renewal was due (failover 0.95 s, the lease never at risk on
+        // the server) was lost this way; with 300 ms steps it is not.
+        let renewal = client.renew_with(&name, &owner, token, ttl, retry);
+        match tokio::time::timeout_at(deadline, renewal).await {
             Err(_) => {
                 shared.lose(LeaseLoss::Expired);
                 return;

@@ -198,3 +198,5 @@ macro_rules! server_or_skip {
         }
     };
 }
+
+pub mod nodes;
