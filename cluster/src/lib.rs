@@ -24,6 +24,7 @@
 #![allow(clippy::result_large_err)]
 
 mod batcher;
+mod election;
 pub mod log_store;
 pub mod network;
 pub mod node;

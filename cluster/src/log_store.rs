@@ -246,6 +246,11 @@ impl LogStore {
         })
     }
 
+    /// The last entry of this log (or the last purged, if none is left).
+    pub(crate) fn last_log_id(&self) -> Option<LogId<NodeId>> {
+        self.wal.with_state(|s| s.last_log_id())
+    }
+
     /// The last entry this node knows committed (as Raft last told it).
     pub fn committed(&self) -> Option<u64> {
         self.wal.with_state(|s| s.committed.map(|c| c.index))

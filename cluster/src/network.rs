@@ -669,6 +669,8 @@ enum Rpc {
     Append(AppendEntriesRequest<TypeConfig>),
     Vote(VoteRequest<NodeId>),
     Snapshot(InstallSnapshotRequest<TypeConfig>),
+    /// Would the peer vote for the sender (see `election.rs`)?
+    PreVote(crate::election::PreVoteRequest),
 }
 
 // RpcReply: bincode enum { variant: u32 LE | Result of the answer }
@@ -677,6 +679,7 @@ enum RpcReply {
     Append(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
     Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
     Snapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
+    PreVote(bool),
 }
 
 /// A sender keeps its batches under this (a single entry is at most 64
@@ -810,6 +813,27 @@ impl Network {
 
     fn slot(&self, target: NodeId) -> Slot {
         self.pool.lock().entry(target).or_default().clone()
+    }
+
+    /// Asks `target` whether it would vote for this node (a refusal, or no
+    /// answer within `timeout`, is a no).
+    pub(crate) async fn pre_vote(
+        &self,
+        target: NodeId,
+        member: &Member,
+        req: &crate::election::PreVoteRequest,
+        timeout: Duration,
+    ) -> Result<bool, PeerError> {
+        let mut client = Client {
+            target,
+            addr: member.raft_addr.clone(),
+            slot: self.slot(target),
+            network: self.clone(),
+        };
+        match client.call(&Rpc::PreVote(req.clone()), timeout).await? {
+            RpcReply::PreVote(granted) => Ok(granted),
+            _ => Ok(false),
+        }
     }
 }
 
@@ -1005,7 +1029,13 @@ impl RaftNetwork<TypeConfig> for Client {
 /// dropped or aborted (which ends every peer connection with it): at most
 /// [`MAX_PEER_CONNECTIONS`] at once, each authenticated within
 /// [`HANDSHAKE_TIMEOUT`] before any frame of it is read.
-pub async fn serve(listener: TcpListener, raft: Raft, auth: PeerAuth) {
+pub(crate) async fn serve(
+    listener: TcpListener,
+    raft: Raft,
+    auth: PeerAuth,
+    election: Arc<crate::election::Election>,
+    log: crate::log_store::LogStore,
+) {
     let max_connections = MAX_PEER_CONNECTIONS;
     let permits = Arc::new(tokio::sync::Semaphore::new(max_connections));
     let warn = Arc::new(WarnLimit::default());
@@ -1039,6 +1069,7 @@ pub async fn serve(listener: TcpListener, raft: Raft, auth: PeerAuth) {
         let raft = raft.clone();
         let auth = auth.clone();
         let warn = warn.clone();
+        let (election, log) = (election.clone(), log.clone());
         peers.spawn(async move {
             let _permit = permit;
             let session = match tokio::time::timeout(
@@ -1080,9 +1111,27 @@ pub async fn serve(listener: TcpListener, raft: Raft, auth: PeerAuth) {
                     }
                 };
                 let reply = match rpc {
-                    Rpc::Append(r) => RpcReply::Append(raft.append_entries(r).await),
+                    Rpc::Append(r) => {
+                        let answer = raft.append_entries(r).await;
+                        // A leader this node follows (not one it refused
+                        // for an older term) is alive.
+                        if answer
+                            .as_ref()
+                            .is_ok_and(|a| !matches!(a, AppendEntriesResponse::HigherVote(_)))
+                        {
+                            election.heard_from_leader();
+                        }
+                        RpcReply::Append(answer)
+                    }
                     Rpc::Vote(r) => RpcReply::Vote(raft.vote(r).await),
-                    Rpc::Snapshot(r) => RpcReply::Snapshot(raft.install_snapshot(r).await),
+                    Rpc::Snapshot(r) => {
+                        let answer = raft.install_snapshot(r).await;
+                        if answer.is_ok() {
+                            election.heard_from_leader();
+                        }
+                        RpcReply::Snapshot(answer)
+                    }
+                    Rpc::PreVote(r) => RpcReply::PreVote(election.grant(&raft, &log, &r)),
                 };
                 if let Err(e) = write_frame(&mut stream, &mut send, &reply).await {
                     tracing::debug!(%peer, error = %e, "a peer went away");

@@ -198,6 +198,8 @@ async fn start_here(cfg: NodeConfig) -> Result<Parts, ClusterError> {
         snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.snapshot_every_entries),
         max_in_snapshot_log_to_keep: 1000,
         max_payload_entries: 1024,
+        // Elections are started by `election.rs`, after a pre-vote.
+        enable_elect: false,
         ..Config::default()
     }
     .validate()
@@ -211,6 +213,8 @@ async fn start_here(cfg: NodeConfig) -> Result<Parts, ClusterError> {
         source,
     );
     let auth = network.auth();
+    // The pre-votes share the pooled connections.
+    let network_for_elections = network.clone();
     let raft = Raft::new(cfg.id, Arc::new(config), network, log_store, sm)
         .await
         .map_err(|e| ClusterError::Raft(e.to_string()))?;
@@ -220,7 +224,22 @@ async fn start_here(cfg: NodeConfig) -> Result<Parts, ClusterError> {
             what: format!("listen for peers on {}", cfg.raft_listen),
             source: e,
         })?;
-    let listener = tokio::spawn(network::serve(listener, raft.clone(), auth));
+    let election =
+        crate::election::Election::new(cfg.election_timeout_ms.0, cfg.election_timeout_ms.1);
+    let listener = tokio::spawn(network::serve(
+        listener,
+        raft.clone(),
+        auth,
+        Arc::clone(&election),
+        log_store_view.clone(),
+    ));
+    tokio::spawn(crate::election::drive(
+        election,
+        raft.clone(),
+        log_store_view.clone(),
+        network_for_elections,
+        cfg.id,
+    ));
     // An entry holds at most half of what one may (its writes' framing and
     // the rest of the entry fit in the other half).
     let batcher = Batcher::spawn(raft.clone(), engine.clone(), max_request / 2);

@@ -1,0 +1,223 @@
+//! Elections with Raft's two remedies for partitions, which openraft 0.9
+//! lacks: PreVote and CheckQuorum.
+//!
+//! - **PreVote.** A node that has heard from no leader for an election
+//!   timeout first asks its peers whether they would vote for it
+//!   ([`PreVoteRequest`]); it starts a real election (a new term) only if a
+//!   majority would. A peer says yes only if it has not heard from a leader
+//!   for as long itself, and the candidate's log is at least as long as its
+//!   own. So a node cut off from the group (a follower behind a partition,
+//!   a leader that lost its followers) never raises its term, and when the
+//!   cut heals it cannot depose the healthy leader with a higher one.
+//!   openraft's own election timer is off (`Config::enable_elect`): this
+//!   module starts every election, through `Raft::trigger().elect()`.
+//! - **CheckQuorum.** A leader that has not heard from a quorum for an
+//!   election timeout steps down: it grants a vote, in the next term, to no
+//!   one (node 0, which never exists), which makes it a follower without
+//!   starting an election of its own. Its clients are told `TRYAGAIN`, and
+//!   a leader that can send but not hear (a one-way cut) no longer keeps its
+//!   followers from electing another.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use openraft::raft::VoteRequest;
+use openraft::{LogId, ServerState, Vote};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use crate::log_store::LogStore;
+use crate::network::Network;
+use crate::types::{NodeId, Raft};
+
+/// The node a stepping-down leader votes for: ids start at 1.
+const NOBODY: NodeId = 0;
+
+/// "Would you vote for me in `term`?"
+// PreVoteRequest: bincode { term: u64 | candidate: u64 | last_log_id: Option<LogId> }
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct PreVoteRequest {
+    /// The term the candidate would start (its own plus one).
+    pub term: u64,
+    /// Who asks.
+    pub candidate: NodeId,
+    /// The candidate's last log entry.
+    pub last_log_id: Option<LogId<NodeId>>,
+}
+
+/// What a node knows of its leader's liveness, and its election timing.
+pub(crate) struct Election {
+    /// When this node last heard from a leader (or led itself).
+    contact: Mutex<Instant>,
+    /// No campaign before then.
+    next_campaign: Mutex<Instant>,
+    /// A leader is considered gone after this long without contact: the
+    /// upper end of the election timeout (openraft's leader lease, which
+    /// its followers also wait out before they grant a real vote).
+    silence: Duration,
+    /// Campaigns wait `silence` plus up to this much more, at random, so
+    /// that two nodes rarely campaign at once.
+    spread: Duration,
+}
+
+impl Election {
+    /// The timing of a node whose election timeout is `min_ms..=max_ms`.
+    pub(crate) fn new(min_ms: u64, max_ms: u64) -> Arc<Election> {
+        let now = Instant::now();
+        Arc::new(Election {
+            contact: Mutex::new(now),
+            next_campaign: Mutex::new(now),
+            silence: Duration::from_millis(max_ms),
+            spread: Duration::from_millis(max_ms.saturating_sub(min_ms).max(1)),
+        })
+    }
+
+    /// A leader's message arrived (an AppendEntries or a snapshot it
+    /// accepted).
+    pub(crate) fn heard_from_leader(&self) {
+        *self.contact.lock() = Instant::now();
+    }
+
+    fn silent_for(&self) -> Duration {
+        self.contact.lock().elapsed()
+    }
+
+    /// The answer to a pre-vote: yes only if this node has no leader
+    /// either, the candidate would raise the term, and its log is at least
+    /// as long as this node's.
+    pub(crate) fn grant(&self, raft: &Raft, log: &LogStore, req: &PreVoteRequest) -> bool {
+        let (state, term) = {
+            let m = raft.metrics();
+            let m = m.borrow();
+            (m.state, m.current_term)
+        };
+        if state == ServerState::Leader || self.silent_for() < self.silence {
+            return false;
+        }
+        req.term > term && req.last_log_id >= log.last_log_id()
+    }
+
+    /// A random wait before the next campaign.
+    fn schedule_next(&self) {
+        let jitter = self.spread.as_millis().max(1) as u64;
+        let nanos = Instant::now().elapsed().as_nanos() as u64 ^ std::process::id() as u64;
+        let extra = Duration::from_millis(splitmix(nanos ^ rand_seed()) % jitter);
+        *self.next_campaign.lock() = Instant::now() + self.silence + extra;
+    }
+}
+
+/// A seed that differs between nodes and between calls.
+fn rand_seed() -> u64 {
+    let mut b = [0u8; 8];
+    if getrandom::fill(&mut b).is_err() {
+        return std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(7, |d| d.as_nanos() as u64);
+    }
+    u64::from_le_bytes(b)
+}
+
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Drives this node's elections and its leader's quorum check until Raft
+/// shuts down.
+pub(crate) async fn drive(
+    election: Arc<Election>,
+    raft: Raft,
+    log: LogStore,
+    network: Network,
+    id: NodeId,
+) {
+    election.schedule_next();
+    loop {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let m = raft.metrics().borrow().clone();
+        match m.state {
+            ServerState::Shutdown => return,
+            ServerState::Leader => {
+                // Leading counts as contact: once it steps down, it waits a
+                // whole timeout before it campaigns.
+                election.heard_from_leader();
+                let voters = m.membership_config.membership().voter_ids().count();
+                let lost = m
+                    .millis_since_quorum_ack
+                    .is_some_and(|ms| Duration::from_millis(ms) > election.silence);
+                if voters > 1 && lost {
+                    step_down(&raft, &log, m.current_term, id).await;
+                }
+                continue;
+            }
+            ServerState::Learner => continue,
+            ServerState::Follower | ServerState::Candidate => {}
+        }
+        let membership = m.membership_config.membership().clone();
+        if !membership.voter_ids().any(|v| v == id)
+            || election.silent_for() < election.silence
+            || Instant::now() < *election.next_campaign.lock()
+        {
+            continue;
+        }
+        election.schedule_next();
+        let req = PreVoteRequest {
+            term: m.current_term + 1,
+            candidate: id,
+            last_log_id: log.last_log_id(),
+        };
+        let voters: Vec<NodeId> = membership.voter_ids().collect();
+        let mut asks = tokio::task::JoinSet::new();
+        for peer in voters.iter().copied().filter(|p| *p != id) {
+            let Some(member) = membership.get_node(&peer).cloned() else {
+                continue;
+            };
+            let (network, req) = (network.clone(), req.clone());
+            let wait = election.silence;
+            asks.spawn(async move { network.pre_vote(peer, &member, &req, wait).await });
+        }
+        let mut yes = 1;
+        while let Some(answer) = asks.join_next().await {
+            if matches!(answer, Ok(Ok(true))) {
+                yes += 1;
+            }
+        }
+        if yes * 2 > voters.len() {
+            tracing::info!(
+                event = "election",
+                term = req.term,
+                pre_votes = yes,
+                voters = voters.len(),
+                "no leader heard for an election timeout and a majority would vote: campaigning"
+            );
+            if let Err(e) = raft.trigger().elect().await {
+                tracing::warn!(error = %e, "starting an election failed");
+            }
+        } else {
+            tracing::debug!(
+                pre_votes = yes,
+                voters = voters.len(),
+                "no majority would vote: not campaigning (the term stays)"
+            );
+        }
+    }
+}
+
+/// CheckQuorum: the leader grants its vote for the next term to nobody,
+/// which ends its leadership without an election of its own.
+async fn step_down(raft: &Raft, log: &LogStore, term: u64, id: NodeId) {
+    let req = VoteRequest::new(Vote::new(term + 1, NOBODY), log.last_log_id());
+    match raft.vote(req).await {
+        Ok(r) if r.vote_granted => tracing::warn!(
+            event = "leader_stepped_down",
+            node = id,
+            term,
+            "no quorum answered for an election timeout: this leader stepped down"
+        ),
+        // Its own lease not run out yet: asked again on the next round.
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "stepping down failed"),
+    }
+}
