@@ -25,6 +25,7 @@ fn free_port(ip: &str) -> u16 {
 /// from a node that is.
 struct Proxy {
     cut: Arc<Mutex<HashSet<IpAddr>>>,
+    deaf: Arc<Mutex<HashSet<IpAddr>>>,
     conns: Arc<Mutex<Vec<(IpAddr, TcpStream)>>>,
     stop: Arc<AtomicBool>,
 }
@@ -35,6 +36,7 @@ impl Proxy {
         target: SocketAddr,
         me: IpAddr,
         cut: Arc<Mutex<HashSet<IpAddr>>>,
+        deaf: Arc<Mutex<HashSet<IpAddr>>>,
     ) -> Proxy {
         let listener = TcpListener::bind(listen).expect("bind a proxy");
         listener.set_nonblocking(true).unwrap();
@@ -42,6 +44,7 @@ impl Proxy {
         let stop = Arc::new(AtomicBool::new(false));
         {
             let (cut, conns, stop) = (cut.clone(), conns.clone(), stop.clone());
+            let deaf = deaf.clone();
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
                     let (inbound, peer) = match listener.accept() {
@@ -51,9 +54,12 @@ impl Proxy {
                             continue;
                         }
                     };
+                    // A deaf node hears nothing: no connection reaches it.
                     let blocked = {
                         let cut = cut.lock().unwrap();
-                        cut.contains(&me) || cut.contains(&peer.ip())
+                        cut.contains(&me)
+                            || cut.contains(&peer.ip())
+                            || deaf.lock().unwrap().contains(&me)
                     };
                     if blocked {
                         continue;
@@ -70,17 +76,28 @@ impl Proxy {
                         c.push((peer.ip(), inbound.try_clone().unwrap()));
                         c.push((peer.ip(), outbound.try_clone().unwrap()));
                     }
-                    pump(inbound.try_clone().unwrap(), outbound.try_clone().unwrap());
-                    pump(outbound, inbound);
+                    pump(
+                        inbound.try_clone().unwrap(),
+                        outbound.try_clone().unwrap(),
+                        None,
+                    );
+                    // Answers to a deaf dialer are lost on the way back.
+                    pump(outbound, inbound, Some((deaf.clone(), peer.ip())));
                 }
             });
         }
-        Proxy { cut, conns, stop }
+        Proxy {
+            cut,
+            deaf,
+            conns,
+            stop,
+        }
     }
 
-    /// Ends the connections that are cut now.
+    /// Ends the connections that are cut now (or touch a deaf node).
     fn enforce(&self, me: IpAddr) {
-        let cut = self.cut.lock().unwrap().clone();
+        let mut cut = self.cut.lock().unwrap().clone();
+        cut.extend(self.deaf.lock().unwrap().iter().copied());
         let mut conns = self.conns.lock().unwrap();
         conns.retain(|(peer, s)| {
             if cut.contains(&me) || cut.contains(peer) {
@@ -102,13 +119,23 @@ impl Drop for Proxy {
     }
 }
 
-fn pump(mut from: TcpStream, mut to: TcpStream) {
+/// Copies `from` to `to`; with `deaf`, bytes are dropped while the
+/// dialer's address is in that set (it sends, but hears nothing back).
+type Deaf = Option<(Arc<Mutex<HashSet<IpAddr>>>, IpAddr)>;
+
+fn pump(mut from: TcpStream, mut to: TcpStream, deaf: Deaf) {
     std::thread::spawn(move || {
         let mut buf = [0u8; 64 << 10];
         loop {
             match from.read(&mut buf) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
+                    let lost = deaf
+                        .as_ref()
+                        .is_some_and(|(set, ip)| set.lock().unwrap().contains(ip));
+                    if lost {
+                        continue;
+                    }
                     if to.write_all(&buf[..n]).is_err() {
                         break;
                     }
@@ -141,6 +168,7 @@ pub struct Node {
 pub struct Cluster {
     pub nodes: BTreeMap<u64, Node>,
     cut: Arc<Mutex<HashSet<IpAddr>>>,
+    deaf: Arc<Mutex<HashSet<IpAddr>>>,
     initial: String,
     extra: Vec<String>,
     _tmp: tempfile::TempDir,
@@ -152,6 +180,7 @@ impl Cluster {
     pub fn start(n: u64, extra: &[&str]) -> Cluster {
         let tmp = tempfile::tempdir().unwrap();
         let cut: Arc<Mutex<HashSet<IpAddr>>> = Arc::default();
+        let deaf: Arc<Mutex<HashSet<IpAddr>>> = Arc::default();
         let mut nodes = BTreeMap::new();
         for id in 1..=n {
             let ip_text = format!("127.0.0.{}", 10 + id);
@@ -159,7 +188,7 @@ impl Cluster {
             let client = SocketAddr::new(ip, free_port(&ip_text));
             let raft = SocketAddr::new(ip, free_port(&ip_text));
             let raft_advertised = SocketAddr::new(ip, free_port(&ip_text));
-            let proxy = Proxy::start(raft_advertised, raft, ip, cut.clone());
+            let proxy = Proxy::start(raft_advertised, raft, ip, cut.clone(), deaf.clone());
             nodes.insert(
                 id,
                 Node {
@@ -184,6 +213,7 @@ impl Cluster {
         let mut c = Cluster {
             nodes,
             cut,
+            deaf,
             initial,
             extra: extra.iter().map(|s| s.to_string()).collect(),
             _tmp: tmp,
@@ -314,9 +344,20 @@ impl Cluster {
         }
     }
 
+    /// Node `id` still sends to its peers, but hears nothing back (a
+    /// one-way cut): its messages arrive, their answers and its peers' own
+    /// messages to it are lost.
+    pub fn deafen(&self, id: u64) {
+        self.deaf.lock().unwrap().insert(self.nodes[&id].ip);
+        for n in self.nodes.values() {
+            n.proxy.enforce(n.ip);
+        }
+    }
+
     /// Undoes every cut.
     pub fn heal(&self) {
         self.cut.lock().unwrap().clear();
+        self.deaf.lock().unwrap().clear();
     }
 
     /// Kills node `id`, deletes its data and starts it empty, joining
