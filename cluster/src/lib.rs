@@ -24,6 +24,7 @@
 #![allow(clippy::result_large_err)]
 
 mod batcher;
+pub mod incarnation;
 pub mod log_store;
 pub mod network;
 pub mod node;
@@ -32,5 +33,6 @@ pub mod state_machine;
 pub mod types;
 
 pub use network::{ClusterSecret, PeerError};
+pub use openraft::ChangeMembers;
 pub use node::{ClusterError, Node, NodeConfig, Proposal, Status, wait_for_leader};
 pub use types::{Member, NodeId, Request, Response, Responses, WireCommand, WireError, WireTxOp};

@@ -28,6 +28,8 @@ fn config(id: u64, dir: &Path, secret: &[u8]) -> NodeConfig {
     let member = Member {
         raft_addr: addr.to_string(),
         client_addr: format!("127.0.0.1:{}", 7000 + id),
+        // Asked of the node when the group forms.
+        incarnation: 0,
     };
     let mut cfg = NodeConfig::new(id, dir.join(format!("n{id}")), addr, member);
     cfg.raft_segment_bytes = 256 << 10;
@@ -255,7 +257,13 @@ async fn a_node_with_another_secret_neither_catches_up_nor_wins_a_vote() {
     let mut members: BTreeMap<u64, Member> = g
         .cfgs
         .iter()
-        .map(|(id, c)| (*id, c.member.clone()))
+        .map(|(id, c)| {
+            // The incarnations the group has (it cannot ask: another
+            // secret).
+            let mut m = c.member.clone();
+            m.incarnation = g.nodes[id].incarnation();
+            (*id, m)
+        })
         .collect();
     members.insert(4, rogue_cfg.member.clone());
     rogue.initialize(members).await.unwrap();
