@@ -185,8 +185,11 @@ async fn strangers_on_the_raft_port_change_nothing_and_are_cut_off() {
     // A hello with the right magic, version and "has a secret", then a
     // proof made up without the secret.
     let mut made_up = b"FLRP".to_vec();
-    made_up.extend_from_slice(&[1, 1]);
+    made_up.extend_from_slice(&[fencelog_cluster::network::PROTOCOL_VERSION, 1]);
     made_up.extend_from_slice(&9u64.to_le_bytes());
+    // Its incarnation, and none expected of the node.
+    made_up.extend_from_slice(&7u64.to_le_bytes());
+    made_up.extend_from_slice(&0u64.to_le_bytes());
     made_up.extend_from_slice(&[7u8; 32]);
     made_up.extend_from_slice(&[0u8; 32]);
     let mut huge = u32::MAX.to_le_bytes().to_vec();
@@ -194,14 +197,14 @@ async fn strangers_on_the_raft_port_change_nothing_and_are_cut_off() {
     let garbage: Vec<u8> = (0..4096u32).map(|i| (i * 31 % 251) as u8).collect();
 
     let rss = rss_bytes();
-    // What the node sends back: nothing, but its hello (46 bytes) to a
+    // What the node sends back: nothing, but its hello (62 bytes) to a
     // well-formed hello.
     for (what, bytes, answer) in [
         ("garbage", &garbage, 0),
         ("a huge length prefix", &huge, 0),
         ("a forged vote of a higher term", &forged_vote, 0),
         ("a forged AppendEntries of a higher term", &forged_append, 0),
-        ("a made-up proof", &made_up, 46),
+        ("a made-up proof", &made_up, 62),
     ] {
         // Twenty at once to every node, each sending the same: memory
         // stays bounded.
