@@ -494,6 +494,8 @@ struct Session {
     peer: NodeId,
     /// The peer's incarnation, from its hello.
     peer_incarnation: u64,
+    /// The incarnation the peer expected of this node (0: none).
+    expected_of_us: u64,
     send: FrameKey,
     recv: FrameKey,
 }
@@ -628,6 +630,7 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     Ok(Session {
         peer: theirs.node,
         peer_incarnation: theirs.incarnation,
+        expected_of_us: theirs.expected,
         send: transcript.frame_key(key, role),
         recv: transcript.frame_key(key, role.other()),
     })
@@ -1166,10 +1169,33 @@ pub async fn serve(listener: TcpListener, raft: Raft, auth: PeerAuth) {
             let Session {
                 peer: node,
                 peer_incarnation,
+                expected_of_us,
                 mut send,
                 mut recv,
             } = session;
             tracing::debug!(%peer, node, incarnation = format!("{peer_incarnation:016x}"), "a peer connected");
+            // A dialer that expects no incarnation of this node (a probe,
+            // or a membership that admitted it before incarnations) gets
+            // Raft messages answered only if this node was admitted so: a
+            // fresh (or replaced) disk listed by a membership from before
+            // incarnations must take nothing from it either. A probe just
+            // closes here.
+            if expected_of_us == 0 {
+                let me = auth.id;
+                let unchecked = raft
+                    .with_raft_state(move |st| {
+                        st.membership_state
+                            .effective()
+                            .membership()
+                            .get_node(&me)
+                            .is_some_and(|m| m.incarnation == 0)
+                    })
+                    .await
+                    .unwrap_or(false);
+                if !unchecked {
+                    return;
+                }
+            }
             loop {
                 let rpc: Rpc = match read_frame(&mut stream, &mut recv).await {
                     Ok(r) => r,

@@ -577,7 +577,13 @@ impl Node {
 
     /// Adds a node as a learner (it catches up, by snapshot if it is far
     /// behind), waiting until it has.
-    pub async fn add_learner(&self, id: NodeId, member: Member) -> Result<(), ClusterError> {
+    ///
+    /// A member given with incarnation 0 is asked its incarnation first
+    /// (the group admits the one it has).
+    pub async fn add_learner(&self, id: NodeId, mut member: Member) -> Result<(), ClusterError> {
+        if member.incarnation == 0 {
+            member.incarnation = self.probe(id, &member.raft_addr).await?;
+        }
         self.raft
             .add_learner(id, member, true)
             .await
