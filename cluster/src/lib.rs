@@ -33,6 +33,6 @@ pub mod state_machine;
 pub mod types;
 
 pub use network::{ClusterSecret, PeerError};
-pub use openraft::ChangeMembers;
 pub use node::{ClusterError, Node, NodeConfig, Proposal, Status, wait_for_leader};
+pub use openraft::ChangeMembers;
 pub use types::{Member, NodeId, Request, Response, Responses, WireCommand, WireError, WireTxOp};

@@ -254,9 +254,8 @@ impl LogStore {
     /// Whether this log holds any Raft state (a vote, an entry, a purge):
     /// a directory that does was initialized before.
     pub fn has_state(&self) -> bool {
-        self.wal.with_state(|s| {
-            s.vote.is_some() || s.last_purged.is_some() || !s.entries.is_empty()
-        })
+        self.wal
+            .with_state(|s| s.vote.is_some() || s.last_purged.is_some() || !s.entries.is_empty())
     }
 
     /// The largest request (encoded) an entry of this log holds.

@@ -900,7 +900,8 @@ impl Network {
             let mut stream = connect(addr, self.source)
                 .await
                 .map_err(PeerError::io("connecting"))?;
-            let session = handshake(&mut stream, Role::Dialer, &self.auth, Some((target, 0))).await?;
+            let session =
+                handshake(&mut stream, Role::Dialer, &self.auth, Some((target, 0))).await?;
             Ok(session.peer_incarnation)
         };
         tokio::time::timeout(timeout, work)

@@ -193,7 +193,11 @@ async fn start_here(cfg: NodeConfig) -> Result<Parts, ClusterError> {
         None if !log_store.has_state() => {
             let n = crate::incarnation::fresh()?;
             crate::incarnation::write(&cfg.dir, n)?;
-            tracing::info!(event = "cluster_incarnation", incarnation = format!("{n:016x}"), "a new data directory: a new incarnation");
+            tracing::info!(
+                event = "cluster_incarnation",
+                incarnation = format!("{n:016x}"),
+                "a new data directory: a new incarnation"
+            );
             (n, false)
         }
         None => (crate::incarnation::fresh()?, true),
@@ -264,7 +268,11 @@ async fn start_here(cfg: NodeConfig) -> Result<Parts, ClusterError> {
             });
         }
         crate::incarnation::write(&cfg.dir, incarnation)?;
-        tracing::warn!(event = "cluster_incarnation", incarnation = format!("{incarnation:016x}"), "a data directory from before incarnations: it has one now (the group checks it once it re-adds this node)");
+        tracing::warn!(
+            event = "cluster_incarnation",
+            incarnation = format!("{incarnation:016x}"),
+            "a data directory from before incarnations: it has one now (the group checks it once it re-adds this node)"
+        );
     }
     let listener = TcpListener::bind(cfg.raft_listen)
         .await
@@ -415,7 +423,10 @@ impl Node {
                     continue;
                 }
                 for attempt in 0u64.. {
-                    match network.probe(*id, &m.raft_addr, Duration::from_secs(2)).await {
+                    match network
+                        .probe(*id, &m.raft_addr, Duration::from_secs(2))
+                        .await
+                    {
                         Ok(n) => {
                             m.incarnation = n;
                             break;

@@ -59,7 +59,10 @@ impl Serialize for Member {
         let client_addr = if self.incarnation == 0 {
             self.client_addr.clone()
         } else {
-            format!("{}{INCARNATION_MARK}{:016x}", self.client_addr, self.incarnation)
+            format!(
+                "{}{INCARNATION_MARK}{:016x}",
+                self.client_addr, self.incarnation
+            )
         };
         MemberRepr {
             raft_addr: self.raft_addr.clone(),

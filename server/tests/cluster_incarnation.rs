@@ -122,8 +122,7 @@ fn a_wiped_replica_neither_votes_nor_takes_entries_until_rejoined_and_the_fence_
     // A write with a lower token than the fence is never accepted: there
     // is no leader to accept anything.
     for id in [b, cc] {
-        if let Ok(Reply::Int(o)) = cmd(c.nodes[&id].client, &[b"LOG.APPEND", b"jobs", b"5", b"x"])
-        {
+        if let Ok(Reply::Int(o)) = cmd(c.nodes[&id].client, &[b"LOG.APPEND", b"jobs", b"5", b"x"]) {
             panic!("node {id} accepted a write below the fence at offset {o}");
         }
     }
