@@ -1177,19 +1177,20 @@ pub async fn serve(listener: TcpListener, raft: Raft, auth: PeerAuth) {
             tracing::debug!(%peer, node, incarnation = format!("{peer_incarnation:016x}"), "a peer connected");
             // A dialer that expects no incarnation of this node (a probe,
             // or a membership that admitted it before incarnations) gets
-            // Raft messages answered only if this node was admitted so: a
-            // fresh (or replaced) disk listed by a membership from before
-            // incarnations must take nothing from it either. A probe just
-            // closes here.
+            // Raft messages answered only if this node knows itself
+            // admitted (its own membership lists it, with no incarnation or
+            // with its own): a fresh (or replaced) disk listed by a
+            // membership from before incarnations must take nothing from
+            // it either. A probe just closes here.
             if expected_of_us == 0 {
-                let me = auth.id;
+                let (me, mine) = (auth.id, auth.incarnation);
                 let unchecked = raft
                     .with_raft_state(move |st| {
                         st.membership_state
                             .effective()
                             .membership()
                             .get_node(&me)
-                            .is_some_and(|m| m.incarnation == 0)
+                            .is_some_and(|m| m.incarnation == 0 || m.incarnation == mine)
                     })
                     .await
                     .unwrap_or(false);
