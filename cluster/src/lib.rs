@@ -25,6 +25,7 @@
 
 mod batcher;
 mod election;
+pub mod incarnation;
 pub mod log_store;
 pub mod network;
 pub mod node;
@@ -35,4 +36,5 @@ pub mod types;
 
 pub use network::{ClusterSecret, PeerError};
 pub use node::{ClusterError, Node, NodeConfig, Proposal, Status, wait_for_leader};
+pub use openraft::ChangeMembers;
 pub use types::{Member, NodeId, Request, Response, Responses, WireCommand, WireError, WireTxOp};

@@ -256,6 +256,13 @@ impl LogStore {
         self.wal.with_state(|s| s.committed.map(|c| c.index))
     }
 
+    /// Whether this log holds any Raft state (a vote, an entry, a purge):
+    /// a directory that does was initialized before.
+    pub fn has_state(&self) -> bool {
+        self.wal
+            .with_state(|s| s.vote.is_some() || s.last_purged.is_some() || !s.entries.is_empty())
+    }
+
     /// The largest request (encoded) an entry of this log holds.
     pub fn max_request_bytes(&self) -> usize {
         self.max_request

@@ -9,13 +9,20 @@
 //! (docs/FORMAT.md, "Peer protocol"; docs/CLUSTER.md, "Security").
 //!
 //! ```text
-//! // hello: { magic: b"FLRP" | version: u8 | secret: u8 | node: u64 LE | nonce: [u8; 32] }
+//! // hello: { magic: b"FLRP" | version: u8 | secret: u8 | node: u64 LE | incarnation: u64 LE
+//! //          | expected: u64 LE | nonce: [u8; 32] }
 //! // proof: { hmac_sha256(secret, PROOF_DOMAIN | role | hello_dialer | hello_acceptor): [u8; 32] }
 //! // frame: { version: u8 | len: u32 LE | bincode(Rpc or RpcReply): [u8; len] | mac: [u8; 32] }
 //! ```
 //!
+//! The hello carries the sender's incarnation (its data directory's; a
+//! replaced disk is a new one) and, from the dialer, the incarnation it
+//! expects of the node it dialed (the one its membership lists): a node
+//! whose disk was replaced since refuses the connection, and so neither
+//! votes nor accepts entries until the group re-added it.
+//!
 //! Before authentication only the two fixed-size handshake messages are
-//! read (78 bytes); after it, a frame's length is checked against
+//! read (94 bytes); after it, a frame's length is checked against
 //! [`MAX_FRAME`] before anything is allocated, and its body is read into a
 //! buffer that grows with the bytes that actually arrive.
 //!
@@ -71,8 +78,9 @@ const MAGIC: [u8; 4] = *b"FLRP";
 
 /// The version of the peer protocol: the handshake and the frames after
 /// it. Version 1 is the first authenticated one (the frames before it had
-/// no version byte, and start with a length, never with [`MAGIC`]).
-pub const PROTOCOL_VERSION: u8 = 1;
+/// no version byte, and start with a length, never with [`MAGIC`]);
+/// version 2 adds the incarnations to the hello.
+pub const PROTOCOL_VERSION: u8 = 2;
 
 /// Domain separation for the handshake proofs and the session keys: an
 /// HMAC computed for one purpose is never valid for another.
@@ -83,8 +91,9 @@ const KEY_DOMAIN: &[u8] = b"fencelog peer auth v1 frame key";
 const DIALER: &[u8] = b"dialer";
 const ACCEPTOR: &[u8] = b"acceptor";
 
-// hello: { magic: [u8; 4] | version: u8 | secret: u8 | node: u64 LE | nonce: [u8; 32] }
-const HELLO_LEN: usize = 4 + 1 + 1 + 8 + 32;
+// hello: { magic: [u8; 4] | version: u8 | secret: u8 | node: u64 LE | incarnation: u64 LE
+//          | expected: u64 LE | nonce: [u8; 32] }
+const HELLO_LEN: usize = 4 + 1 + 1 + 8 + 8 + 8 + 32;
 // proof: { mac: [u8; 32] }
 const PROOF_LEN: usize = 32;
 // frame header: { version: u8 | len: u32 LE }, then the body, then { mac: [u8; 32] }
@@ -129,6 +138,9 @@ impl std::fmt::Debug for ClusterSecret {
 pub struct PeerAuth {
     /// This node's id, sent in its hello.
     pub id: NodeId,
+    /// This node's incarnation (its data directory's), sent in its hello:
+    /// a dialer that expects another one is refused.
+    pub incarnation: u64,
     /// The cluster secret; `None` only on loopback (then the handshake and
     /// the MACs are keyed by the empty string: they keep the protocol's
     /// shape and bounds, and prove nothing).
@@ -199,6 +211,21 @@ pub enum PeerError {
         dialed: NodeId,
         /// The node id in its hello.
         answered: NodeId,
+    },
+    /// The node reached is another incarnation than the one expected: its
+    /// disk was replaced (or wiped) and the group has not re-added it.
+    /// Refused on both ends: such a node neither votes nor accepts entries.
+    #[error(
+        "node {node} is incarnation {found:016x}, the membership admitted {expected:016x}: \
+         its data directory was replaced and it must be re-added (CLUSTER ADDNODE / --cluster-join)"
+    )]
+    Incarnation {
+        /// The node.
+        node: NodeId,
+        /// The incarnation the dialer's membership lists for it.
+        expected: u64,
+        /// The incarnation it has.
+        found: u64,
     },
     /// A frame of another version.
     #[error("a frame of version {got} (this node speaks {PROTOCOL_VERSION})")]
@@ -283,6 +310,7 @@ impl PeerError {
             PeerError::BadProof => "bad_proof",
             PeerError::ProofRefused => "proof_refused",
             PeerError::WrongNode { .. } => "wrong_node",
+            PeerError::Incarnation { .. } => "incarnation",
             PeerError::FrameVersion { .. } => "frame_version",
             PeerError::FrameTooLarge { .. } => "frame_too_large",
             PeerError::BadMac { .. } => "bad_mac",
@@ -309,23 +337,32 @@ fn hmac(key: &[u8], parts: &[&[u8]]) -> HmacSha256 {
 }
 
 /// One side's opening message.
-// { magic: b"FLRP" | version: u8 | secret: u8 (1 if it has one) | node: u64 LE | nonce: [u8; 32] }
+// { magic: b"FLRP" | version: u8 | secret: u8 (1 if it has one) | node: u64 LE
+//   | incarnation: u64 LE | expected: u64 LE (the dialed node's, 0 if not known) | nonce: [u8; 32] }
 #[derive(Clone, Copy)]
 struct Hello {
     version: u8,
     secret: bool,
     node: NodeId,
+    /// The sender's incarnation.
+    incarnation: u64,
+    /// The dialer: the incarnation it expects of the node dialed (0: no
+    /// expectation, e.g. a probe or a member admitted before
+    /// incarnations). The acceptor: 0.
+    expected: u64,
     nonce: [u8; 32],
 }
 
 impl Hello {
-    fn fresh(auth: &PeerAuth) -> Result<Hello, PeerError> {
+    fn fresh(auth: &PeerAuth, expected: u64) -> Result<Hello, PeerError> {
         let mut nonce = [0u8; 32];
         getrandom::fill(&mut nonce).map_err(|e| PeerError::Random(e.to_string()))?;
         Ok(Hello {
             version: PROTOCOL_VERSION,
             secret: auth.secret.is_some(),
             node: auth.id,
+            incarnation: auth.incarnation,
+            expected,
             nonce,
         })
     }
@@ -336,7 +373,9 @@ impl Hello {
         b[4] = self.version;
         b[5] = u8::from(self.secret);
         b[6..14].copy_from_slice(&self.node.to_le_bytes());
-        b[14..].copy_from_slice(&self.nonce);
+        b[14..22].copy_from_slice(&self.incarnation.to_le_bytes());
+        b[22..30].copy_from_slice(&self.expected.to_le_bytes());
+        b[30..].copy_from_slice(&self.nonce);
         b
     }
 
@@ -362,14 +401,19 @@ impl Hello {
                 theirs: secret,
             });
         }
-        let mut node = [0u8; 8];
-        node.copy_from_slice(&b[6..14]);
+        let u = |at: usize| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(&b[at..at + 8]);
+            u64::from_le_bytes(a)
+        };
         let mut nonce = [0u8; 32];
-        nonce.copy_from_slice(&b[14..]);
+        nonce.copy_from_slice(&b[30..]);
         Ok(Hello {
             version: b[4],
             secret,
-            node: u64::from_le_bytes(node),
+            node: u(6),
+            incarnation: u(14),
+            expected: u(22),
             nonce,
         })
     }
@@ -448,6 +492,10 @@ impl FrameKey {
 struct Session {
     /// The peer's node id, from its hello.
     peer: NodeId,
+    /// The peer's incarnation, from its hello.
+    peer_incarnation: u64,
+    /// The incarnation the peer expected of this node (0: none).
+    expected_of_us: u64,
     send: FrameKey,
     recv: FrameKey,
 }
@@ -479,15 +527,22 @@ async fn read_hello<S: AsyncRead + Unpin>(s: &mut S) -> Result<[u8; HELLO_LEN], 
 
 /// The handshake, from either end: hellos, then the dialer's proof, then
 /// (only once the dialer proved itself) the acceptor's. `dialed` is the
-/// node the dialer means to reach. Reads exactly [`HELLO_LEN`] and
-/// [`PROOF_LEN`] bytes, nothing of a length the peer chooses.
+/// node the dialer means to reach and the incarnation it expects of it (0:
+/// any). Reads exactly [`HELLO_LEN`] and [`PROOF_LEN`] bytes, nothing of a
+/// length the peer chooses.
+///
+/// Incarnations: the dialer refuses an acceptor of another incarnation
+/// than it expects, and the acceptor refuses a dialer that expects another
+/// incarnation than its own (before it says anything back): a replaced
+/// disk answers no peer that still lists the old one, so it neither votes
+/// nor accepts entries until re-added.
 async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     s: &mut S,
     role: Role,
     auth: &PeerAuth,
-    dialed: Option<NodeId>,
+    dialed: Option<(NodeId, u64)>,
 ) -> Result<Session, PeerError> {
-    let ours = Hello::fresh(auth)?;
+    let ours = Hello::fresh(auth, dialed.map_or(0, |(_, inc)| inc))?;
     let (theirs, transcript) = match role {
         Role::Dialer => {
             s.write_all(&ours.encode())
@@ -495,13 +550,20 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
                 .map_err(PeerError::io("sending the hello"))?;
             let b = read_hello(s).await?;
             let theirs = Hello::decode(&b, auth)?;
-            if let Some(dialed) = dialed
-                && theirs.node != dialed
-            {
-                return Err(PeerError::WrongNode {
-                    dialed,
-                    answered: theirs.node,
-                });
+            if let Some((dialed, expected)) = dialed {
+                if theirs.node != dialed {
+                    return Err(PeerError::WrongNode {
+                        dialed,
+                        answered: theirs.node,
+                    });
+                }
+                if expected != 0 && theirs.incarnation != expected {
+                    return Err(PeerError::Incarnation {
+                        node: dialed,
+                        expected,
+                        found: theirs.incarnation,
+                    });
+                }
             }
             let t = Transcript {
                 dialer: ours.encode(),
@@ -513,6 +575,13 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
             // A stranger gets nothing before it sends a well-formed hello.
             let b = read_hello(s).await?;
             let theirs = Hello::decode(&b, auth)?;
+            if theirs.expected != 0 && theirs.expected != auth.incarnation {
+                return Err(PeerError::Incarnation {
+                    node: auth.id,
+                    expected: theirs.expected,
+                    found: auth.incarnation,
+                });
+            }
             s.write_all(&ours.encode())
                 .await
                 .map_err(PeerError::io("sending the hello"))?;
@@ -560,6 +629,8 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     }
     Ok(Session {
         peer: theirs.node,
+        peer_incarnation: theirs.incarnation,
+        expected_of_us: theirs.expected,
         send: transcript.frame_key(key, role),
         recv: transcript.frame_key(key, role.other()),
     })
@@ -767,6 +838,9 @@ struct Conn {
     /// The address it was dialed at (a member whose address changed is
     /// dialed again).
     addr: String,
+    /// The incarnation it was dialed expecting (a member re-added with a
+    /// new one is dialed again).
+    incarnation: u64,
     stream: TcpStream,
     session: Session,
 }
@@ -827,6 +901,7 @@ impl Network {
         let mut client = Client {
             target,
             addr: member.raft_addr.clone(),
+            incarnation: member.incarnation,
             slot: self.slot(target),
             network: self.clone(),
         };
@@ -834,6 +909,34 @@ impl Network {
             RpcReply::PreVote(granted) => Ok(granted),
             _ => Ok(false),
         }
+    }
+
+    /// Dials node `target` at `addr` expecting no particular incarnation,
+    /// authenticates, and answers the incarnation it has (the connection
+    /// is then closed): how a group learns the incarnation it admits
+    /// (forming, `CLUSTER ADDNODE`).
+    pub async fn probe(
+        &self,
+        target: NodeId,
+        addr: &str,
+        timeout: Duration,
+    ) -> Result<u64, PeerError> {
+        let work = async {
+            let mut stream = connect(addr, self.source)
+                .await
+                .map_err(PeerError::io("connecting"))?;
+            let session =
+                handshake(&mut stream, Role::Dialer, &self.auth, Some((target, 0))).await?;
+            Ok(session.peer_incarnation)
+        };
+        tokio::time::timeout(timeout, work)
+            .await
+            .unwrap_or_else(|_| {
+                Err(PeerError::Timeout {
+                    what: format!("a probe of node {target} at {addr}"),
+                    ms: timeout.as_millis(),
+                })
+            })
     }
 }
 
@@ -844,6 +947,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
         Client {
             target,
             addr: node.raft_addr.clone(),
+            incarnation: node.incarnation,
             slot: self.slot(target),
             network: self.clone(),
         }
@@ -854,6 +958,8 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 pub struct Client {
     target: NodeId,
     addr: String,
+    /// The incarnation the membership lists for the target.
+    incarnation: u64,
     slot: Slot,
     network: Network,
 }
@@ -899,12 +1005,13 @@ impl Client {
             &mut stream,
             Role::Dialer,
             &self.network.auth,
-            Some(self.target),
+            Some((self.target, self.incarnation)),
         )
         .await
         {
             Ok(session) => Ok(Conn {
                 addr: self.addr.clone(),
+                incarnation: self.incarnation,
                 stream,
                 session,
             }),
@@ -926,7 +1033,7 @@ impl Client {
             // fails halfway through a frame, the connection is dropped with
             // it, never left in the pool holding half a frame.
             let (mut conn, reused) = match slot.take() {
-                Some(c) if c.addr == self.addr => (c, true),
+                Some(c) if c.addr == self.addr && c.incarnation == self.incarnation => (c, true),
                 _ => (self.dial().await?, false),
             };
             let reply = match conn.call(rpc).await {
@@ -1094,10 +1201,35 @@ pub(crate) async fn serve(
             };
             let Session {
                 peer: node,
+                peer_incarnation,
+                expected_of_us,
                 mut send,
                 mut recv,
             } = session;
-            tracing::debug!(%peer, node, "a peer connected");
+            tracing::debug!(%peer, node, incarnation = format!("{peer_incarnation:016x}"), "a peer connected");
+            // A dialer that expects no incarnation of this node (a probe,
+            // or a membership that admitted it before incarnations) gets
+            // Raft messages answered only if this node knows itself
+            // admitted (its own membership lists it, with no incarnation or
+            // with its own): a fresh (or replaced) disk listed by a
+            // membership from before incarnations must take nothing from
+            // it either. A probe just closes here.
+            if expected_of_us == 0 {
+                let (me, mine) = (auth.id, auth.incarnation);
+                let unchecked = raft
+                    .with_raft_state(move |st| {
+                        st.membership_state
+                            .effective()
+                            .membership()
+                            .get_node(&me)
+                            .is_some_and(|m| m.incarnation == 0 || m.incarnation == mine)
+                    })
+                    .await
+                    .unwrap_or(false);
+                if !unchecked {
+                    return;
+                }
+            }
             loop {
                 let rpc: Rpc = match read_frame(&mut stream, &mut recv).await {
                     Ok(r) => r,
@@ -1198,6 +1330,7 @@ mod tests {
     fn auth(id: NodeId, secret: Option<&[u8]>) -> PeerAuth {
         PeerAuth {
             id,
+            incarnation: 0x1000 + id,
             secret: secret.map(|s| ClusterSecret::new(s.to_vec()).unwrap()),
         }
     }
@@ -1211,9 +1344,12 @@ mod tests {
         Result<(Session, tokio::io::DuplexStream), PeerError>,
         Result<(Session, tokio::io::DuplexStream), PeerError>,
     ) {
+        // The dialer expects the acceptor's incarnation (its membership is
+        // current).
+        let expected = acceptor.incarnation;
         let (mut a, mut b) = tokio::io::duplex(1 << 16);
         let d = async move {
-            let r = handshake(&mut a, Role::Dialer, &dialer, Some(dialed)).await;
+            let r = handshake(&mut a, Role::Dialer, &dialer, Some((dialed, expected))).await;
             // Closing the pipe on failure lets the other end finish.
             r.map(|s| (s, a))
         };
@@ -1266,6 +1402,61 @@ mod tests {
                 answered: 3
             })
         ));
+    }
+
+    /// A node whose disk was replaced (another incarnation under the same
+    /// id) is refused by a dialer that expects the old one, and refuses it
+    /// itself before saying anything: it neither votes nor takes entries.
+    #[tokio::test]
+    async fn another_incarnation_than_the_one_expected_is_refused_on_both_ends() {
+        let mut replaced = auth(2, Some(b"k"));
+        replaced.incarnation = 0x9999;
+        let dialer = auth(1, Some(b"k"));
+        // The dialer's membership lists node 2's old incarnation, 0x1002.
+        let (mut x, mut y) = tokio::io::duplex(1 << 16);
+        let (d, a) = tokio::join!(
+            async {
+                let r = handshake(&mut x, Role::Dialer, &dialer, Some((2, 0x1002))).await;
+                drop(x);
+                r
+            },
+            async {
+                let r = handshake(&mut y, Role::Acceptor, &replaced, None).await;
+                drop(y);
+                r
+            }
+        );
+        assert_eq!(a.err().map(|e| e.reason()), Some("incarnation"));
+        // The acceptor said nothing back: the dialer sees the peer go.
+        assert!(d.is_err());
+        // An old acceptor that does not check: the dialer refuses it.
+        let mut lax = replaced.clone();
+        lax.incarnation = 0x9999;
+        let (mut x, mut y) = tokio::io::duplex(1 << 16);
+        let (d, _) = tokio::join!(
+            async {
+                let r = handshake(&mut x, Role::Dialer, &dialer, Some((2, 0x1002))).await;
+                drop(x);
+                r
+            },
+            async {
+                // Answers as if it expected nothing of the dialer and the
+                // dialer nothing of it: a hello of its own, unchecked.
+                let ours = Hello::fresh(&lax, 0).unwrap();
+                let _ = read_hello(&mut y).await;
+                let _ = y.write_all(&ours.encode()).await;
+                drop(y);
+            }
+        );
+        assert_eq!(d.err().map(|e| e.reason()), Some("incarnation"));
+        // A dialer that expects nothing (a probe) learns the new one.
+        let (mut x, mut y) = tokio::io::duplex(1 << 16);
+        let (d, a) = tokio::join!(
+            handshake(&mut x, Role::Dialer, &dialer, Some((2, 0))),
+            handshake(&mut y, Role::Acceptor, &replaced, None)
+        );
+        assert_eq!(d.unwrap().peer_incarnation, 0x9999);
+        assert_eq!(a.unwrap().peer_incarnation, 0x1001);
     }
 
     #[tokio::test]
@@ -1405,6 +1596,7 @@ mod tests {
         let m = Member {
             raft_addr: "127.0.0.1:1".into(),
             client_addr: "127.0.0.1:2".into(),
+            incarnation: 0,
         };
         let a = net.new_client(2, &m).await;
         let b = net.new_client(2, &m).await;

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use openraft::{Config, ServerState, SnapshotPolicy};
+use openraft::{ChangeMembers, Config, ServerState, SnapshotPolicy};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
@@ -145,6 +145,10 @@ impl ClusterError {
 /// A running node.
 pub struct Node {
     id: NodeId,
+    /// Its data directory's incarnation (`incarnation.rs`).
+    incarnation: u64,
+    /// Its peer network (to probe a peer's incarnation).
+    network: Network,
     raft: Raft,
     engine: Engine,
     log_store: LogStore,
@@ -163,6 +167,8 @@ pub struct Node {
 
 /// What starting on the Raft runtime hands back.
 struct Parts {
+    incarnation: u64,
+    network: Network,
     raft: Raft,
     engine: Engine,
     log_store: LogStore,
@@ -179,6 +185,23 @@ async fn start_here(cfg: NodeConfig) -> Result<Parts, ClusterError> {
     let log_store = tokio::task::spawn_blocking(move || LogStore::open(&raft_dir, segment))
         .await
         .map_err(|e| ClusterError::Raft(e.to_string()))??;
+    // The directory's incarnation: made (durably) when it is first
+    // initialized, before Raft writes anything. A Raft log with state and
+    // no incarnation is checked below, once the membership is known.
+    let (incarnation, unrecorded) = match crate::incarnation::read(&cfg.dir)? {
+        Some(n) => (n, false),
+        None if !log_store.has_state() => {
+            let n = crate::incarnation::fresh()?;
+            crate::incarnation::write(&cfg.dir, n)?;
+            tracing::info!(
+                event = "cluster_incarnation",
+                incarnation = format!("{n:016x}"),
+                "a new data directory: a new incarnation"
+            );
+            (n, false)
+        }
+        None => (crate::incarnation::fresh()?, true),
+    };
     let max_request = log_store.max_request_bytes() as u64;
     let log_store_view = log_store.clone();
     let sm_dir = cfg.dir.clone();
@@ -208,6 +231,7 @@ async fn start_here(cfg: NodeConfig) -> Result<Parts, ClusterError> {
     let network = Network::new(
         network::PeerAuth {
             id: cfg.id,
+            incarnation,
             secret: cfg.cluster_secret.clone(),
         },
         source,
@@ -215,9 +239,45 @@ async fn start_here(cfg: NodeConfig) -> Result<Parts, ClusterError> {
     let auth = network.auth();
     // The pre-votes share the pooled connections.
     let network_for_elections = network.clone();
-    let raft = Raft::new(cfg.id, Arc::new(config), network, log_store, sm)
+    let raft = Raft::new(cfg.id, Arc::new(config), network.clone(), log_store, sm)
         .await
         .map_err(|e| ClusterError::Raft(e.to_string()))?;
+    if unrecorded {
+        // Raft state but no incarnation file: a directory from before
+        // incarnations gets one and goes on; one whose membership admitted
+        // an incarnation of its own lost the file (damage, or a copy of
+        // another node's directory): refused, it cannot prove it is the
+        // replica the group admitted.
+        let id = cfg.id;
+        let admitted = raft
+            .with_raft_state(move |st| {
+                st.membership_state
+                    .effective()
+                    .membership()
+                    .get_node(&id)
+                    .map_or(0, |m| m.incarnation)
+            })
+            .await
+            .map_err(|e| ClusterError::Raft(e.to_string()))?;
+        if admitted != 0 {
+            let _ = raft.shutdown().await;
+            return Err(ClusterError::Io {
+                what: format!("open {}", cfg.dir.display()),
+                source: std::io::Error::other(format!(
+                    "its Raft log holds state but its `{}` file is missing, and the group admitted \
+                     this node as incarnation {admitted:016x}: the directory is damaged or not this \
+                     node's. Start it empty (a new incarnation) and re-add it: --cluster-join",
+                    crate::incarnation::FILE
+                )),
+            });
+        }
+        crate::incarnation::write(&cfg.dir, incarnation)?;
+        tracing::warn!(
+            event = "cluster_incarnation",
+            incarnation = format!("{incarnation:016x}"),
+            "a data directory from before incarnations: it has one now (the group checks it once it re-adds this node)"
+        );
+    }
     let listener = TcpListener::bind(cfg.raft_listen)
         .await
         .map_err(|e| ClusterError::Io {
@@ -244,6 +304,8 @@ async fn start_here(cfg: NodeConfig) -> Result<Parts, ClusterError> {
     // the rest of the entry fit in the other half).
     let batcher = Batcher::spawn(raft.clone(), engine.clone(), max_request / 2);
     Ok(Parts {
+        incarnation,
+        network,
         batcher,
         raft,
         engine,
@@ -341,6 +403,8 @@ impl Node {
         };
         Ok(Node {
             id,
+            incarnation: parts.incarnation,
+            network: parts.network,
             raft: parts.raft,
             engine: parts.engine,
             log_store: parts.log_store,
@@ -353,12 +417,65 @@ impl Node {
     }
 
     /// Makes a new cluster of `members` (run once, on one node of a fresh
-    /// cluster; a node already initialized answers an error).
+    /// cluster; a node already initialized answers an error). A member
+    /// listed with incarnation 0 is admitted with the one it has: it is
+    /// asked (see [`Node::admit`]; this waits until every member answers).
     pub async fn initialize(&self, members: BTreeMap<NodeId, Member>) -> Result<(), ClusterError> {
+        let members = self.admit(members).await;
         self.raft
             .initialize(members)
             .await
             .map_err(|e| ClusterError::Raft(e.to_string()))
+    }
+
+    /// `members` with the incarnation each has now filled in where it is 0
+    /// (this node's own; the others' asked over the peer protocol, again
+    /// every 200 ms until each answers): what a group forming admits.
+    pub fn admit(
+        &self,
+        mut members: BTreeMap<NodeId, Member>,
+    ) -> impl std::future::Future<Output = BTreeMap<NodeId, Member>> + Send + 'static {
+        let (me, mine, network) = (self.id, self.incarnation, self.network.clone());
+        async move {
+            for (id, m) in members.iter_mut().filter(|(_, m)| m.incarnation == 0) {
+                if *id == me {
+                    m.incarnation = mine;
+                    continue;
+                }
+                for attempt in 0u64.. {
+                    match network
+                        .probe(*id, &m.raft_addr, Duration::from_secs(2))
+                        .await
+                    {
+                        Ok(n) => {
+                            m.incarnation = n;
+                            break;
+                        }
+                        Err(e) => {
+                            if attempt % 25 == 0 {
+                                tracing::info!(event = "cluster_waiting_for_member", node = *id, addr = %m.raft_addr, error = %e, "forming: waiting for a member to answer (its incarnation)");
+                            }
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        }
+                    }
+                }
+            }
+            members
+        }
+    }
+
+    /// This node's incarnation (its data directory's).
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
+    /// The incarnation node `id` at `raft_addr` has now (asked over the
+    /// peer protocol, authenticated).
+    pub async fn probe(&self, id: NodeId, raft_addr: &str) -> Result<u64, ClusterError> {
+        self.network
+            .probe(id, raft_addr, Duration::from_secs(5))
+            .await
+            .map_err(|e| ClusterError::Raft(format!("node {id} at {raft_addr}: {e}")))
     }
 
     /// This node's id.
@@ -489,9 +606,30 @@ impl Node {
 
     /// Adds a node as a learner (it catches up, by snapshot if it is far
     /// behind), waiting until it has.
-    pub async fn add_learner(&self, id: NodeId, member: Member) -> Result<(), ClusterError> {
+    ///
+    /// A member given with incarnation 0 is asked its incarnation first
+    /// (the group admits the one it has).
+    pub async fn add_learner(&self, id: NodeId, mut member: Member) -> Result<(), ClusterError> {
+        if member.incarnation == 0 {
+            member.incarnation = self.probe(id, &member.raft_addr).await?;
+        }
         self.raft
             .add_learner(id, member, true)
+            .await
+            .map(|_| ())
+            .map_err(|e| ClusterError::Raft(e.to_string()))
+    }
+
+    /// Applies one incremental membership change (joint consensus
+    /// underneath); nodes no longer voters are removed, not kept as
+    /// learners. Incremental changes (add these voters, remove those) do
+    /// not undo a concurrent change, as replacing the whole set would.
+    pub async fn change_members(
+        &self,
+        change: ChangeMembers<NodeId, Member>,
+    ) -> Result<(), ClusterError> {
+        self.raft
+            .change_membership(change, false)
             .await
             .map(|_| ())
             .map_err(|e| ClusterError::Raft(e.to_string()))

@@ -16,14 +16,80 @@ openraft::declare_raft_types!(
         SnapshotData = tokio::fs::File,
 );
 
-/// A member of the cluster: where its peers send Raft messages, and where
-/// clients connect (what `-MOVED` and `CLUSTER SHARDS` tell them).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// A member of the cluster: where its peers send Raft messages, where
+/// clients connect (what `-MOVED` and `CLUSTER SHARDS` tell them), and
+/// which incarnation of its data directory the group admitted.
+///
+/// A replaced (or wiped) disk is a new incarnation: a random `u64` made
+/// when the directory is first initialized (`node.rs`). Peers dial a
+/// member expecting the incarnation listed here, and a node whose own
+/// differs refuses the connection: it neither votes nor accepts entries
+/// until the group has re-added it with its new incarnation
+/// (docs/CLUSTER.md, "A replica whose disk died"). `0` means "not known"
+/// (a member admitted before incarnations existed): not checked.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Member {
     /// Raft messages, `host:port`.
     pub raft_addr: String,
     /// Clients (the Redis protocol), `host:port`.
     pub client_addr: String,
+    /// The incarnation admitted (0: not known, not checked).
+    pub incarnation: u64,
+}
+
+/// How a [`Member`] is encoded (bincode, in Raft log entries, snapshot
+/// metadata, the engine's stored membership and peer frames): the layout
+/// of the members written before incarnations existed, two strings, with
+/// the incarnation as a suffix of the second one when known:
+/// `client_addr` `#incarnation=` 16 hex digits. bincode is positional, so
+/// a third field would make every membership already on disk undecodable;
+/// this way an old record decodes as incarnation 0 (docs/FORMAT.md).
+#[derive(Serialize, Deserialize)]
+#[serde(rename = "Member")]
+struct MemberRepr {
+    raft_addr: String,
+    client_addr: String,
+}
+
+/// The suffix that carries a member's incarnation (see [`MemberRepr`]).
+const INCARNATION_MARK: &str = "#incarnation=";
+
+impl Serialize for Member {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let client_addr = if self.incarnation == 0 {
+            self.client_addr.clone()
+        } else {
+            format!(
+                "{}{INCARNATION_MARK}{:016x}",
+                self.client_addr, self.incarnation
+            )
+        };
+        MemberRepr {
+            raft_addr: self.raft_addr.clone(),
+            client_addr,
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Member {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Member, D::Error> {
+        let r = MemberRepr::deserialize(d)?;
+        let (client_addr, incarnation) = match r.client_addr.rsplit_once(INCARNATION_MARK) {
+            Some((addr, hex)) => {
+                let inc = u64::from_str_radix(hex, 16).map_err(|_| {
+                    serde::de::Error::custom(format!("a member's incarnation {hex:?} is not hex"))
+                })?;
+                (addr.to_string(), inc)
+            }
+            None => (r.client_addr, 0),
+        };
+        Ok(Member {
+            raft_addr: r.raft_addr,
+            client_addr,
+            incarnation,
+        })
+    }
 }
 
 /// The Raft handle of a fencelog node.
@@ -575,5 +641,42 @@ impl Response {
             Applied::Done => Response::Done,
             Applied::Rejected(e) => Response::Rejected(WireError::from_engine(e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A member written before incarnations existed decodes as
+    /// incarnation 0; a known incarnation survives the round trip.
+    #[test]
+    fn members_of_before_incarnations_decode_and_new_ones_round_trip() {
+        #[derive(Serialize)]
+        struct Old {
+            raft_addr: String,
+            client_addr: String,
+        }
+        let old = bincode::serialize(&Old {
+            raft_addr: "h:1".into(),
+            client_addr: "h:2".into(),
+        })
+        .unwrap();
+        let m: Member = bincode::deserialize(&old).unwrap();
+        assert_eq!(
+            m,
+            Member {
+                raft_addr: "h:1".into(),
+                client_addr: "h:2".into(),
+                incarnation: 0
+            }
+        );
+        assert_eq!(bincode::serialize(&m).unwrap(), old);
+        let new = Member {
+            incarnation: 0xdead_beef_0000_0001,
+            ..m
+        };
+        let back: Member = bincode::deserialize(&bincode::serialize(&new).unwrap()).unwrap();
+        assert_eq!(back, new);
     }
 }

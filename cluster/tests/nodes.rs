@@ -20,6 +20,8 @@ fn config(id: u64, dir: &Path, addr: SocketAddr) -> NodeConfig {
     let member = Member {
         raft_addr: addr.to_string(),
         client_addr: format!("127.0.0.1:{}", 7000 + id),
+        // Asked of the node when the group forms.
+        incarnation: 0,
     };
     let mut cfg = NodeConfig::new(id, dir.join(format!("n{id}")), addr, member);
     // Small segments and frequent snapshots: history rolls over in a test.

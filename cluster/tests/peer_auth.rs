@@ -28,6 +28,8 @@ fn config(id: u64, dir: &Path, secret: &[u8]) -> NodeConfig {
     let member = Member {
         raft_addr: addr.to_string(),
         client_addr: format!("127.0.0.1:{}", 7000 + id),
+        // Asked of the node when the group forms.
+        incarnation: 0,
     };
     let mut cfg = NodeConfig::new(id, dir.join(format!("n{id}")), addr, member);
     cfg.raft_segment_bytes = 256 << 10;
@@ -183,8 +185,11 @@ async fn strangers_on_the_raft_port_change_nothing_and_are_cut_off() {
     // A hello with the right magic, version and "has a secret", then a
     // proof made up without the secret.
     let mut made_up = b"FLRP".to_vec();
-    made_up.extend_from_slice(&[1, 1]);
+    made_up.extend_from_slice(&[fencelog_cluster::network::PROTOCOL_VERSION, 1]);
     made_up.extend_from_slice(&9u64.to_le_bytes());
+    // Its incarnation, and none expected of the node.
+    made_up.extend_from_slice(&7u64.to_le_bytes());
+    made_up.extend_from_slice(&0u64.to_le_bytes());
     made_up.extend_from_slice(&[7u8; 32]);
     made_up.extend_from_slice(&[0u8; 32]);
     let mut huge = u32::MAX.to_le_bytes().to_vec();
@@ -192,14 +197,14 @@ async fn strangers_on_the_raft_port_change_nothing_and_are_cut_off() {
     let garbage: Vec<u8> = (0..4096u32).map(|i| (i * 31 % 251) as u8).collect();
 
     let rss = rss_bytes();
-    // What the node sends back: nothing, but its hello (46 bytes) to a
+    // What the node sends back: nothing, but its hello (62 bytes) to a
     // well-formed hello.
     for (what, bytes, answer) in [
         ("garbage", &garbage, 0),
         ("a huge length prefix", &huge, 0),
         ("a forged vote of a higher term", &forged_vote, 0),
         ("a forged AppendEntries of a higher term", &forged_append, 0),
-        ("a made-up proof", &made_up, 46),
+        ("a made-up proof", &made_up, 62),
     ] {
         // Twenty at once to every node, each sending the same: memory
         // stays bounded.
@@ -255,7 +260,13 @@ async fn a_node_with_another_secret_neither_catches_up_nor_wins_a_vote() {
     let mut members: BTreeMap<u64, Member> = g
         .cfgs
         .iter()
-        .map(|(id, c)| (*id, c.member.clone()))
+        .map(|(id, c)| {
+            // The incarnations the group has (it cannot ask: another
+            // secret).
+            let mut m = c.member.clone();
+            m.incarnation = g.nodes[id].incarnation();
+            (*id, m)
+        })
         .collect();
     members.insert(4, rogue_cfg.member.clone());
     rogue.initialize(members).await.unwrap();

@@ -264,6 +264,9 @@ impl ClusterFlags {
                 .cluster_advertise
                 .clone()
                 .unwrap_or_else(|| addr.to_string()),
+            // Its data directory's: the group learns it when it admits
+            // this node (forming, CLUSTER ADDNODE).
+            incarnation: 0,
         };
         let initial = match &self.cluster_initial {
             Some(text) => parse_members(text).map_err(|e| format!("--cluster-initial: {e}"))?,

@@ -122,6 +122,8 @@ pub fn parse_members(text: &str) -> Result<BTreeMap<NodeId, Member>, String> {
         let member = Member {
             raft_addr: raft.to_string(),
             client_addr: client.to_string(),
+            // Asked of each member when the group forms.
+            incarnation: 0,
         };
         if members.insert(id, member).is_some() {
             return Err(format!("node {id} is listed twice"));
@@ -208,20 +210,33 @@ impl Cluster {
             if let Some(join) = &config.join {
                 tracing::info!(event = "cluster_join", via = %join, "asking the cluster to add this node");
             } else if config.initial.keys().next() == Some(&config.node_id) {
-                node.initialize(config.initial.clone())
-                    .await
-                    .map_err(|e| format!("cannot form the cluster: {e}"))?;
+                // The group admits each member's incarnation (its data
+                // directory's), asked of it first: forming waits, in the
+                // background, until every initial member answers.
+                let admit = node.admit(config.initial.clone());
                 // The limits the group decides with are its own state, set
                 // once from the forming node's flags (a node's flags never
                 // decide at apply).
                 let limits = fencelog::GroupLimits::from_options(&cfg_engine);
                 let raft = node.raft().clone();
-                tokio::spawn(set_limits(raft, config.node_id, limits));
-                tracing::info!(
-                    event = "cluster_formed",
-                    members = config.initial.len(),
-                    "a new cluster was formed"
-                );
+                let id = config.node_id;
+                tokio::spawn(async move {
+                    let members = admit.await;
+                    let count = members.len();
+                    match raft.initialize(members).await {
+                        Ok(()) => {
+                            tracing::info!(
+                                event = "cluster_formed",
+                                members = count,
+                                "a new cluster was formed"
+                            );
+                            set_limits(raft, id, limits).await;
+                        }
+                        Err(e) => {
+                            tracing::error!(event = "cluster_form_failed", error = %e, "cannot form the cluster")
+                        }
+                    }
+                });
             } else {
                 tracing::info!(
                     event = "cluster_waiting",

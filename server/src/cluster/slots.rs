@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 
 use bytes::Bytes;
-use fencelog_cluster::{Member, NodeId, Status};
+use fencelog_cluster::{ChangeMembers, Member, NodeId, Status};
 
 use super::Cluster;
 use crate::protocol::Reply;
@@ -230,11 +230,12 @@ fn info(c: &Cluster, status: &Status) -> String {
         status.term,
     );
     s.push_str(&format!(
-        "raft_node_id:{}\r\nraft_state:{}\r\nraft_term:{}\r\nraft_leader:{}\r\n\
+        "raft_node_id:{}\r\nraft_incarnation:{:016x}\r\nraft_state:{}\r\nraft_term:{}\r\nraft_leader:{}\r\n\
          raft_voters:{voters}\r\nraft_last_log_index:{}\r\nraft_committed:{}\r\n\
          raft_last_applied:{}\r\nraft_snapshot_index:{}\r\nraft_snapshots_installed:{}\r\n\
          raft_ms_since_quorum_ack:{}\r\n",
         c.config().node_id,
+        c.node().incarnation(),
         status.state,
         status.term,
         status
@@ -255,6 +256,15 @@ fn info(c: &Cluster, status: &Status) -> String {
         s.push_str(&format!(
             "raft_replica_{id}:matched={matched},lag={}\r\n",
             status.last_log_index.saturating_sub(*matched)
+        ));
+    }
+    // The membership as this node knows it: each member's incarnation
+    // (the data directory the group admitted) and whether it votes.
+    for (id, (m, voter)) in &status.members {
+        s.push_str(&format!(
+            "raft_member_{id}:incarnation={:016x},voter={}\r\n",
+            m.incarnation,
+            u8::from(*voter)
         ));
     }
     // What this replica applied and its digest after it: two replicas at
@@ -297,9 +307,18 @@ fn not_leader(c: &Cluster) -> Option<Reply> {
 
 /// `CLUSTER ADDNODE id raft_addr client_addr`: adds a node as a learner,
 /// waits until it has caught up (by snapshot when far behind), then makes
-/// it a voter. A node that is a voter already (its disk was wiped and it
-/// starts again empty) is first taken out, so it never votes with a
-/// forgotten log.
+/// it a voter.
+///
+/// The node is asked its incarnation first (its data directory's, over the
+/// peer protocol), and the group admits that one. A member of the same id
+/// and another incarnation (its disk was replaced or wiped, and it starts
+/// again empty) is taken out first — out of the voters and the members —
+/// so the new disk never uses the old voter's place: peers that still
+/// list the old incarnation are refused by it, and it votes only once the
+/// group has made the new incarnation a voter, after it caught up. Every
+/// step is an incremental change (remove this voter, add this voter), so a
+/// concurrent change is never undone. Asking again for a node that is a
+/// voter with this incarnation already answers OK.
 async fn add_node(c: &Cluster, id: &[u8], raft: &[u8], client: &[u8]) -> Reply {
     if let Some(r) = not_leader(c) {
         return r;
@@ -307,43 +326,56 @@ async fn add_node(c: &Cluster, id: &[u8], raft: &[u8], client: &[u8]) -> Reply {
     let Some(id) = parse_id(id) else {
         return error("ERR the node id must be an integer from 1");
     };
-    let member = Member {
-        raft_addr: String::from_utf8_lossy(raft).into_owned(),
-        client_addr: String::from_utf8_lossy(client).into_owned(),
-    };
     let node = c.node();
+    let raft_addr = String::from_utf8_lossy(raft).into_owned();
+    let incarnation = match node.probe(id, &raft_addr).await {
+        Ok(n) => n,
+        Err(e) => return error(format!("ERR asking node {id} its incarnation: {e}")),
+    };
+    let member = Member {
+        raft_addr,
+        client_addr: String::from_utf8_lossy(client).into_owned(),
+        incarnation,
+    };
     let status = node.status();
-    let voters: BTreeSet<NodeId> = status
-        .members
-        .iter()
-        .filter(|(_, (_, v))| *v)
-        .map(|(id, _)| *id)
-        .collect();
-    if voters.contains(&id) {
-        if id == c.config().node_id {
-            return error("ERR this node leads: it cannot add itself again");
+    match status.members.get(&id) {
+        Some((m, true)) if *m == member => return Reply::ok(),
+        Some((m, _)) if *m == member => {}
+        Some((old, voter)) => {
+            if id == c.config().node_id {
+                return error("ERR this node leads: it cannot add itself again");
+            }
+            tracing::info!(
+                event = "cluster_node_replaced",
+                node = id,
+                old = format!("{:016x}", old.incarnation),
+                new = format!("{incarnation:016x}"),
+                "a member comes back as another incarnation (or address): taken out first"
+            );
+            let ids = BTreeSet::from([id]);
+            let change = if *voter {
+                ChangeMembers::RemoveVoters(ids)
+            } else {
+                ChangeMembers::RemoveNodes(ids)
+            };
+            if let Err(e) = node.change_members(change).await {
+                return error(format!("ERR taking node {id} out first: {e}"));
+            }
         }
-        let without: BTreeSet<NodeId> = voters.iter().copied().filter(|v| *v != id).collect();
-        if let Err(e) = node.change_membership(without).await {
-            return error(format!("ERR taking node {id} out first: {e}"));
-        }
+        None => {}
     }
     if let Err(e) = node.add_learner(id, member).await {
         return error(format!("ERR adding node {id} as a learner: {e}"));
     }
-    let mut with: BTreeSet<NodeId> = node
-        .status()
-        .members
-        .iter()
-        .filter(|(_, (_, v))| *v)
-        .map(|(id, _)| *id)
-        .collect();
-    with.insert(id);
-    match node.change_membership(with).await {
+    match node
+        .change_members(ChangeMembers::AddVoterIds(BTreeSet::from([id])))
+        .await
+    {
         Ok(()) => {
             tracing::info!(
                 event = "cluster_node_added",
                 node = id,
+                incarnation = format!("{incarnation:016x}"),
                 "node added as a voter"
             );
             Reply::ok()
@@ -352,7 +384,8 @@ async fn add_node(c: &Cluster, id: &[u8], raft: &[u8], client: &[u8]) -> Reply {
     }
 }
 
-/// `CLUSTER REMOVENODE id`: takes a node out of the cluster.
+/// `CLUSTER REMOVENODE id`: takes a node out of the cluster (an
+/// incremental change: concurrent ones are not undone).
 async fn remove_node(c: &Cluster, id: &[u8]) -> Reply {
     if let Some(r) = not_leader(c) {
         return r;
@@ -361,19 +394,24 @@ async fn remove_node(c: &Cluster, id: &[u8]) -> Reply {
         return error("ERR the node id must be an integer from 1");
     };
     let status = c.node().status();
-    if !status.members.contains_key(&id) {
+    let Some((_, voter)) = status.members.get(&id) else {
         return error(format!("ERR node {id} is not a member"));
-    }
-    let voters: BTreeSet<NodeId> = status
+    };
+    let others = status
         .members
         .iter()
         .filter(|(m, (_, v))| *v && **m != id)
-        .map(|(id, _)| *id)
-        .collect();
-    if voters.is_empty() {
+        .count();
+    if others == 0 {
         return error("ERR the last voter cannot be removed");
     }
-    match c.node().change_membership(voters).await {
+    let ids = BTreeSet::from([id]);
+    let change = if *voter {
+        ChangeMembers::RemoveVoters(ids)
+    } else {
+        ChangeMembers::RemoveNodes(ids)
+    };
+    match c.node().change_members(change).await {
         Ok(()) => {
             tracing::info!(event = "cluster_node_removed", node = id, "node removed");
             Reply::ok()

@@ -375,6 +375,18 @@ impl Cluster {
         self.launch(id, Some(via));
     }
 
+    /// Kills node `id` and deletes its data (a replaced disk).
+    pub fn wipe(&mut self, id: u64) {
+        self.kill(id);
+        let _ = std::fs::remove_dir_all(&self.nodes[&id].dir);
+    }
+
+    /// Starts node `id` (killed) on its data, asking the member at `via`
+    /// (a client address) to add it: `--cluster-join`.
+    pub fn launch_joining(&mut self, id: u64, via: SocketAddr) {
+        self.launch(id, Some(via));
+    }
+
     /// Whether node `id` runs (not killed).
     pub fn running(&self, id: u64) -> bool {
         self.nodes[&id].child.is_some()
