@@ -24,6 +24,10 @@
 #![allow(clippy::result_large_err)]
 
 mod batcher;
+mod codec;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod log_store;
 pub mod network;
 pub mod node;
@@ -31,6 +35,7 @@ mod snapshot;
 pub mod state_machine;
 pub mod types;
 
+pub use codec::FormatError;
 pub use network::{ClusterSecret, PeerError};
 pub use node::{ClusterError, Node, NodeConfig, Proposal, Status, wait_for_leader};
 pub use types::{Member, NodeId, Request, Response, Responses, WireCommand, WireError, WireTxOp};
