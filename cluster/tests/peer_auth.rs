@@ -183,7 +183,7 @@ async fn strangers_on_the_raft_port_change_nothing_and_are_cut_off() {
     // A hello with the right magic, version and "has a secret", then a
     // proof made up without the secret.
     let mut made_up = b"FLRP".to_vec();
-    made_up.extend_from_slice(&[1, 1]);
+    made_up.extend_from_slice(&[fencelog_cluster::network::PROTOCOL_VERSION, 1]);
     made_up.extend_from_slice(&9u64.to_le_bytes());
     made_up.extend_from_slice(&[7u8; 32]);
     made_up.extend_from_slice(&[0u8; 32]);

@@ -4,7 +4,8 @@
 //! it), a checkpoint, a request alone and the stored membership, all from
 //! the same bytes. Nothing may panic, nothing may allocate more than the
 //! input could hold, and a record that decodes re-encodes to the very same
-//! bytes.
+//! bytes (an entry: to bytes that decode to the same entry, since a
+//! membership's sets come back sorted).
 
 #![no_main]
 
