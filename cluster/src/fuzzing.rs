@@ -36,7 +36,16 @@ pub fn raft_record(data: &[u8]) {
             }
         }
     }
-    let _ = log_store::decode_checkpoint(data);
+    // Replay: the record over an empty state, and a checkpoint with the
+    // record its first 26 bytes hold after it.
+    if let Ok(rec) = Record::decode(data) {
+        log_store::replay_for_fuzzing(None, &rec);
+    }
+    if let Ok(state) = log_store::decode_checkpoint(data) {
+        let rec = Record::decode(data.get(..26).unwrap_or(data))
+            .unwrap_or(Record::Truncate(data.len() as u64));
+        log_store::replay_for_fuzzing(Some(state), &rec);
+    }
     let _ = codec::decode::<Request>("a request", data);
     let _ = MEMBERSHIP.decode::<openraft::StoredMembership<NodeId, crate::Member>>(data);
 }
@@ -173,6 +182,11 @@ pub fn write_seeds(root: &Path) -> std::io::Result<()> {
         ("purge", Record::Purge(id)),
         ("committed", Record::Committed(Some(id))),
         ("committed_none", Record::Committed(None)),
+        // A purge up to the last index once overflowed at replay.
+        (
+            "purge_last",
+            Record::Purge(LogId::new(CommittedLeaderId::new(3, 1), u64::MAX)),
+        ),
     ] {
         put("raft_record", name, &e(rec.encode_for_fuzzing())?)?;
     }

@@ -190,6 +190,18 @@ impl Record {
     }
 }
 
+/// Replays `rec` over `state` (a checkpoint's, or an empty one), as open
+/// does, and answers the last log id.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn replay_for_fuzzing(
+    state: Option<RaftLogState>,
+    rec: &Record,
+) -> Option<LogId<NodeId>> {
+    let mut s = state.unwrap_or_default();
+    s.apply(rec, 1, 64);
+    s.last_log_id()
+}
+
 #[cfg(feature = "fuzzing")]
 pub(crate) fn encode_entry_for_fuzzing(e: &Entry<TypeConfig>) -> Result<Vec<u8>, bincode::Error> {
     encode_entry(e)
@@ -259,7 +271,11 @@ impl RaftLogState {
     }
 
     fn purge(&mut self, upto: LogId<NodeId>) {
-        let keep = self.entries.split_off(&(upto.index + 1));
+        // (A purge up to u64::MAX, which Raft never writes, keeps nothing.)
+        let keep = match upto.index.checked_add(1) {
+            Some(after) => self.entries.split_off(&after),
+            None => BTreeMap::new(),
+        };
         self.entries = keep;
         if self.last_purged.is_none_or(|p| p.index < upto.index) {
             self.last_purged = Some(upto);
@@ -730,6 +746,25 @@ mod tests {
         other[1] = 0;
         let err = decode_entry(&other).unwrap_err().to_string();
         assert!(err.contains("format version 0"), "{err}");
+    }
+
+    /// Found while making the `raft_record` fuzz target replay what it
+    /// decodes: a purge up to index u64::MAX overflowed.
+    #[test]
+    fn a_purge_up_to_the_last_index_keeps_nothing() {
+        let mut s = RaftLogState::default();
+        s.apply(
+            &Record::Entry {
+                index: 7,
+                term: 3,
+                node: 1,
+            },
+            1,
+            64,
+        );
+        s.apply(&Record::Purge(id(u64::MAX)), 1, 128);
+        assert!(s.entries.is_empty());
+        assert_eq!(s.last_log_id(), Some(id(u64::MAX)));
     }
 
     /// What the build before versions wrote: the checkpoint as bare
