@@ -24,7 +24,11 @@
 #![allow(clippy::result_large_err)]
 
 mod batcher;
+mod codec;
 mod election;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod incarnation;
 pub mod log_store;
 pub mod network;
@@ -34,6 +38,7 @@ mod snapshot;
 pub mod state_machine;
 pub mod types;
 
+pub use codec::FormatError;
 pub use network::{ClusterSecret, PeerError};
 pub use node::{ClusterError, Node, NodeConfig, Proposal, Status, wait_for_leader};
 pub use openraft::ChangeMembers;

@@ -3,14 +3,20 @@
 //! before Raft goes on, truncation and purge as entries of the same log.
 //!
 //! ```text
-//! // record: { kind: u8 | … }
-//! //   1 Entry:     { index: u64 | term: u64 | node: u64 | entry: bincode(openraft Entry) }
+//! // record: { kind: u8 | version: u8 (RECORD_VERSION = 1) | … }
+//! //   1 Entry:     { index: u64 | term: u64 | node: u64 | entry: bincode(openraft Entry<Request>) }
 //! //   2 Vote:      { vote: bincode(Vote) }
 //! //   3 Truncate:  { from_index: u64 }          entries from this index on are gone
 //! //   4 Purge:     { upto: bincode(LogId) }     entries up to this id are no longer needed
 //! //   5 Committed: { committed: bincode(Option<LogId>) }
-//! // checkpoint: bincode(Checkpoint)  (vote, committed, last purged, and where every live entry is)
+//! // checkpoint: { magic: b"FLRC" | version: u8 (1) | bincode(RaftLogState) }
+//! //   (vote, committed, last purged, and where every live entry is)
 //! ```
+//!
+//! Every body is decoded within its own length (docs/FORMAT.md,
+//! "Cluster"). A log from before the records carried a version is refused
+//! at open (its checkpoint has no magic): its records cannot be told from
+//! versioned ones, so its node's data is re-created.
 //!
 //! The log is append-only: a truncation is an entry saying so, and replay
 //! forgets what it truncates. What memory holds is where each entry not yet
@@ -30,6 +36,7 @@ use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::{AnyError, Entry, LogId, StorageError, StorageIOError, Vote};
 use serde::{Deserialize, Serialize};
 
+use crate::codec::{self, FormatError, Tagged};
 use crate::types::{NodeId, TypeConfig};
 
 const ENTRY: u8 = 1;
@@ -37,8 +44,194 @@ const VOTE: u8 = 2;
 const TRUNCATE: u8 = 3;
 const PURGE: u8 = 4;
 const COMMITTED: u8 = 5;
-/// kind + index + term + node.
-const ENTRY_HEADER: usize = 25;
+/// The format version of every Raft log record (its second byte).
+pub const RECORD_VERSION: u8 = 1;
+/// kind + version + index + term + node.
+const ENTRY_HEADER: usize = 26;
+
+/// The Raft log's checkpoint.
+// checkpoint: { magic: b"FLRC" | version: u8 (1) | bincode(RaftLogState) }
+const CHECKPOINT: Tagged = Tagged {
+    what: "a Raft log checkpoint",
+    magic: *b"FLRC",
+    version: 1,
+};
+
+/// A Raft log record, decoded (an entry's openraft `Entry` is left where
+/// it is: replay needs only its id).
+// record: { kind: u8 | version: u8 (1) | body }
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Record {
+    // 1: { index: u64 | term: u64 | node: u64 | bincode(Entry) }
+    Entry { index: u64, term: u64, node: u64 },
+    // 2: { bincode(Vote) }
+    Vote(Vote<NodeId>),
+    // 3: { from_index: u64 }
+    Truncate(u64),
+    // 4: { bincode(LogId) }
+    Purge(LogId<NodeId>),
+    // 5: { bincode(Option<LogId>) }
+    Committed(Option<LogId<NodeId>>),
+}
+
+const RECORD: &str = "a Raft log record";
+
+fn le_u64(b: &[u8]) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[..8]);
+    u64::from_le_bytes(a)
+}
+
+impl Record {
+    /// The record's bytes (not for an entry: [`encode_entry`]).
+    fn encode(&self) -> Result<Vec<u8>, bincode::Error> {
+        let (kind, body) = match self {
+            Record::Entry { .. } => {
+                return Err(Box::new(bincode::ErrorKind::Custom(
+                    "an entry's record is encoded with its Entry".into(),
+                )));
+            }
+            Record::Vote(v) => (VOTE, codec::encode(v)?),
+            Record::Truncate(from) => (TRUNCATE, from.to_le_bytes().to_vec()),
+            Record::Purge(upto) => (PURGE, codec::encode(upto)?),
+            Record::Committed(c) => (COMMITTED, codec::encode(c)?),
+        };
+        let mut rec = Vec::with_capacity(2 + body.len());
+        rec.push(kind);
+        rec.push(RECORD_VERSION);
+        rec.extend_from_slice(&body);
+        Ok(rec)
+    }
+
+    /// Decodes a record: its version first, then its kind, then a body of
+    /// exactly the kind's length (an entry's openraft `Entry` is not
+    /// decoded here: [`decode_entry`]).
+    pub(crate) fn decode(payload: &[u8]) -> Result<Record, FormatError> {
+        let (&kind, rest) = payload
+            .split_first()
+            .ok_or_else(|| FormatError::invalid(RECORD, "empty"))?;
+        let (&version, body) = rest
+            .split_first()
+            .ok_or_else(|| FormatError::invalid(RECORD, "truncated before its version"))?;
+        if version != RECORD_VERSION {
+            return Err(FormatError::UnknownVersion {
+                what: RECORD,
+                version,
+                known: RECORD_VERSION,
+            });
+        }
+        Ok(match kind {
+            ENTRY => {
+                if body.len() < ENTRY_HEADER - 2 {
+                    return Err(FormatError::invalid(RECORD, "a truncated entry"));
+                }
+                Record::Entry {
+                    index: le_u64(body),
+                    term: le_u64(&body[8..]),
+                    node: le_u64(&body[16..]),
+                }
+            }
+            VOTE => Record::Vote(codec::decode("a Raft log vote", body)?),
+            TRUNCATE => {
+                if body.len() != 8 {
+                    return Err(FormatError::invalid(
+                        RECORD,
+                        format!("a truncation of {} bytes (8)", body.len()),
+                    ));
+                }
+                Record::Truncate(le_u64(body))
+            }
+            PURGE => Record::Purge(codec::decode("a Raft log purge", body)?),
+            COMMITTED => Record::Committed(codec::decode("a Raft log committed mark", body)?),
+            other => {
+                return Err(FormatError::invalid(
+                    RECORD,
+                    format!("unknown kind {other}"),
+                ));
+            }
+        })
+    }
+}
+
+/// An entry's record: `{ 1 | version | index | term | node | bincode(Entry) }`.
+fn encode_entry(e: &Entry<TypeConfig>) -> Result<Vec<u8>, bincode::Error> {
+    let body = codec::encode(e)?;
+    let mut rec = Vec::with_capacity(ENTRY_HEADER + body.len());
+    rec.push(ENTRY);
+    rec.push(RECORD_VERSION);
+    rec.extend_from_slice(&e.log_id.index.to_le_bytes());
+    rec.extend_from_slice(&e.log_id.leader_id.term.to_le_bytes());
+    rec.extend_from_slice(&e.log_id.leader_id.node_id.to_le_bytes());
+    rec.extend_from_slice(&body);
+    Ok(rec)
+}
+
+/// Decodes an entry's record in full: its header, then its openraft
+/// `Entry` within the record's length, whose id must be the header's.
+pub(crate) fn decode_entry(payload: &[u8]) -> Result<Entry<TypeConfig>, FormatError> {
+    let Record::Entry { index, term, node } = Record::decode(payload)? else {
+        return Err(FormatError::invalid(RECORD, "not an entry"));
+    };
+    let entry: Entry<TypeConfig> = codec::decode("a Raft log entry", &payload[ENTRY_HEADER..])?;
+    let id = entry.log_id;
+    if (id.index, id.leader_id.term, id.leader_id.node_id) != (index, term, node) {
+        return Err(FormatError::invalid(
+            RECORD,
+            format!("an entry {id} under the header {term}-{node}-{index}"),
+        ));
+    }
+    Ok(entry)
+}
+
+#[cfg(feature = "fuzzing")]
+impl Record {
+    pub(crate) fn encode_for_fuzzing(&self) -> Result<Vec<u8>, bincode::Error> {
+        self.encode()
+    }
+}
+
+/// Replays `rec` over `state` (a checkpoint's, or an empty one), as open
+/// does, and answers the last log id.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn replay_for_fuzzing(
+    state: Option<RaftLogState>,
+    rec: &Record,
+) -> Option<LogId<NodeId>> {
+    let mut s = state.unwrap_or_default();
+    s.apply(rec, 1, 64);
+    s.last_log_id()
+}
+
+#[cfg(feature = "fuzzing")]
+pub(crate) fn encode_entry_for_fuzzing(e: &Entry<TypeConfig>) -> Result<Vec<u8>, bincode::Error> {
+    encode_entry(e)
+}
+
+/// A checkpoint with a vote, marks and two entries (a fuzz seed).
+#[cfg(feature = "fuzzing")]
+pub(crate) fn sample_checkpoint_for_fuzzing() -> Vec<u8> {
+    let mut s = RaftLogState::default();
+    s.apply(&Record::Vote(Vote::new(3, 1)), 1, 64);
+    for index in [1, 2] {
+        s.apply(
+            &Record::Entry {
+                index,
+                term: 3,
+                node: 1,
+            },
+            1,
+            64 * (index + 1),
+        );
+    }
+    s.purge(LogId::new(openraft::CommittedLeaderId::new(3, 1), 1));
+    s.committed = Some(LogId::new(openraft::CommittedLeaderId::new(3, 1), 2));
+    CHECKPOINT.encode(&s).unwrap_or_default()
+}
+
+/// Decodes a checkpoint.
+pub(crate) fn decode_checkpoint(payload: &[u8]) -> Result<RaftLogState, FormatError> {
+    CHECKPOINT.decode(payload)
+}
 
 /// Where an entry is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,7 +271,11 @@ impl RaftLogState {
     }
 
     fn purge(&mut self, upto: LogId<NodeId>) {
-        let keep = self.entries.split_off(&(upto.index + 1));
+        // (A purge up to u64::MAX, which Raft never writes, keeps nothing.)
+        let keep = match upto.index.checked_add(1) {
+            Some(after) => self.entries.split_off(&after),
+            None => BTreeMap::new(),
+        };
         self.entries = keep;
         if self.last_purged.is_none_or(|p| p.index < upto.index) {
             self.last_purged = Some(upto);
@@ -86,18 +283,9 @@ impl RaftLogState {
     }
 
     /// Applies one record (a decision, or replay).
-    fn apply(&mut self, kind: u8, body: &[u8], segment: u64, position: u64) -> Result<(), String> {
-        match kind {
-            ENTRY => {
-                if body.len() < ENTRY_HEADER - 1 {
-                    return Err("a truncated entry record".into());
-                }
-                let u = |at: usize| {
-                    let mut a = [0u8; 8];
-                    a.copy_from_slice(&body[at..at + 8]);
-                    u64::from_le_bytes(a)
-                };
-                let (index, term, node) = (u(0), u(8), u(16));
+    fn apply(&mut self, rec: &Record, segment: u64, position: u64) {
+        match *rec {
+            Record::Entry { index, term, node } => {
                 // A new entry at an index replaces whatever was there and
                 // after (Raft appends only after truncating a conflict).
                 self.truncate(index);
@@ -113,19 +301,11 @@ impl RaftLogState {
                 let m = self.segment_max.entry(segment).or_default();
                 *m = (*m).max(index);
             }
-            VOTE => self.vote = Some(bincode::deserialize(body).map_err(|e| e.to_string())?),
-            TRUNCATE => {
-                let mut a = [0u8; 8];
-                a.copy_from_slice(body.get(..8).ok_or("a truncated truncate record")?);
-                self.truncate(u64::from_le_bytes(a));
-            }
-            PURGE => self.purge(bincode::deserialize(body).map_err(|e| e.to_string())?),
-            COMMITTED => {
-                self.committed = bincode::deserialize(body).map_err(|e| e.to_string())?;
-            }
-            other => return Err(format!("unknown Raft log record kind {other}")),
+            Record::Vote(v) => self.vote = Some(v),
+            Record::Truncate(from) => self.truncate(from),
+            Record::Purge(upto) => self.purge(upto),
+            Record::Committed(c) => self.committed = c,
         }
-        Ok(())
     }
 }
 
@@ -139,7 +319,7 @@ impl Sequencer for RaftLogState {
         if since > 0 && since < estimate.saturating_mul(8) {
             return None;
         }
-        bincode::serialize(self).ok()
+        CHECKPOINT.encode(self).ok()
     }
 
     fn seal(&mut self, _segment: u64) -> (Vec<u8>, Option<()>) {
@@ -152,18 +332,12 @@ fn build(replay: Replay<'_>) -> Result<RaftLogState, WalError> {
     for e in replay.entries() {
         match e.kind {
             EntryKind::Checkpoint => {
-                state = bincode::deserialize(&e.payload)
-                    .map_err(|why| e.corrupt(format!("a Raft log checkpoint: {why}")))?;
+                state = decode_checkpoint(&e.payload).map_err(|why| e.corrupt(why.to_string()))?;
             }
             EntryKind::Link => {}
             EntryKind::Record => {
-                let (&kind, body) = e
-                    .payload
-                    .split_first()
-                    .ok_or_else(|| e.corrupt("an empty Raft log record"))?;
-                state
-                    .apply(kind, body, e.segment, e.position)
-                    .map_err(|why| e.corrupt(why))?;
+                let rec = Record::decode(&e.payload).map_err(|why| e.corrupt(why.to_string()))?;
+                state.apply(&rec, e.segment, e.position);
             }
         }
     }
@@ -184,15 +358,6 @@ fn opts_max_entry(segment_bytes: u64) -> u32 {
 
 fn io_err(e: impl std::fmt::Display) -> io::Error {
     io::Error::other(e.to_string())
-}
-
-/// A record the in-memory log state refused, as the WAL's error.
-fn apply_err(op: &'static str) -> impl FnOnce(String) -> WalError {
-    move |why| WalError::Io {
-        op,
-        path: Default::default(),
-        source: io_err(why),
-    }
 }
 
 fn write_err(e: impl std::error::Error + 'static) -> StorageError<NodeId> {
@@ -269,16 +434,16 @@ impl LogStore {
     }
 
     /// Writes a record (not waiting for it to be durable).
-    async fn record(&self, kind: u8, body: &[u8]) -> Result<fencelog_wal::Ticket, WalError> {
+    async fn record(&self, rec: Record) -> Result<fencelog_wal::Ticket, WalError> {
+        let bytes = rec.encode().map_err(|e| WalError::Io {
+            op: "encode a Raft log record",
+            path: Default::default(),
+            source: io_err(e),
+        })?;
         self.wal
             .submit_async(|w| {
-                let at = w.append(1 + body.len(), |buf| {
-                    buf[0] = kind;
-                    buf[1..].copy_from_slice(body);
-                })?;
-                w.state()
-                    .apply(kind, body, at.segment, at.position)
-                    .map_err(apply_err("apply a Raft log record"))?;
+                let at = w.append(bytes.len(), |buf| buf.copy_from_slice(&bytes))?;
+                w.state().apply(&rec, at.segment, at.position);
                 Ok::<_, WalError>(w.ticket())
             })
             .await?
@@ -293,23 +458,20 @@ impl LogStore {
         // Encoded before the lock; written as one batch, synced once.
         let mut encoded = Vec::new();
         for e in entries {
-            let body = bincode::serialize(&e).map_err(|e| write_err(*e))?;
-            let mut rec = Vec::with_capacity(ENTRY_HEADER + body.len());
-            rec.push(ENTRY);
-            rec.extend_from_slice(&e.log_id.index.to_le_bytes());
-            rec.extend_from_slice(&e.log_id.leader_id.term.to_le_bytes());
-            rec.extend_from_slice(&e.log_id.leader_id.node_id.to_le_bytes());
-            rec.extend_from_slice(&body);
-            encoded.push(rec);
+            let rec = encode_entry(&e).map_err(|e| write_err(*e))?;
+            let id = Record::Entry {
+                index: e.log_id.index,
+                term: e.log_id.leader_id.term,
+                node: e.log_id.leader_id.node_id,
+            };
+            encoded.push((id, rec));
         }
         let ticket = self
             .wal
             .submit_async(|w| {
-                for rec in &encoded {
+                for (id, rec) in &encoded {
                     let at = w.append(rec.len(), |buf| buf.copy_from_slice(rec))?;
-                    w.state()
-                        .apply(ENTRY, &rec[1..], at.segment, at.position)
-                        .map_err(apply_err("apply a Raft log entry"))?;
+                    w.state().apply(id, at.segment, at.position);
                 }
                 Ok::<_, WalError>(w.ticket())
             })
@@ -390,19 +552,20 @@ impl LogStore {
                 Err(e @ WalError::NoEntry { .. }) => return Err(Miss::NoEntry(e)),
                 Err(e) => return Err(Miss::Storage(Box::new(read_err(e)))),
             };
-            let body = e.payload.get(ENTRY_HEADER..).ok_or_else(|| {
+            let entry = decode_entry(&e.payload).map_err(|why| {
+                let at = format!("segment {} at byte {}: {why}", loc.segment, loc.position);
                 Miss::Storage(Box::new(StorageError::from(
+                    StorageIOError::read_log_at_index(index, AnyError::error(at)),
+                )))
+            })?;
+            if entry.log_id.index != index {
+                return Err(Miss::Storage(Box::new(StorageError::from(
                     StorageIOError::read_log_at_index(
                         index,
-                        AnyError::error("a truncated entry record"),
+                        AnyError::error(format!("found entry {} there", entry.log_id)),
                     ),
-                )))
-            })?;
-            let entry: Entry<TypeConfig> = bincode::deserialize(body).map_err(|e| {
-                Miss::Storage(Box::new(StorageError::from(
-                    StorageIOError::read_log_at_index(index, AnyError::new(&*e)),
-                )))
-            })?;
+                ))));
+            }
             out.push(entry);
         }
         Ok(out)
@@ -468,10 +631,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError<NodeId>> {
-        let body = bincode::serialize(vote)
-            .map_err(|e| StorageError::from(StorageIOError::write_vote(AnyError::new(&*e))))?;
         let ticket = self
-            .record(VOTE, &body)
+            .record(Record::Vote(*vote))
             .await
             .map_err(|e| StorageError::from(StorageIOError::write_vote(AnyError::new(&e))))?;
         // A vote is durable before Raft acts on it.
@@ -488,9 +649,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         &mut self,
         committed: Option<LogId<NodeId>>,
     ) -> Result<(), StorageError<NodeId>> {
-        let body = bincode::serialize(&committed).map_err(|e| write_err(*e))?;
         // Not waited for: a committed id lost in a crash is learned again.
-        let _unwaited = self.record(COMMITTED, &body).await.map_err(write_err)?;
+        let _unwaited = self
+            .record(Record::Committed(committed))
+            .await
+            .map_err(write_err)?;
         Ok(())
     }
 
@@ -519,16 +682,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // Not waited for: the WAL syncs in order, so any later entry that
         // becomes durable carries this truncation with it.
         let _unwaited = self
-            .record(TRUNCATE, &log_id.index.to_le_bytes())
+            .record(Record::Truncate(log_id.index))
             .await
             .map_err(write_err)?;
         Ok(())
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
-        let body = bincode::serialize(&log_id).map_err(|e| write_err(*e))?;
         // Waited for: segments are removed only once the purge is durable.
-        self.record(PURGE, &body)
+        self.record(Record::Purge(log_id))
             .await
             .map_err(write_err)?
             .await
@@ -549,6 +711,135 @@ mod tests {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
             payload: EntryPayload::Blank,
         }
+    }
+
+    fn id(index: u64) -> LogId<NodeId> {
+        LogId::new(CommittedLeaderId::new(3, 1), index)
+    }
+
+    #[test]
+    fn records_round_trip_and_another_version_is_refused_by_number() {
+        let mut vote = Vote::new(3, 1);
+        vote.commit();
+        for rec in [
+            Record::Vote(vote),
+            Record::Truncate(17),
+            Record::Purge(id(9)),
+            Record::Committed(Some(id(12))),
+            Record::Committed(None),
+        ] {
+            let bytes = rec.encode().unwrap();
+            assert_eq!(bytes[1], RECORD_VERSION);
+            assert_eq!(Record::decode(&bytes), Ok(rec));
+            let mut other = bytes.clone();
+            other[1] = 2;
+            assert_eq!(
+                Record::decode(&other),
+                Err(FormatError::UnknownVersion {
+                    what: RECORD,
+                    version: 2,
+                    known: RECORD_VERSION
+                })
+            );
+            // Every truncation, and a byte left over, is refused.
+            for n in 0..bytes.len() {
+                assert!(Record::decode(&bytes[..n]).is_err(), "{rec:?} cut to {n}");
+            }
+            assert!(Record::decode(&[&bytes[..], &[0]].concat()).is_err());
+        }
+        let e = blank(5);
+        let bytes = encode_entry(&e).unwrap();
+        assert_eq!(decode_entry(&bytes).unwrap(), e);
+        // An entry under another entry's header is refused.
+        let mut moved = bytes.clone();
+        moved[2] = 6;
+        assert!(decode_entry(&moved).is_err());
+        let mut other = bytes;
+        other[1] = 0;
+        let err = decode_entry(&other).unwrap_err().to_string();
+        assert!(err.contains("format version 0"), "{err}");
+    }
+
+    /// Found while making the `raft_record` fuzz target replay what it
+    /// decodes: a purge up to index u64::MAX overflowed.
+    #[test]
+    fn a_purge_up_to_the_last_index_keeps_nothing() {
+        let mut s = RaftLogState::default();
+        s.apply(
+            &Record::Entry {
+                index: 7,
+                term: 3,
+                node: 1,
+            },
+            1,
+            64,
+        );
+        s.apply(&Record::Purge(id(u64::MAX)), 1, 128);
+        assert!(s.entries.is_empty());
+        assert_eq!(s.last_log_id(), Some(id(u64::MAX)));
+    }
+
+    /// What the build before versions wrote: the checkpoint as bare
+    /// bincode of the state.
+    struct Unversioned(RaftLogState);
+
+    impl Sequencer for Unversioned {
+        type Effect = ();
+        fn checkpoint(&mut self, _segment: u64, _since: u64) -> Option<Vec<u8>> {
+            bincode::serialize(&self.0).ok()
+        }
+        fn seal(&mut self, _segment: u64) -> (Vec<u8>, Option<()>) {
+            (Vec::new(), None)
+        }
+    }
+
+    #[test]
+    fn a_log_from_before_versions_is_refused_with_where_and_why() {
+        let sim = fencelog_wal::SimStorage::new();
+        let dir = Path::new("/raft");
+        let opts = WalOptions {
+            segment_bytes: 1 << 20,
+            max_entry_bytes: opts_max_entry(1 << 20),
+            ..WalOptions::default()
+        };
+        let (wal, _) = Wal::open(Arc::new(sim.clone()), dir, opts, |_| {
+            Ok(Unversioned(RaftLogState::default()))
+        })
+        .unwrap();
+        drop(wal);
+        let err = LogStore::open_on(Arc::new(sim), dir, 1 << 20)
+            .err()
+            .expect("refused");
+        let text = err.to_string();
+        assert!(text.contains("re-create"), "{text}");
+        assert!(text.contains("00000000000000000001.wal"), "{text}");
+    }
+
+    #[test]
+    fn a_checkpoint_round_trips_through_a_reopen() {
+        let sim = fencelog_wal::SimStorage::new();
+        let dir = Path::new("/raft");
+        let mut vote = Vote::new(3, 1);
+        {
+            let mut store = LogStore::open_on(Arc::new(sim.clone()), dir, 1 << 20).unwrap();
+            futures_block(store.save_vote(&vote)).unwrap();
+            let t = futures_block(store.append_entries((1..=3).map(blank))).unwrap();
+            futures_block(t).unwrap();
+            futures_block(store.purge(id(1))).unwrap();
+        }
+        let mut store = LogStore::open_on(Arc::new(sim), dir, 1 << 20).unwrap();
+        vote.committed = false;
+        assert_eq!(futures_block(store.read_vote()).unwrap(), Some(vote));
+        let read = futures_block(store.try_get_log_entries(2..4)).unwrap();
+        assert_eq!(read.len(), 2);
+    }
+
+    fn futures_block<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(f)
     }
 
     /// A leader replicates entries it appended before its own sync of them

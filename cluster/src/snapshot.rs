@@ -4,9 +4,13 @@
 //! fresh engine directory. Nothing is held in memory but one block.
 //!
 //! ```text
-//! // snapshot: { magic: "FLSNAP2\0" | [File]* | 0u16 }
+//! // snapshot: { magic: b"FLSNAP" | version: u8 (b'2') | 0u8 | [File]* | 0u16 }
 //! // File:     { name_len: u16 (≥ 1) | name | len: u64 | [Run]* | at: u64, 0u32 }
 //! // Run:      { at: u64 | run_len: u32 (≥ 1) | bytes }   bytes not in a run are zeros
+//! ```
+//!
+//! ```text
+//! // meta: { magic: b"FLSM" | version: u8 (1) | bincode(openraft SnapshotMeta) }
 //! ```
 //!
 //! `<node>/snap/` holds at most one finished snapshot, `<id>.snap` with its
@@ -20,14 +24,39 @@ use std::path::{Path, PathBuf};
 
 use openraft::SnapshotMeta;
 
+use crate::codec::{FormatError, Tagged};
 use crate::types::{Member, NodeId};
 
-const MAGIC: &[u8; 8] = b"FLSNAP2\0";
+/// An archive's first 8 bytes: `FLSNAP`, then its version, then a zero.
+// { magic: b"FLSNAP" | version: u8 | 0u8 }
+const MAGIC: &[u8; 6] = b"FLSNAP";
+/// The archive's format version, an ASCII digit (the first archives were
+/// written as the 8-byte magic `FLSNAP2\0`: the same bytes).
+pub(crate) const ARCHIVE_VERSION: u8 = b'2';
+/// A snapshot's Raft metadata (`<id>.meta`).
+// meta: { magic: b"FLSM" | version: u8 (1) | bincode(SnapshotMeta) }
+const META: Tagged = Tagged {
+    what: "a snapshot's metadata",
+    magic: *b"FLSM",
+    version: 1,
+};
+/// No meta file is larger (the membership's addresses are short).
+const MAX_META: u64 = 1 << 20;
+
+/// Encodes a snapshot's metadata (the `.meta` file).
+pub(crate) fn encode_meta(meta: &SnapshotMeta<NodeId, Member>) -> Result<Vec<u8>, bincode::Error> {
+    META.encode(meta)
+}
+
+/// Decodes a snapshot's metadata (the `.meta` file).
+pub(crate) fn decode_meta(bytes: &[u8]) -> Result<SnapshotMeta<NodeId, Member>, FormatError> {
+    META.decode(bytes)
+}
 const BLOCK: usize = 64 << 10;
 /// No engine file is larger (segments are at most 1 GiB, plus slack).
 const MAX_FILE: u64 = 2 << 30;
 
-fn bad(what: impl Into<String>) -> std::io::Error {
+pub(crate) fn bad(what: impl Into<String>) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, what.into())
 }
 
@@ -98,9 +127,17 @@ impl Store {
             if !snap.exists() {
                 continue;
             }
-            let bytes = std::fs::read(&path)?;
-            let meta: SnapshotMeta<NodeId, Member> = bincode::deserialize(&bytes)
-                .map_err(|e| bad(format!("{}: {e}", path.display())))?;
+            let mut bytes = Vec::new();
+            File::open(&path)?
+                .take(MAX_META + 1)
+                .read_to_end(&mut bytes)?;
+            if bytes.len() as u64 > MAX_META {
+                return Err(bad(format!(
+                    "{}: over {MAX_META} bytes, not a snapshot's metadata",
+                    path.display()
+                )));
+            }
+            let meta = decode_meta(&bytes).map_err(|e| bad(format!("{}: {e}", path.display())))?;
             if best
                 .as_ref()
                 .is_none_or(|b| b.meta.last_log_id < meta.last_log_id)
@@ -153,7 +190,7 @@ impl Store {
         let snap = self.dir.join(format!("{name}.snap"));
         std::fs::rename(from, &snap)?;
         let tmp = self.dir.join(format!("{name}.meta.tmp"));
-        let bytes = bincode::serialize(meta).map_err(std::io::Error::other)?;
+        let bytes = encode_meta(meta).map_err(std::io::Error::other)?;
         {
             let mut f = File::create(&tmp)?;
             f.write_all(&bytes)?;
@@ -219,6 +256,7 @@ pub(crate) fn pack(staging: &Path, out: &Path) -> std::io::Result<u64> {
     names.sort();
     let mut w = BufWriter::with_capacity(BLOCK * 4, File::create(out)?);
     w.write_all(MAGIC)?;
+    w.write_all(&[ARCHIVE_VERSION, 0])?;
     let mut block = vec![0u8; BLOCK];
     for name in names {
         let f = File::open(staging.join(&name))?;
@@ -272,8 +310,16 @@ pub(crate) fn unpack(file: File, dir: &Path) -> std::io::Result<()> {
     let mut r = BufReader::with_capacity(BLOCK * 4, file);
     let mut magic = [0u8; 8];
     r.read_exact(&mut magic)?;
-    if &magic != MAGIC {
+    if &magic[..6] != MAGIC || magic[7] != 0 {
         return Err(bad("not a fencelog snapshot (bad magic)"));
+    }
+    if magic[6] != ARCHIVE_VERSION {
+        return Err(bad(FormatError::UnknownVersion {
+            what: "a snapshot archive",
+            version: magic[6],
+            known: ARCHIVE_VERSION,
+        }
+        .to_string()));
     }
     std::fs::create_dir_all(dir)?;
     let mut block = vec![0u8; BLOCK];
@@ -317,6 +363,50 @@ pub(crate) fn unpack(file: File, dir: &Path) -> std::io::Result<()> {
 mod tests {
     use super::*;
 
+    /// The first 8 bytes of an archive of this version.
+    const HEAD: &[u8; 8] = b"FLSNAP2\0";
+
+    #[test]
+    fn an_archive_of_another_version_is_refused_by_name() {
+        let dst = tempfile::tempdir().unwrap();
+        let p = dst.path().join("v3");
+        std::fs::write(&p, [&b"FLSNAP3\0"[..], &0u16.to_le_bytes()].concat()).unwrap();
+        let err = unpack(File::open(&p).unwrap(), &dst.path().join("out")).unwrap_err();
+        assert!(err.to_string().contains("format version 51"), "{err}");
+    }
+
+    #[test]
+    fn meta_round_trips_and_an_unversioned_one_is_refused() {
+        let meta = SnapshotMeta::<NodeId, Member> {
+            last_log_id: Some(openraft::LogId::new(
+                openraft::CommittedLeaderId::new(3, 1),
+                42,
+            )),
+            last_membership: Default::default(),
+            snapshot_id: "3-42-7".into(),
+        };
+        let bytes = encode_meta(&meta).unwrap();
+        assert_eq!(&bytes[..5], b"FLSM\x01");
+        assert_eq!(decode_meta(&bytes).unwrap(), meta);
+        // What the build before versions wrote: bincode alone.
+        let old = bincode::serialize(&meta).unwrap();
+        assert!(matches!(
+            decode_meta(&old),
+            Err(FormatError::Unversioned { .. })
+        ));
+        let mut v2 = bytes.clone();
+        v2[4] = 2;
+        assert!(matches!(
+            decode_meta(&v2),
+            Err(FormatError::UnknownVersion { version: 2, .. })
+        ));
+        // Bytes left over, and every truncation, are refused.
+        assert!(decode_meta(&[&bytes[..], &[0]].concat()).is_err());
+        for n in 0..bytes.len() {
+            assert!(decode_meta(&bytes[..n]).is_err(), "{n} bytes accepted");
+        }
+    }
+
     #[test]
     fn packs_and_unpacks_files_with_zero_runs_left_out() {
         let src = tempfile::tempdir().unwrap();
@@ -349,16 +439,16 @@ mod tests {
         let dst = tempfile::tempdir().unwrap();
         let cases: Vec<Vec<u8>> = vec![
             b"NOTASNAP".to_vec(),
-            [&MAGIC[..], &3u16.to_le_bytes(), b"../"].concat(),
+            [&HEAD[..], &3u16.to_le_bytes(), b"../"].concat(),
             [
-                &MAGIC[..],
+                &HEAD[..],
                 &5u16.to_le_bytes(),
                 b"MARKS",
                 &(u64::MAX).to_le_bytes(),
             ]
             .concat(),
             [
-                &MAGIC[..],
+                &HEAD[..],
                 &5u16.to_le_bytes(),
                 b"MARKS",
                 &10u64.to_le_bytes(),
@@ -368,7 +458,7 @@ mod tests {
             ]
             .concat(),
             // Truncated.
-            [&MAGIC[..], &5u16.to_le_bytes(), b"MAR"].concat(),
+            [&HEAD[..], &5u16.to_le_bytes(), b"MAR"].concat(),
         ];
         for (i, bytes) in cases.into_iter().enumerate() {
             let p = dst.path().join(format!("case{i}"));

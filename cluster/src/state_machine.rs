@@ -219,12 +219,14 @@ impl StateMachine {
         self.engine.clone()
     }
 
-    fn membership(log: &Log) -> StoredMembership<NodeId, Member> {
+    /// The membership the engine holds (decoded, never guessed: bytes
+    /// that do not decode stop the state machine).
+    fn membership(log: &Log) -> Result<StoredMembership<NodeId, Member>, StorageError<NodeId>> {
         let bytes = log.membership();
         if bytes.is_empty() {
-            return StoredMembership::default();
+            return Ok(StoredMembership::default());
         }
-        bincode::deserialize(&bytes).unwrap_or_default()
+        crate::codec::MEMBERSHIP.decode(&bytes).map_err(sm_err)
     }
 }
 
@@ -270,7 +272,7 @@ impl RaftSnapshotBuilder<TypeConfig> for Builder {
                 Ok(staging)
             })
             .await?;
-            (log.applied(), StateMachine::membership(&log), staging)
+            (log.applied(), StateMachine::membership(&log)?, staging)
         };
         let meta = SnapshotMeta {
             last_log_id: applied.and_then(log_id),
@@ -308,7 +310,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let log = self.engine.log();
         Ok((
             log.applied().and_then(log_id),
-            StateMachine::membership(&log),
+            StateMachine::membership(&log)?,
         ))
     }
 
@@ -351,7 +353,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     .collect(),
                 EntryPayload::Membership(m) => {
                     let stored = StoredMembership::new(Some(entry.log_id), m);
-                    let bytes = bincode::serialize(&stored).map_err(sm_err)?;
+                    let bytes = crate::codec::MEMBERSHIP.encode(&stored).map_err(sm_err)?;
                     vec![(0, Command::Membership(bytes.into()), None)]
                 }
             };

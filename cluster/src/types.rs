@@ -101,12 +101,59 @@ pub type NodeId = u64;
 /// leader batches what clients sent while its last entry was on its way
 /// (openraft 0.9 syncs the leader's log once per entry, so one entry per
 /// write would cost a sync each, one after the other).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+// Request: { version: u8 (REQUEST_VERSION = 1) | time_ms: u64 | cmds: u64 count, then WireCommand* }
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Request {
     /// The proposing leader's monotonic clock in ms (lease time follows it).
     pub time_ms: u64,
     /// What to decide when the entry is applied, in order.
     pub cmds: Vec<WireCommand>,
+}
+
+/// The format version of a [`Request`] (its first byte, in the Raft log
+/// and in peer frames).
+pub const REQUEST_VERSION: u8 = 1;
+
+impl Serialize for Request {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeTuple;
+        let mut t = s.serialize_tuple(3)?;
+        t.serialize_element(&REQUEST_VERSION)?;
+        t.serialize_element(&self.time_ms)?;
+        t.serialize_element(&self.cmds)?;
+        t.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for Request {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Request, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Request;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a versioned Request")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut a: A,
+            ) -> Result<Request, A::Error> {
+                use serde::de::Error as _;
+                let missing = || A::Error::custom("a truncated Request");
+                // The version before anything else: a request of another
+                // version is never read as this one.
+                let version: u8 = a.next_element()?.ok_or_else(missing)?;
+                if version != REQUEST_VERSION {
+                    return Err(A::Error::custom(format!(
+                        "a Request of format version {version} (this build reads version {REQUEST_VERSION})"
+                    )));
+                }
+                let time_ms = a.next_element()?.ok_or_else(missing)?;
+                let cmds = a.next_element()?.ok_or_else(missing)?;
+                Ok(Request { time_ms, cmds })
+            }
+        }
+        d.deserialize_tuple(3, V)
+    }
 }
 
 /// The answers of an entry's commands, in order.

@@ -112,7 +112,11 @@ fn a_wiped_replica_neither_votes_nor_takes_entries_until_rejoined_and_the_fence_
     assert_eq!(ci["raft_last_log_index"], "0");
     // With PreVote, B does not even campaign: no majority would vote for
     // it (A is dead, C answers nobody), so its term stays where it was.
-    assert_eq!(info(&c, b)["raft_term"], "1", "B raised its term without a majority");
+    assert_eq!(
+        info(&c, b)["raft_term"],
+        "1",
+        "B raised its term without a majority"
+    );
     assert!(
         c.nodes[&cc].log.lock().unwrap().contains("incarnation"),
         "C said why it refused: {}",
