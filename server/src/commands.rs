@@ -612,13 +612,30 @@ pub async fn execute(ctx: &Arc<Context>, session: &mut Session, args: Vec<Bytes>
 /// Whether a request is a write a connection may pipeline: decided now,
 /// answered once durable, while later requests are decided. Inside a
 /// transaction nothing is (writes are queued).
-pub fn is_deferrable(session: &Session, request: &[Bytes]) -> bool {
+pub fn is_deferrable(session: &Session, request: &[Bytes], cluster: bool) -> bool {
     session.multi.is_none()
         && request.first().is_some_and(|cmd| {
             WRITES
                 .iter()
                 .any(|w| cmd.eq_ignore_ascii_case(w.as_bytes()))
+                || (cluster && is_lease_write(request))
         })
+}
+
+/// In cluster mode a lease command that does not wait is a write proposed
+/// in the connection's order, like a stream write: pipelined ones share
+/// entries (one entry each made a flood of them cost a round of
+/// replication apiece: 1,500 acquisitions/s where fences went ten times
+/// faster).
+fn is_lease_write(request: &[Bytes]) -> bool {
+    let Some(cmd) = request.first() else {
+        return false;
+    };
+    if cmd.eq_ignore_ascii_case(b"LEASE.RENEW") || cmd.eq_ignore_ascii_case(b"LEASE.RELEASE") {
+        return true;
+    }
+    cmd.eq_ignore_ascii_case(b"LEASE.ACQUIRE")
+        && !request[1..].iter().any(|a| a.eq_ignore_ascii_case(b"WAIT"))
 }
 
 /// The commands that change streams: what a transaction puts in its entry.

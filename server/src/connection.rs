@@ -341,7 +341,9 @@ impl Connection {
             // answered: a read after an append in one pipeline sees it.
             let deferrable = match &next {
                 Held::Close(_) => false,
-                Held::Request(request, _) => commands::is_deferrable(&self.session, request),
+                Held::Request(request, _) => {
+                    commands::is_deferrable(&self.session, request, self.ctx.cluster.is_some())
+                }
             };
             let in_order = !deferrable;
             if in_order && !self.pending.is_empty() {

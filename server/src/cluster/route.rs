@@ -71,7 +71,7 @@ pub(crate) async fn run(
         });
     }
     match cmd {
-        "LEASE.ACQUIRE" => Some(acquire(ctx, c, session, cmd, a)),
+        "LEASE.ACQUIRE" => Some(acquire(ctx, c, session, cmd, a).await),
         "LEASE.RENEW" | "LEASE.RELEASE" => Some(renew_or_release(ctx, c, session, cmd, a).await),
         "LEASE.INFO" => {
             if a.len() != 1 {
@@ -207,7 +207,7 @@ async fn write(c: &Cluster, cmd: WireCommand) -> Result<Response, ClusterError> 
 
 /// `LEASE.ACQUIRE`: parsed as on one node; with `WAIT`, tried again while
 /// the lease is held, until the wait runs out.
-fn acquire(
+async fn acquire(
     ctx: &Arc<Context>,
     c: &Arc<Cluster>,
     session: &Session,
@@ -229,15 +229,28 @@ fn acquire(
     let client = session.tag();
     let deadline = opts.wait.and_then(|w| Instant::now().checked_add(w));
     let waits = opts.wait.is_some();
+    let wire = WireCommand::Acquire {
+        name: name.to_vec(),
+        owner: owner.to_vec(),
+        ttl_ms: ttl.as_millis() as u64,
+        fence: opts.fence,
+    };
+    // The first try is proposed now, in the connection's order: pipelined
+    // acquisitions share entries like any write (one entry each made a
+    // flood of them cost an fsync apiece).
+    let first = c
+        .node()
+        .propose(wire.clone(), Instant::now() + QUEUE_DEADLINE)
+        .await;
     Outcome::Replicated(Box::pin(async move {
-        let cmd = WireCommand::Acquire {
-            name: name.to_vec(),
-            owner: owner.to_vec(),
-            ttl_ms: ttl.as_millis() as u64,
-            fence: opts.fence,
-        };
+        let mut next = Some(first);
         loop {
-            match write(&c, cmd.clone()).await {
+            let outcome = match next.take() {
+                Some(Ok(proposal)) => settle(&c, proposal).await,
+                Some(Err(e)) => Err(e),
+                None => write(&c, wire.clone()).await,
+            };
+            match outcome {
                 Ok(Response::Rejected(fencelog_cluster::WireError::Held { remaining_ms }))
                     if waits && deadline.is_none_or(|d| Instant::now() < d) =>
                 {
