@@ -70,6 +70,20 @@ enum ClusterCommand {
         #[arg(long, env = "FENCELOG_REQUIREPASS", hide_env_values = true)]
         password: Option<String>,
     },
+    /// Compare the replicas: once every member has applied the same
+    /// position, each one's digest there must be the same (a replica that
+    /// decided one entry differently shows another). Exit 1 if they differ.
+    Verify {
+        /// Any member's client address.
+        #[arg(long, default_value = "127.0.0.1:7379")]
+        addr: String,
+        /// The password, if the cluster has one.
+        #[arg(long, env = "FENCELOG_REQUIREPASS", hide_env_values = true)]
+        password: Option<String>,
+        /// How long to wait for the members to stand at one position.
+        #[arg(long, default_value_t = 30)]
+        wait_secs: u64,
+    },
     /// Remove a node from the cluster.
     Remove {
         /// Any member's client address.
@@ -106,6 +120,11 @@ pub fn run(args: ClusterArgs) -> ExitCode {
                 serve,
             } => local(nodes, port, dir, cluster_secret_file, &serve).await,
             ClusterCommand::Status { addr, password } => status(&addr, password.as_deref()).await,
+            ClusterCommand::Verify {
+                addr,
+                password,
+                wait_secs,
+            } => verify(&addr, password.as_deref(), Duration::from_secs(wait_secs)).await,
             ClusterCommand::Add {
                 addr,
                 node_id,
@@ -296,6 +315,51 @@ async fn status_of(client: &Client, addr: &str) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// `fencelog cluster verify`: every member's applied position and digest
+/// (`CLUSTER INFO`), asked until all stand at one position (a group that
+/// is being written to moves on: it is asked again), then compared.
+async fn verify(addr: &str, password: Option<&str>, wait: Duration) -> Result<(), String> {
+    let timeout = Duration::from_secs(2);
+    let client = connect(addr, password, timeout, timeout)
+        .await
+        .map_err(|e| format!("{addr}: {e}"))?;
+    let members = members(&client, addr).await?;
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        let mut seen = Vec::new();
+        for (id, member, _) in &members {
+            let i = info(&client, member)
+                .await
+                .map_err(|e| format!("node {id} at {member}: {e}"))?;
+            let field = |k: &str| {
+                i.get(k)
+                    .cloned()
+                    .ok_or_else(|| format!("node {id} does not report {k} (an older version?)"))
+            };
+            seen.push((*id, field("replica_position")?, field("replica_digest")?));
+        }
+        if seen.iter().all(|(_, p, _)| *p == seen[0].1) {
+            for (id, position, digest) in &seen {
+                println!("node {id:>4}  position {position:>20}  digest {digest}");
+            }
+            if seen.iter().all(|(_, _, d)| *d == seen[0].2) {
+                println!("{} replicas agree at position {}", seen.len(), seen[0].1);
+                return Ok(());
+            }
+            return Err(format!(
+                "the replicas disagree at position {}: a replica decided differently",
+                seen[0].1
+            ));
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(format!(
+                "the members never stood at one position within {wait:?}: {seen:?}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The secret file of a local cluster: `dir/cluster.secret`, made on the
