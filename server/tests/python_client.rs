@@ -28,7 +28,14 @@ fn the_python_clients_tests_pass() {
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let out = Command::new(&python)
-        .args(["-m", "pytest", "-p", "no:cacheprovider", "-q", "clients/python/tests"])
+        .args([
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "clients/python/tests",
+        ])
         .current_dir(&root)
         .env("FENCELOG_BIN", env!("CARGO_BIN_EXE_fencelog"))
         .output()
