@@ -159,6 +159,7 @@ pub fn write_seeds(root: &Path) -> std::io::Result<()> {
             crate::Member {
                 raft_addr: "127.0.0.1:7001".into(),
                 client_addr: "127.0.0.1:6380".into(),
+                incarnation: 0x1111,
             },
         )]
         .into_iter()

@@ -1290,6 +1290,7 @@ pub(crate) mod fuzz {
     fn auth(secret: bool) -> PeerAuth {
         PeerAuth {
             id: 1,
+            incarnation: 0x1111,
             secret: secret.then(|| ClusterSecret(Arc::from(&b"fuzz secret"[..]))),
         }
     }
@@ -1350,7 +1351,7 @@ pub(crate) mod fuzz {
     /// may succeed (the nonces are fresh, the bytes are not).
     pub async fn peer_stream(data: &[u8], secret: bool) {
         let auth = auth(secret);
-        for (role, dialed) in [(Role::Acceptor, None), (Role::Dialer, Some(2))] {
+        for (role, dialed) in [(Role::Acceptor, None), (Role::Dialer, Some((2, 0x2222)))] {
             let mut s = tokio::io::join(data, tokio::io::sink());
             let r = handshake(&mut s, role, &auth, dialed).await;
             assert!(r.is_err(), "a handshake of fixed bytes succeeded");
