@@ -94,7 +94,14 @@ impl Election {
         if state == ServerState::Leader || self.silent_for() < self.silence {
             return false;
         }
-        req.term > term && req.last_log_id >= log.last_log_id()
+        let grant = req.term > term && req.last_log_id >= log.last_log_id();
+        if grant {
+            // The candidate gets a timeout to win before this node stands
+            // itself: two nodes campaigning at once made the first leader
+            // lose to the second's higher term.
+            self.schedule_next();
+        }
+        grant
     }
 
     /// A random wait before the next campaign.
