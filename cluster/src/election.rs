@@ -141,6 +141,10 @@ pub(crate) async fn drive(
     id: NodeId,
 ) {
     election.schedule_next();
+    // When this leader first saw its quorum silent: it steps down only if
+    // the silence outlasts half a timeout more (a heartbeat round), so a
+    // leader that was itself paused asks its followers before it gives up.
+    let mut silent_since: Option<Instant> = None;
     loop {
         tokio::time::sleep(Duration::from_millis(10)).await;
         let m = raft.metrics().borrow().clone();
@@ -154,13 +158,18 @@ pub(crate) async fn drive(
                 let lost = m
                     .millis_since_quorum_ack
                     .is_some_and(|ms| Duration::from_millis(ms) > election.silence);
-                if voters > 1 && lost {
+                if !(voters > 1 && lost) {
+                    silent_since = None;
+                    continue;
+                }
+                let since = *silent_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= election.silence / 2 {
                     step_down(&raft, &log, m.current_term, id).await;
                 }
                 continue;
             }
             ServerState::Learner => continue,
-            ServerState::Follower | ServerState::Candidate => {}
+            ServerState::Follower | ServerState::Candidate => silent_since = None,
         }
         let membership = m.membership_config.membership().clone();
         if !membership.voter_ids().any(|v| v == id)
