@@ -324,7 +324,6 @@ async fn watch(raft: Raft, engine: Engine, batcher: Batcher) {
         if tick.is_none()
             && let Some(expiry) = log.next_lease_expiry_ms()
             && expiry <= now
-            && log.group_clock_ms() < now
         {
             let deadline = Instant::now() + Duration::from_secs(10);
             tick = batcher.queue(WireCommand::Tick, 16, deadline).ok();

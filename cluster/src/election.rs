@@ -107,13 +107,13 @@ impl Election {
     /// A random wait before the next campaign.
     fn schedule_next(&self) {
         let jitter = self.spread.as_millis().max(1) as u64;
-        let nanos = Instant::now().elapsed().as_nanos() as u64 ^ std::process::id() as u64;
-        let extra = Duration::from_millis(splitmix(nanos ^ rand_seed()) % jitter);
+        let extra = Duration::from_millis(rand_seed() % jitter);
         *self.next_campaign.lock() = Instant::now() + self.silence + extra;
     }
 }
 
-/// A seed that differs between nodes and between calls.
+/// A random number that differs between nodes and between calls (the
+/// clock's nanoseconds if the OS cannot give one).
 fn rand_seed() -> u64 {
     let mut b = [0u8; 8];
     if getrandom::fill(&mut b).is_err() {
@@ -122,13 +122,6 @@ fn rand_seed() -> u64 {
             .map_or(7, |d| d.as_nanos() as u64);
     }
     u64::from_le_bytes(b)
-}
-
-fn splitmix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// Drives this node's elections and its leader's quorum check until Raft

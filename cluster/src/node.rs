@@ -552,11 +552,6 @@ impl Node {
         self.reads.linearizable(&self.raft).await
     }
 
-    /// ReadIndex rounds run so far on this node (reads share them).
-    pub fn read_rounds(&self) -> u64 {
-        self.reads.rounds_run()
-    }
-
     /// The leader as this node knows it.
     pub fn leader(&self) -> Option<(NodeId, Member)> {
         let m = self.raft.metrics().borrow().clone();

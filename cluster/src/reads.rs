@@ -27,8 +27,6 @@ pub(crate) struct Reads {
 struct State {
     running: bool,
     waiting: Vec<Waiter>,
-    /// Rounds run (for tests of the sharing).
-    rounds: u64,
 }
 
 impl Reads {
@@ -62,7 +60,6 @@ impl Reads {
                     s.running = false;
                     return;
                 }
-                s.rounds += 1;
                 std::mem::take(&mut s.waiting)
             };
             let outcome = round(&raft).await;
@@ -73,11 +70,6 @@ impl Reads {
                 });
             }
         }
-    }
-
-    /// Rounds run so far.
-    pub(crate) fn rounds_run(&self) -> u64 {
-        self.state.lock().rounds
     }
 }
 
