@@ -13,12 +13,15 @@
 //! at or below what was written and at or above the last sync, and applying
 //! the entries after it again reproduces the reference state.
 
+mod replica_common;
+
 use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use fencelog::wal::{CrashMode, SimStorage, Storage};
-use fencelog::{Applied, Command, Log, LogPosition, ManualClock, Options, Token, TxOp};
+use fencelog::{Applied, Command, Log, LogPosition, ManualClock, Token, TxOp};
+use replica_common::{open, opts};
 
 fn t(n: u64) -> Token {
     Token::new(n).unwrap()
@@ -26,29 +29,6 @@ fn t(n: u64) -> Token {
 
 fn b(s: &str) -> Bytes {
     Bytes::copy_from_slice(s.as_bytes())
-}
-
-fn opts() -> Options {
-    let mut o = Options {
-        replicated: true,
-        ..Options::default()
-    };
-    o.wal.sync_every_batch = false;
-    o.wal.segment_bytes = 64 << 10;
-    o.wal.max_entry_bytes = 32 << 10;
-    o.max_payload_bytes = 16 << 10;
-    o
-}
-
-fn open(sim: &SimStorage) -> Log {
-    let storage: Arc<dyn Storage> = Arc::new(sim.clone());
-    Log::open_on(
-        storage,
-        Arc::new(ManualClock::default()),
-        Path::new("/db"),
-        opts(),
-    )
-    .unwrap()
 }
 
 /// A deterministic stream of commands, with its entries' positions and

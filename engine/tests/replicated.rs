@@ -6,12 +6,12 @@
 //! say up to where, and reach the same state once the rest is applied
 //! again. Lease time follows the leader's clock carried by the entries.
 
-use std::path::Path;
-use std::sync::Arc;
+mod replica_common;
 
 use bytes::Bytes;
-use fencelog::wal::{CrashMode, SimStorage, Storage};
-use fencelog::{Applied, Command, Error, Log, LogPosition, ManualClock, Options, Token, TxOp};
+use fencelog::wal::{CrashMode, SimStorage};
+use fencelog::{Applied, Command, Error, Log, LogPosition, Token, TxOp};
+use replica_common::open;
 
 fn t(n: u64) -> Token {
     Token::new(n).unwrap()
@@ -19,29 +19,6 @@ fn t(n: u64) -> Token {
 
 fn b(s: &str) -> Bytes {
     Bytes::copy_from_slice(s.as_bytes())
-}
-
-fn opts() -> Options {
-    let mut o = Options {
-        replicated: true,
-        ..Options::default()
-    };
-    o.wal.sync_every_batch = false;
-    o.wal.segment_bytes = 64 << 10;
-    o.wal.max_entry_bytes = 32 << 10;
-    o.max_payload_bytes = 16 << 10;
-    o
-}
-
-fn open(sim: &SimStorage) -> Log {
-    let storage: Arc<dyn Storage> = Arc::new(sim.clone());
-    Log::open_on(
-        storage,
-        Arc::new(ManualClock::default()),
-        Path::new("/db"),
-        opts(),
-    )
-    .unwrap()
 }
 
 /// A deterministic stream of commands, with its entries' positions and

@@ -12,39 +12,13 @@
 //! have the same digest at every position. A replica that did decide
 //! differently is stopped by the next digest check.
 
-use std::path::Path;
-use std::sync::Arc;
+mod replica_common;
 
 use bytes::Bytes;
-use fencelog::wal::{CrashMode, SimStorage, Storage};
-use fencelog::{
-    Applied, Command, Error, GroupLimits, Log, LogPosition, ManualClock, Options, Token, TxOp,
-};
+use fencelog::wal::{CrashMode, SimStorage};
+use fencelog::{Applied, Command, Error, GroupLimits, Log, LogPosition, Token, TxOp};
 use proptest::prelude::*;
-
-fn opts() -> Options {
-    let mut o = Options {
-        replicated: true,
-        ..Options::default()
-    };
-    o.wal.sync_every_batch = false;
-    // Small segments: checkpoints (and their restore) every few entries.
-    o.wal.segment_bytes = 64 << 10;
-    o.wal.max_entry_bytes = 32 << 10;
-    o.max_payload_bytes = 16 << 10;
-    o
-}
-
-fn open(sim: &SimStorage) -> Log {
-    let storage: Arc<dyn Storage> = Arc::new(sim.clone());
-    Log::open_on(
-        storage,
-        Arc::new(ManualClock::default()),
-        Path::new("/db"),
-        opts(),
-    )
-    .unwrap()
-}
+use replica_common::open;
 
 fn t(n: u64) -> Token {
     Token::new(n).unwrap()
