@@ -549,7 +549,17 @@ impl Node {
     /// clock is trusted). A read after it misses no committed write.
     /// Concurrent reads share one round (see `reads.rs`).
     pub async fn linearizable(&self) -> Result<(), ClusterError> {
-        self.reads.linearizable(&self.raft).await
+        self.reads.join(&self.raft).await
+    }
+
+    /// [`Node::linearizable`], joined now: the round the returned future
+    /// waits for starts after this call, whenever the future is first
+    /// polled (a pipelined read is answered in its connection's order,
+    /// after the answers before it, yet shares the round of its arrival).
+    pub fn read_round(
+        &self,
+    ) -> impl Future<Output = Result<(), ClusterError>> + Send + 'static + use<> {
+        self.reads.join(&self.raft)
     }
 
     /// The leader as this node knows it.

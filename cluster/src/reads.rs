@@ -30,8 +30,14 @@ struct State {
 }
 
 impl Reads {
-    /// Waits for a round that started after this call.
-    pub(crate) async fn linearizable(self: &Arc<Self>, raft: &Raft) -> Result<(), ClusterError> {
+    /// Joins the next round now (not when first polled): the returned
+    /// future completes once a round that started after this call has.
+    /// A connection's pipelined reads each join at once, so they share
+    /// one round instead of taking one round trip apiece.
+    pub(crate) fn join(
+        self: &Arc<Self>,
+        raft: &Raft,
+    ) -> impl Future<Output = Result<(), ClusterError>> + Send + 'static + use<> {
         let (tx, rx) = oneshot::channel();
         let start = {
             let mut s = self.state.lock();
@@ -43,11 +49,13 @@ impl Reads {
             // must not strand the others.
             tokio::spawn(Arc::clone(self).rounds(raft.clone()));
         }
-        rx.await.unwrap_or_else(|_| {
-            Err(ClusterError::Raft(
-                "the node stopped during a read round".into(),
-            ))
-        })
+        async move {
+            rx.await.unwrap_or_else(|_| {
+                Err(ClusterError::Raft(
+                    "the node stopped during a read round".into(),
+                ))
+            })
+        }
     }
 
     /// Runs rounds while reads wait; each round answers the reads that were

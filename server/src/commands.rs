@@ -609,17 +609,67 @@ pub async fn execute(ctx: &Arc<Context>, session: &mut Session, args: Vec<Bytes>
     }
 }
 
-/// Whether a request is a write a connection may pipeline: decided now,
-/// answered once durable, while later requests are decided. Inside a
-/// transaction nothing is (writes are queued).
-pub fn is_deferrable(session: &Session, request: &[Bytes], cluster: bool) -> bool {
-    session.multi.is_none()
-        && request.first().is_some_and(|cmd| {
-            WRITES
-                .iter()
-                .any(|w| cmd.eq_ignore_ascii_case(w.as_bytes()))
-                || (cluster && is_lease_write(request))
-        })
+/// How a request may be pipelined behind the answers still to come.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pipelining {
+    /// It runs once every answer before it is out (it sees them).
+    InOrder,
+    /// A write: decided now, answered once durable (or, in cluster mode,
+    /// applied), while later writes are decided. It may follow writes,
+    /// never a read still waiting (that read must not see it).
+    Write,
+    /// A cluster read: it joins a ReadIndex round now and is answered,
+    /// in order, once the round is done. It may follow reads, never a
+    /// write still waiting (it must see that write).
+    Read,
+}
+
+/// How `request` may be pipelined. Inside a transaction nothing is
+/// (writes are queued).
+pub fn pipelining(session: &Session, request: &[Bytes], cluster: bool) -> Pipelining {
+    let Some(cmd) = request.first().filter(|_| session.multi.is_none()) else {
+        return Pipelining::InOrder;
+    };
+    let is = |names: &[&str]| names.iter().any(|w| cmd.eq_ignore_ascii_case(w.as_bytes()));
+    if is(WRITES) || (cluster && is_lease_write(request)) {
+        Pipelining::Write
+    } else if cluster
+        && is(READS)
+        && !request[1..]
+            .iter()
+            .any(|a| a.eq_ignore_ascii_case(b"BLOCK"))
+    {
+        Pipelining::Read
+    } else {
+        Pipelining::InOrder
+    }
+}
+
+/// The commands that read streams' state: in cluster mode each is
+/// answered after a ReadIndex round.
+pub(crate) const READS: &[&str] = &["LOG.READ", "LOG.STAT", "LOG.STREAMS", "DBSIZE"];
+
+/// Runs one of [`READS`] against `log` now; `None` for any other command.
+/// A `LOG.READ` is a [`Blocking`] read the caller runs (in steps).
+pub(crate) fn stream_read(ctx: &Context, log: &Log, cmd: &str, a: &[Bytes]) -> Option<Outcome> {
+    Some(match cmd {
+        "LOG.READ" => read(cmd, a, ctx),
+        "LOG.STAT" if a.len() != 1 => wrong_arity(cmd),
+        "LOG.STAT" => match log.stat(&a[0]) {
+            Ok(st) => Outcome::Reply(Reply::Map(vec![
+                (Reply::text("highest_token"), integer(st.highest_token)),
+                (Reply::text("next_offset"), integer(st.next_offset)),
+                (Reply::text("start_offset"), integer(st.start_offset)),
+                (Reply::text("records"), integer(st.records)),
+                (Reply::text("bytes"), integer(st.bytes)),
+            ])),
+            Err(e) => Outcome::Reply(error_reply(&e)),
+        },
+        "LOG.STREAMS" => streams(a, log),
+        "DBSIZE" if a.is_empty() => Outcome::Reply(integer(log.metrics().streams)),
+        "DBSIZE" => wrong_arity(cmd),
+        _ => return None,
+    })
 }
 
 /// In cluster mode a lease command that does not wait is a write proposed
@@ -812,24 +862,10 @@ async fn run_named(
             Err(reply) => Outcome::Reply(reply),
         };
     }
+    if let Some(outcome) = stream_read(ctx, log, cmd, a) {
+        return outcome;
+    }
     match cmd {
-        "LOG.READ" => read(cmd, a, ctx),
-        "LOG.STAT" => {
-            if a.len() != 1 {
-                return wrong_arity(cmd);
-            }
-            match log.stat(&a[0]) {
-                Ok(st) => Outcome::Reply(Reply::Map(vec![
-                    (Reply::text("highest_token"), integer(st.highest_token)),
-                    (Reply::text("next_offset"), integer(st.next_offset)),
-                    (Reply::text("start_offset"), integer(st.start_offset)),
-                    (Reply::text("records"), integer(st.records)),
-                    (Reply::text("bytes"), integer(st.bytes)),
-                ])),
-                Err(e) => Outcome::Reply(error_reply(&e)),
-            }
-        }
-        "LOG.STREAMS" => streams(a, log),
         "LEASE.ACQUIRE" => acquire(cmd, a, ctx, session),
         "LEASE.RENEW" => {
             let (token, ttl_ms) = match parse_renew(cmd, a) {
@@ -922,8 +958,6 @@ async fn run_named(
         }
         "CONFIG" => config(a, ctx),
         "COMMAND" => command(a),
-        "DBSIZE" if a.is_empty() => Outcome::Reply(integer(log.metrics().streams)),
-        "DBSIZE" => wrong_arity(cmd),
         // Redis' own words, so cluster clients know where they are.
         "CLUSTER" | "READONLY" | "READWRITE" | "ASKING" => {
             err("ERR This instance has cluster support disabled")

@@ -34,7 +34,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::budget::{ClientShare, Eviction};
-use crate::commands::{self, Context, Later, Outcome, ReadProgress};
+use crate::commands::{self, Context, Later, Outcome, Pipelining, ReadProgress};
 use crate::protocol::{
     ARG_OVERHEAD_BYTES, Output, ProtocolError, Reply, Request, RequestParser, looks_like_http,
 };
@@ -90,6 +90,8 @@ const UNAUTHENTICATED_QUERY_BYTES: usize = 1 << 20;
 struct Pending {
     answer: Answer,
     bytes: usize,
+    /// A cluster read's (see [`commands::Pipelining::Read`]).
+    read: bool,
 }
 
 /// An answer in the queue.
@@ -225,6 +227,7 @@ pub async fn serve(
         output: Output::new(),
         pending: VecDeque::new(),
         pending_bytes: 0,
+        pending_reads: 0,
         held: None,
         blocked: None,
         closing: false,
@@ -247,6 +250,8 @@ struct Connection {
     output: Output,
     pending: VecDeque<Pending>,
     pending_bytes: usize,
+    /// How many of `pending` are cluster reads: all of them or none.
+    pending_reads: usize,
     held: Option<Held>,
     blocked: Option<Blocked>,
     /// No more requests are read or run; the connection closes once its
@@ -339,12 +344,21 @@ impl Connection {
             };
             // Anything but a pipelined write sees the writes before it
             // answered: a read after an append in one pipeline sees it.
-            let deferrable = match &next {
-                Held::Close(_) => false,
+            // Cluster reads pipeline behind reads only, writes behind
+            // writes only (a read never sees a write sent after it).
+            let pipelining = match &next {
+                Held::Close(_) => Pipelining::InOrder,
                 Held::Request(request, _) => {
-                    commands::is_deferrable(&self.session, request, self.ctx.cluster.is_some())
+                    commands::pipelining(&self.session, request, self.ctx.cluster.is_some())
                 }
             };
+            let reads_only = self.pending_reads == self.pending.len();
+            let deferrable = match pipelining {
+                Pipelining::InOrder => false,
+                Pipelining::Write => self.pending_reads == 0,
+                Pipelining::Read => reads_only,
+            };
+            let read = pipelining == Pipelining::Read;
             let in_order = !deferrable;
             if in_order && !self.pending.is_empty() {
                 self.held = Some(next);
@@ -385,25 +399,14 @@ impl Connection {
                 // A write refused at once (a stale token on the fast path)
                 // still answers after the writes before it.
                 Outcome::Reply(reply) if !self.pending.is_empty() => {
-                    self.pending.push_back(Pending {
-                        answer: Answer::Ready(Some(reply)),
-                        bytes: 0,
-                    });
+                    self.push_pending(Answer::Ready(Some(reply)), 0, read);
                 }
                 Outcome::Reply(reply) => produced += self.encode(&reply),
                 Outcome::Later(later) => {
-                    self.pending.push_back(Pending {
-                        answer: Answer::Later(later, stream_arg),
-                        bytes,
-                    });
-                    self.pending_bytes += bytes;
+                    self.push_pending(Answer::Later(later, stream_arg), bytes, false);
                 }
                 Outcome::Replicated(answer) => {
-                    self.pending.push_back(Pending {
-                        answer: Answer::Replicated(answer),
-                        bytes,
-                    });
-                    self.pending_bytes += bytes;
+                    self.push_pending(Answer::Replicated(answer), bytes, read);
                 }
                 Outcome::Close(reply) => {
                     self.encode(&reply);
@@ -501,9 +504,22 @@ impl Connection {
         }
     }
 
+    /// Queues an answer to come, behind those before it.
+    fn push_pending(&mut self, answer: Answer, bytes: usize, read: bool) {
+        self.pending.push_back(Pending {
+            answer,
+            bytes,
+            read,
+        });
+        self.pending_bytes += bytes;
+        self.pending_reads += usize::from(read);
+        debug_assert!(self.pending_reads == 0 || self.pending_reads == self.pending.len());
+    }
+
     fn answered(&mut self, answer: Answered) {
         if let Some(done) = self.pending.pop_front() {
             self.pending_bytes -= done.bytes;
+            self.pending_reads -= usize::from(done.read);
         }
         let reply = match answer {
             Answered::Reply(reply) => reply,

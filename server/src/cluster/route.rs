@@ -79,18 +79,50 @@ pub(crate) async fn run(
             }
             Some(lease_info(c, a[0].clone()))
         }
-        "LOG.READ" | "LOG.STAT" | "LOG.STREAMS" | "DBSIZE" => {
-            let key = a.first().cloned().unwrap_or_default();
-            match c.node().linearizable().await {
-                Ok(()) => None,
-                Err(e) => Some(Outcome::Reply(redirect(c, &key, &e))),
-            }
-        }
+        _ if commands::READS.contains(&cmd) => read(ctx, c, session, args).await,
         "CLUSTER" => Some(Outcome::Reply(super::slots::cluster(c, a).await)),
         // Cluster clients send these; reads always go to the leader here.
         "READONLY" | "READWRITE" | "ASKING" if a.is_empty() => Some(Outcome::Reply(Reply::ok())),
         _ => None,
     }
+}
+
+/// A read (`LOG.READ`, `LOG.STAT`, `LOG.STREAMS`, `DBSIZE`) after a
+/// ReadIndex round that starts now. A read that may wait (`BLOCK`) waits
+/// for its round here, then runs as on one node (`None`); any other is
+/// answered later, in the connection's order, so a connection's pipelined
+/// reads share one round instead of a round trip apiece.
+async fn read(
+    ctx: &Arc<Context>,
+    c: &Arc<Cluster>,
+    session: &Session,
+    args: &[Bytes],
+) -> Option<Outcome> {
+    let key = args.get(1).cloned().unwrap_or_default();
+    let round = c.node().read_round();
+    if commands::pipelining(session, args, true) != commands::Pipelining::Read {
+        return match round.await {
+            Ok(()) => None,
+            Err(e) => Some(Outcome::Reply(redirect(c, &key, &e))),
+        };
+    }
+    let (ctx, c, args) = (Arc::clone(ctx), Arc::clone(c), args.to_vec());
+    Some(Outcome::Replicated(Box::pin(async move {
+        if let Err(e) = round.await {
+            return redirect(&c, &key, &e);
+        }
+        let name = commands::upper(&args[0]);
+        let engine = ctx.engine();
+        match commands::stream_read(&ctx, &engine, name.as_str(), &args[1..]) {
+            Some(Outcome::Reply(reply)) => reply,
+            Some(Outcome::Blocking(read)) => read.run(engine.into_owned()).await,
+            // Every read answers one of those two ways.
+            _ => Reply::Error(format!(
+                "ERR internal: {} did not answer as a read",
+                name.as_str()
+            )),
+        }
+    })))
 }
 
 /// A stale write answered without the log: a stream's highest token only

@@ -536,17 +536,26 @@ impl Resp {
     }
 
     pub fn cmd(&mut self, args: &[&[u8]]) -> Result<Reply, String> {
-        let mut out = format!("*{}\r\n", args.len()).into_bytes();
-        for a in args {
-            out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-            out.extend_from_slice(a);
-            out.extend_from_slice(b"\r\n");
+        let mut replies = self.pipeline(&[args.to_vec()])?;
+        Ok(replies.remove(0))
+    }
+
+    /// Sends every command in one write, then reads their replies.
+    pub fn pipeline(&mut self, cmds: &[Vec<&[u8]>]) -> Result<Vec<Reply>, String> {
+        let mut out = Vec::new();
+        for args in cmds {
+            out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+            for a in args {
+                out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+                out.extend_from_slice(a);
+                out.extend_from_slice(b"\r\n");
+            }
         }
         self.stream
             .get_mut()
             .write_all(&out)
             .map_err(|e| e.to_string())?;
-        self.read()
+        cmds.iter().map(|_| self.read()).collect()
     }
 
     fn read(&mut self) -> Result<Reply, String> {
