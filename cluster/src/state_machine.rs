@@ -119,6 +119,13 @@ pub fn engine_options(base: &Options, min_entry_bytes: u32) -> Options {
     o
 }
 
+/// Where the replica engine of the node whose data directory is `dir`
+/// lives: `<dir>/sm/<generation>`, the generation `sm/CURRENT` names (for
+/// the offline tools: `fencelog verify` and `dump` read it there).
+pub fn replica_engine_dir(dir: &Path) -> std::io::Result<PathBuf> {
+    Ok(generation_dir(dir, read_current(dir)?))
+}
+
 fn generation_dir(dir: &Path, generation: u64) -> PathBuf {
     dir.join("sm").join(format!("{generation:020}"))
 }

@@ -58,6 +58,19 @@ pub enum ToolError {
         /// The directory.
         dir: PathBuf,
     },
+    /// A cluster node's directory: its engine lies below it.
+    #[error(
+        "{}: a cluster node's directory, not an engine's; its replica engine is {} (run this \
+         tool on that directory)",
+        .dir.display(),
+        .engine.display()
+    )]
+    ClusterNode {
+        /// The node's directory.
+        dir: PathBuf,
+        /// Its replica engine's directory.
+        engine: PathBuf,
+    },
     /// The directory cannot be listed.
     #[error("{}: cannot read the directory: {source}", .dir.display())]
     ReadDir {
@@ -122,6 +135,14 @@ pub fn check_dir(dir: &Path) -> Result<u64, ToolError> {
         }
     }
     if segments == 0 {
+        if dir.join("sm").is_dir()
+            && let Ok(engine) = fencelog_cluster::state_machine::replica_engine_dir(dir)
+        {
+            return Err(ToolError::ClusterNode {
+                dir: dir.to_path_buf(),
+                engine,
+            });
+        }
         return Err(ToolError::NoSegments {
             dir: dir.to_path_buf(),
         });
@@ -465,6 +486,10 @@ impl<'d> Replay<'d> {
                     ));
                 }
                 self.last_token = self.last_token.max(*token);
+            }
+            // A replica's entry: what it changed counts as on one node.
+            EntryView::Replicated { op: Some(op), .. } => {
+                problems.extend(self.apply(e, op, contiguous));
             }
             EntryView::Release { .. } => self.ops.releases += 1,
             EntryView::Renew { .. } => self.ops.renewals += 1,

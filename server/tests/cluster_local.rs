@@ -122,7 +122,42 @@ fn cluster_local_starts_a_cluster_and_sigterm_stops_every_node() {
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(&secret).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600);
+    // Two streams written through the leader (the first node's address:
+    // a follower sends the client on, so ask each until one takes it).
+    let written = (0..3).any(|i| {
+        let addr: std::net::SocketAddr = format!("127.0.0.1:{}", port + i).parse().unwrap();
+        let mut c = common::Client::connect(addr);
+        let a = c.cmd(&["LOG.APPEND", "jobs", "4", "a", "b"]);
+        let b = c.cmd(&["LOG.FENCE", "other", "9"]);
+        matches!(a, common::Value::Int(0)) && matches!(b, common::Value::Int(9))
+    });
+    assert!(written, "no node took the writes");
     stop_and_check(child, port);
+    // The offline tools read a replica's engine, and send a user who names
+    // the node's directory to it.
+    for n in 1..=3 {
+        let node = tmp.path().join(format!("n{n}"));
+        let out = Command::new(env!("CARGO_BIN_EXE_fencelog"))
+            .arg("verify")
+            .arg(&node)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        let said = String::from_utf8_lossy(&out.stderr).into_owned();
+        let engine = node.join("sm").join(format!("{:020}", 1));
+        assert!(said.contains(&*engine.to_string_lossy()), "{said}");
+        let out = Command::new(env!("CARGO_BIN_EXE_fencelog"))
+            .arg("verify")
+            .arg(&engine)
+            .output()
+            .unwrap();
+        let report = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{report}");
+        // Both streams, counted from the replicated entries.
+        assert!(report.contains("\"jobs\""), "{report}");
+        assert!(report.contains("\"other\""), "{report}");
+        assert!(report.contains("1 append, 1 fence"), "{report}");
+    }
 }
 
 /// A SIGTERM that comes while the nodes are still starting (before a
