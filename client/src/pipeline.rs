@@ -41,6 +41,7 @@ impl Request {
     }
 
     /// The encoded bytes, as sent.
+    #[inline]
     pub fn as_bytes(&self) -> &[u8] {
         &self.bytes
     }
@@ -141,6 +142,7 @@ impl Pipeline {
     }
 
     /// Queues a request encoded before.
+    #[inline]
     pub fn queue_request(&mut self, request: &Request) {
         self.out.extend_from_slice(request.as_bytes());
         self.queued += 1;
@@ -192,7 +194,7 @@ impl Pipeline {
     /// Reads the next reply owed as an owned [`Value`].
     pub async fn read(&mut self) -> Result<Value, Error> {
         self.read_with(|r| match r {
-            Reply::Other(v) => v,
+            Reply::Other(v) => *v,
             r => r.to_value(),
         })
         .await
@@ -275,7 +277,7 @@ async fn read_one<R: AsyncRead + Unpin, T>(
                         }
                         continue;
                     }
-                    return Ok(f(Reply::Other(v)));
+                    return Ok(f(Reply::Other(Box::new(v))));
                 }
             }
             Peek::Incomplete => {}

@@ -62,8 +62,8 @@ pub enum Reply<'a> {
     Bulk(&'a [u8]),
     /// RESP2 `$-1`, RESP3 `_`.
     Null,
-    /// Any other reply, owned.
-    Other(Value),
+    /// Any other reply, owned (boxed: the common replies stay small).
+    Other(Box<Value>),
 }
 
 impl Reply<'_> {
@@ -75,7 +75,7 @@ impl Reply<'_> {
             Reply::Error(e) => Value::Error(text(e)),
             Reply::Bulk(b) => Value::Bulk(Bytes::copy_from_slice(b)),
             Reply::Null => Value::Null,
-            Reply::Other(v) => v.clone(),
+            Reply::Other(v) => Value::clone(v),
         }
     }
 
@@ -84,7 +84,10 @@ impl Reply<'_> {
     pub fn error(&self) -> Option<Error> {
         match self {
             Reply::Error(e) => Some(Error::from_server(&text(e))),
-            Reply::Other(Value::Error(e)) => Some(Error::from_server(e)),
+            Reply::Other(v) => match &**v {
+                Value::Error(e) => Some(Error::from_server(e)),
+                _ => None,
+            },
             _ => None,
         }
     }
@@ -377,6 +380,7 @@ impl Parser {
 
     /// The length of the line after the type byte, without its CRLF;
     /// `Ok(None)` if its end has not arrived.
+    #[inline]
     fn line_len(&self, buf: &[u8]) -> Result<Option<usize>, Error> {
         let max = self.limits.max_line_bytes;
         let rest = &buf[1..];
@@ -417,6 +421,7 @@ impl Parser {
     /// the reply. Only between replies (else [`Peek::Other`]), and only
     /// for the common scalars (`+`, `-`, `:`, `$`, `_`): the rest is for
     /// [`Parser::parse`]. The same limits hold as there.
+    #[inline]
     pub(crate) fn peek<'a>(&self, buf: &'a [u8]) -> Result<Peek<'a>, Error> {
         if !self.is_idle() {
             return Ok(Peek::Other);
@@ -501,6 +506,7 @@ fn text(line: &[u8]) -> String {
 }
 
 /// A RESP integer line: optional minus, 1 to 19 digits, no overflow.
+#[inline]
 fn integer(line: &[u8]) -> Result<i64, Error> {
     let bad = || Error::Protocol(format!("not an integer: {:?}", text(line)));
     let (negative, digits) = match line.split_first() {

@@ -73,7 +73,7 @@ async fn replies_come_back_in_order_each_judged_in_place() {
     assert!(matches!(p.read().await, Err(Error::Invalid(_))));
     let e = p.request(&[b"LOG.APPEND", b"p", b"4", b"x"]).await.unwrap();
     assert!(matches!(
-        Reply::Other(e).error(),
+        Reply::Other(Box::new(e)).error(),
         Some(Error::Stale {
             presented: 4,
             highest: 5
