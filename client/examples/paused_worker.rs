@@ -11,6 +11,9 @@
 //! ```sh
 //! fencelog serve --dir /tmp/fl &
 //! cargo run -p fencelog-client --example paused_worker -- 127.0.0.1:7379
+//! # or against a cluster, any of its nodes as seeds:
+//! fencelog cluster local --nodes 3 --port 7379 --dir /tmp/flc &
+//! cargo run -p fencelog-client --example paused_worker -- 127.0.0.1:7379 127.0.0.1:7380 127.0.0.1:7381
 //! ```
 
 use std::time::Duration;
@@ -35,9 +38,16 @@ pub struct Outcome {
     pub records: Vec<Record>,
 }
 
-/// Runs the scenario against the server at `addr` on `stream`.
-pub async fn run(addr: &str, stream: &str) -> Result<Outcome, Error> {
-    let client = Client::connect(Config::new(addr)).await?;
+/// Runs the scenario on `stream` against the server or cluster that
+/// `seeds` (one address or several nodes') lead to.
+pub async fn run(seeds: &[String], stream: &str) -> Result<Outcome, Error> {
+    let client = Client::connect(Config {
+        seeds: seeds.to_vec(),
+        // A cluster just started may still be electing its first leader.
+        retry_total: Duration::from_secs(20),
+        ..Config::default()
+    })
+    .await?;
     let ttl = Duration::from_millis(500);
     let fence = LeaseOptions {
         fence: true,
@@ -89,11 +99,12 @@ pub async fn run(addr: &str, stream: &str) -> Result<Outcome, Error> {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let addr = std::env::args()
-        .nth(1)
-        .unwrap_or_else(|| "127.0.0.1:7379".to_string());
+    let mut seeds: Vec<String> = std::env::args().skip(1).collect();
+    if seeds.is_empty() {
+        seeds.push("127.0.0.1:7379".to_string());
+    }
     let stream = format!("paused-worker-{}", std::process::id());
-    let o = run(&addr, &stream).await?;
+    let o = run(&seeds, &stream).await?;
     println!("tokens: A {} B {}", o.tokens.0, o.tokens.1);
     println!("A's late write through its lease: {:?}", o.late_write);
     println!("A's lost() after that call: {:?}", o.lost_after_first_call);

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use crate::Error;
 use crate::conn::Connection;
 use crate::lease::{Lease, LeaseOptions};
+use crate::pipeline::Pipeline;
 use crate::resp::{ReplyLimits, Value};
 
 /// How a [`Client`] connects, waits and retries. Every field has a default
@@ -795,6 +796,16 @@ impl Client {
         }
     }
 
+    /// A [`Pipeline`]: a connection of its own to the leader (as far as
+    /// this client knows; else the first seed), for many requests before
+    /// their replies. Not routed: a `-MOVED` reply is the caller's.
+    pub async fn pipeline(&self) -> Result<Pipeline, Error> {
+        let addr = self
+            .leader()
+            .unwrap_or_else(|| self.inner.config.seeds[0].clone());
+        Pipeline::connect(&addr, &self.inner.config).await
+    }
+
     /// Acquires `name` for `owner` and starts a keeper that renews it at a
     /// third of `ttl`; see [`Lease`].
     pub async fn lease(
@@ -921,6 +932,10 @@ fn leader_of(ranges: &[Value]) -> Option<String> {
     let Value::Int(port) = node.get(1)? else {
         return None;
     };
+    // An IPv6 host needs its brackets to be an address with a port.
+    if host.contains(':') {
+        return Some(format!("[{host}]:{port}"));
+    }
     Some(format!("{host}:{port}"))
 }
 
@@ -944,6 +959,15 @@ mod tests {
             node(7379),
         ])];
         assert_eq!(leader_of(&ranges).as_deref(), Some("127.0.0.1:7380"));
+        let v6 = vec![Value::Array(vec![
+            Value::Int(0),
+            Value::Int(16383),
+            Value::Array(vec![
+                Value::Bulk(Bytes::from_static(b"::1")),
+                Value::Int(7380),
+            ]),
+        ])];
+        assert_eq!(leader_of(&v6).as_deref(), Some("[::1]:7380"));
         assert_eq!(leader_of(&[]), None);
         assert_eq!(
             leader_of(&[Value::Array(vec![Value::Int(0), Value::Int(16383)])]),

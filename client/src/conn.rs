@@ -8,17 +8,17 @@ use crate::resp::{Parser, Value, encode_command};
 use crate::{Config, Error};
 
 /// Bytes read from the socket at a time.
-const READ_CHUNK_BYTES: usize = 16 << 10;
+pub(crate) const READ_CHUNK_BYTES: usize = 16 << 10;
 /// Out-of-band RESP3 pushes skipped while waiting for one reply; the server
 /// sends none today, so more than this is a broken peer.
-const MAX_PUSHES_SKIPPED: usize = 64;
+pub(crate) const MAX_PUSHES_SKIPPED: usize = 64;
 
 /// A connection after its handshake (`HELLO 3` or RESP2, `AUTH`).
 #[derive(Debug)]
 pub(crate) struct Connection {
-    stream: TcpStream,
-    buf: BytesMut,
-    parser: Parser,
+    pub(crate) stream: TcpStream,
+    pub(crate) buf: BytesMut,
+    pub(crate) parser: Parser,
     /// Whether `HELLO 3` was accepted (maps and nulls arrive as RESP3).
     pub(crate) resp3: bool,
 }

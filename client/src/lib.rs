@@ -16,6 +16,10 @@
 //! resends a write that may have reached the server: such a failure is
 //! [`Error::Io`] or [`Error::Uncertain`] ([`Error::outcome_unknown`]).
 //!
+//! [`Pipeline`] sends many requests on one connection and reads their
+//! replies in order, scalars without an allocation each (`fencelog bench`
+//! drives the server with it).
+//!
 //! [`blocking::Client`] is the same client for code without async.
 //!
 //! # Examples
@@ -51,9 +55,11 @@ mod client;
 mod conn;
 mod error;
 mod lease;
+mod pipeline;
 pub mod resp;
 
 pub use client::{Client, Config, Grant, LeaseInfo, Record, StreamStat, Tail};
 pub use error::Error;
 pub use lease::{Lease, LeaseLoss, LeaseOptions};
-pub use resp::{ReplyLimits, Value};
+pub use pipeline::{Pipeline, Request};
+pub use resp::{Reply, ReplyLimits, Value};

@@ -44,6 +44,79 @@ pub enum Value {
     Push(Vec<Value>),
 }
 
+/// A reply borrowed from a [`Pipeline`](crate::Pipeline)'s read buffer,
+/// handed to the callback that reads it: the common scalar replies (an
+/// integer, a simple string, an error, a bulk string, a null) cost no
+/// allocation. Anything else (an aggregate, a RESP3 map, double, …) is
+/// parsed in full into [`Reply::Other`].
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Reply<'a> {
+    /// `:42`
+    Int(i64),
+    /// `+OK`, without the `+`.
+    Simple(&'a [u8]),
+    /// `-STALE …`, without the `-`.
+    Error(&'a [u8]),
+    /// `$5\r\nhello`: the bytes.
+    Bulk(&'a [u8]),
+    /// RESP2 `$-1`, RESP3 `_`.
+    Null,
+    /// Any other reply, owned (boxed: the common replies stay small).
+    Other(Box<Value>),
+}
+
+impl Reply<'_> {
+    /// The reply as an owned [`Value`] (copies a bulk string).
+    pub fn to_value(&self) -> Value {
+        match self {
+            Reply::Int(n) => Value::Int(*n),
+            Reply::Simple(s) => Value::Simple(text(s)),
+            Reply::Error(e) => Value::Error(text(e)),
+            Reply::Bulk(b) => Value::Bulk(Bytes::copy_from_slice(b)),
+            Reply::Null => Value::Null,
+            Reply::Other(v) => Value::clone(v),
+        }
+    }
+
+    /// An error reply as a typed [`Error`] (`Stale`, `Mismatch`, …);
+    /// `None` for any other reply.
+    pub fn error(&self) -> Option<Error> {
+        match self {
+            Reply::Error(e) => Some(Error::from_server(&text(e))),
+            Reply::Other(v) => match &**v {
+                Value::Error(e) => Some(Error::from_server(e)),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Reply<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Reply::Int(n) => write!(f, ":{n}"),
+            Reply::Simple(s) => write!(f, "+{}", String::from_utf8_lossy(s)),
+            Reply::Error(e) => write!(f, "-{}", String::from_utf8_lossy(e)),
+            Reply::Bulk(b) => write!(f, "{:?}", String::from_utf8_lossy(b)),
+            Reply::Null => f.write_str("(nil)"),
+            Reply::Other(v) => write!(f, "{v:?}"),
+        }
+    }
+}
+
+/// What [`Parser::peek`] found at the front of the buffer.
+#[derive(Debug)]
+pub(crate) enum Peek<'a> {
+    /// A whole scalar reply, and the bytes it takes.
+    Scalar(Reply<'a>, usize),
+    /// Its end has not arrived.
+    Incomplete,
+    /// Not a scalar, or inside a reply: for [`Parser::parse`].
+    Other,
+}
+
 /// Bounds on what one reply may make the client hold. Each field is
 /// checked before the corresponding allocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -207,27 +280,17 @@ impl Parser {
                     self.consume(buf, header)?;
                     Value::BigNumber(t)
                 }
-                b'$' | b'=' | b'!' => {
-                    let n = integer(line)?;
-                    if n == -1 && kind == b'$' {
+                b'$' | b'=' | b'!' => match self.bulk_len(kind, line)? {
+                    None => {
                         self.consume(buf, header)?;
                         Value::Null
-                    } else {
-                        let n = usize::try_from(n)
-                            .map_err(|_| Error::Protocol(format!("bad bulk length {n}")))?;
-                        if n > self.limits.max_bulk_bytes {
-                            return Err(Error::Protocol(format!(
-                                "bulk length {n} over the limit of {}",
-                                self.limits.max_bulk_bytes
-                            )));
-                        }
-                        // Checked against the limit above, so this cannot
-                        // overflow; nothing is taken until all bytes are in.
-                        if buf.len() < header + n + 2 {
+                    }
+                    Some(n) => {
+                        // Checked against the limit in `bulk_len`, so this
+                        // cannot overflow; nothing is taken until all bytes
+                        // are in.
+                        if !bulk_complete(buf, header, n)? {
                             return Ok(None);
-                        }
-                        if &buf[header + n..header + n + 2] != b"\r\n" {
-                            return Err(Error::Protocol("bulk string not followed by CRLF".into()));
                         }
                         self.count(header + n + 2)?;
                         buf.advance(header);
@@ -247,7 +310,7 @@ impl Parser {
                             }
                         }
                     }
-                }
+                },
                 b'*' | b'~' | b'%' | b'>' => {
                     let n = integer(line)?;
                     if n == -1 && kind == b'*' {
@@ -317,6 +380,7 @@ impl Parser {
 
     /// The length of the line after the type byte, without its CRLF;
     /// `Ok(None)` if its end has not arrived.
+    #[inline]
     fn line_len(&self, buf: &[u8]) -> Result<Option<usize>, Error> {
         let max = self.limits.max_line_bytes;
         let rest = &buf[1..];
@@ -333,6 +397,74 @@ impl Parser {
             return Err(Error::Protocol("a reply line not ended by CRLF".into()));
         }
         Ok(Some(lf - 1))
+    }
+
+    /// The length of a bulk-like string (`$`, `=`, `!`) from its header
+    /// line, checked against `max_bulk_bytes`; `None` for RESP2's `$-1`.
+    fn bulk_len(&self, kind: u8, line: &[u8]) -> Result<Option<usize>, Error> {
+        let n = integer(line)?;
+        if n == -1 && kind == b'$' {
+            return Ok(None);
+        }
+        let n = usize::try_from(n).map_err(|_| Error::Protocol(format!("bad bulk length {n}")))?;
+        if n > self.limits.max_bulk_bytes {
+            return Err(Error::Protocol(format!(
+                "bulk length {n} over the limit of {}",
+                self.limits.max_bulk_bytes
+            )));
+        }
+        Ok(Some(n))
+    }
+
+    /// A whole scalar reply at the front of `buf`, borrowed from it, and
+    /// how many bytes it takes; the caller consumes them once done with
+    /// the reply. Only between replies (else [`Peek::Other`]), and only
+    /// for the common scalars (`+`, `-`, `:`, `$`, `_`): the rest is for
+    /// [`Parser::parse`]. The same limits hold as there.
+    #[inline]
+    pub(crate) fn peek<'a>(&self, buf: &'a [u8]) -> Result<Peek<'a>, Error> {
+        if !self.is_idle() {
+            return Ok(Peek::Other);
+        }
+        let Some(&kind) = buf.first() else {
+            return Ok(Peek::Incomplete);
+        };
+        if !matches!(kind, b'+' | b'-' | b':' | b'$' | b'_') {
+            return Ok(Peek::Other);
+        }
+        let Some(line_len) = self.line_len(buf)? else {
+            return Ok(Peek::Incomplete);
+        };
+        let header = 1 + line_len + 2;
+        let line = &buf[1..1 + line_len];
+        let (reply, used) = match kind {
+            b'+' => (Reply::Simple(line), header),
+            b'-' => (Reply::Error(line), header),
+            b':' => (Reply::Int(integer(line)?), header),
+            b'_' => {
+                if !line.is_empty() {
+                    return Err(Error::Protocol("a RESP3 null with content".into()));
+                }
+                (Reply::Null, header)
+            }
+            _ => match self.bulk_len(kind, line)? {
+                None => (Reply::Null, header),
+                Some(n) => {
+                    if !bulk_complete(buf, header, n)? {
+                        return Ok(Peek::Incomplete);
+                    }
+                    (Reply::Bulk(&buf[header..header + n]), header + n + 2)
+                }
+            },
+        };
+        // One element: its cost as `count` would reckon it.
+        if used.saturating_add(std::mem::size_of::<Value>()) > self.limits.max_reply_bytes {
+            return Err(Error::Protocol(format!(
+                "a reply over the limit of {} bytes",
+                self.limits.max_reply_bytes
+            )));
+        }
+        Ok(Peek::Scalar(reply, used))
     }
 
     /// Counts one element of `n` wire bytes against the reply limit and
@@ -357,11 +489,24 @@ impl Parser {
     }
 }
 
+/// Whether the bulk string of `n` bytes after a header of `header` bytes
+/// has arrived whole, with its CRLF.
+fn bulk_complete(buf: &[u8], header: usize, n: usize) -> Result<bool, Error> {
+    if buf.len() < header + n + 2 {
+        return Ok(false);
+    }
+    if &buf[header + n..header + n + 2] != b"\r\n" {
+        return Err(Error::Protocol("bulk string not followed by CRLF".into()));
+    }
+    Ok(true)
+}
+
 fn text(line: &[u8]) -> String {
     String::from_utf8_lossy(line).into_owned()
 }
 
 /// A RESP integer line: optional minus, 1 to 19 digits, no overflow.
+#[inline]
 fn integer(line: &[u8]) -> Result<i64, Error> {
     let bad = || Error::Protocol(format!("not an integer: {:?}", text(line)));
     let (negative, digits) = match line.split_first() {
@@ -393,14 +538,41 @@ fn integer(line: &[u8]) -> Result<i64, Error> {
 
 /// A request as a RESP array of bulk strings.
 pub(crate) fn encode_command(args: &[&[u8]]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(16 + args.iter().map(|a| a.len() + 16).sum::<usize>());
-    out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+    let mut out = Vec::new();
+    encode_into(&mut out, args);
+    out
+}
+
+/// Appends a request to `out` as a RESP array of bulk strings
+/// (`*n\r\n` then `$len\r\nbytes\r\n` per argument), without allocating
+/// beyond `out`'s growth.
+pub(crate) fn encode_into(out: &mut Vec<u8>, args: &[&[u8]]) {
+    out.reserve(16 + args.iter().map(|a| a.len() + 16).sum::<usize>());
+    push_header(out, b'*', args.len());
     for a in args {
-        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        push_header(out, b'$', a.len());
         out.extend_from_slice(a);
         out.extend_from_slice(b"\r\n");
     }
-    out
+}
+
+/// `kind`, `n` in decimal, CRLF.
+fn push_header(out: &mut Vec<u8>, kind: u8, n: usize) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut rest = n;
+    // A usize has at most 20 decimal digits: the loop stays in the array.
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    out.push(kind);
+    out.extend_from_slice(&digits[at..]);
+    out.extend_from_slice(b"\r\n");
 }
 
 #[cfg(test)]
@@ -583,5 +755,76 @@ mod tests {
             encode_command(&[b"PING", b""]),
             b"*2\r\n$4\r\nPING\r\n$0\r\n\r\n"
         );
+        let long = vec![b'x'; 1234];
+        let args: Vec<&[u8]> = std::iter::repeat_n(&long[..], 10).collect();
+        let encoded = encode_command(&args);
+        assert!(encoded.starts_with(b"*10\r\n$1234\r\nxxx"));
+        assert_eq!(encoded.len(), 5 + 10 * (7 + 1234 + 2));
+    }
+
+    /// What a pipeline's reader does: a scalar borrowed through `peek`,
+    /// anything else through `parse`, consumed once handled.
+    fn peek_or_parse(p: &mut Parser, buf: &mut BytesMut) -> Result<Option<Value>, Error> {
+        match p.peek(buf)? {
+            Peek::Scalar(r, used) => {
+                let v = r.to_value();
+                buf.advance(used);
+                Ok(Some(v))
+            }
+            Peek::Incomplete => Ok(None),
+            Peek::Other => p.parse(buf),
+        }
+    }
+
+    /// The borrowed fast path answers what the parser answers, byte by
+    /// byte as at once, and leaves every prefix waiting.
+    #[test]
+    fn peek_agrees_with_parse() {
+        for step in [1, 3, SAMPLE.len()] {
+            let mut p = Parser::new(ReplyLimits::default());
+            let mut buf = BytesMut::new();
+            let mut out = Vec::new();
+            for chunk in SAMPLE.chunks(step) {
+                buf.extend_from_slice(chunk);
+                while let Some(v) = peek_or_parse(&mut p, &mut buf).unwrap() {
+                    out.push(v);
+                }
+            }
+            assert_eq!(out, sample(), "step {step}");
+            assert!(buf.is_empty() && p.is_idle());
+        }
+        let p = Parser::new(ReplyLimits::default());
+        let one = b"$5\r\nhello\r\n";
+        for cut in 0..one.len() {
+            assert!(
+                matches!(p.peek(&one[..cut]).unwrap(), Peek::Incomplete),
+                "{cut}"
+            );
+        }
+        match p.peek(b"-STALE token 1\r\n:5\r\n").unwrap() {
+            Peek::Scalar(Reply::Error(e), 16) => assert_eq!(e, b"STALE token 1"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn peek_keeps_the_limits() {
+        let limits = ReplyLimits {
+            max_bulk_bytes: 10,
+            max_line_bytes: 8,
+            ..ReplyLimits::default()
+        };
+        let p = Parser::new(limits);
+        for bad in [
+            &b"$11\r\n"[..],
+            b"+123456789\r\n",
+            b"+1234567890",
+            b"$1\r\nxy\r\n",
+            b":x\r\n",
+            b"_x\r\n",
+            b"+a\rb\n",
+        ] {
+            assert!(p.peek(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
+        }
     }
 }

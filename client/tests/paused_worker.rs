@@ -1,8 +1,10 @@
-//! The seed scenario (`examples/paused_worker.rs`, run as is): a worker
-//! paused past its ttl wakes up after another took the lease. Its write must
-//! be refused, its `lost()` must have fired by its first call after waking,
-//! and the stream must hold only the new holder's records from the
-//! takeover on.
+//! The seed scenario (`examples/paused_worker.rs`, run as is) against one
+//! server and against a 3-node cluster (`fencelog cluster local`): a worker
+//! paused past its ttl wakes up after another took the lease. Its write
+//! must be refused, its `lost()` must have fired by its first call after
+//! waking, and the stream must hold only the new holder's records from the
+//! takeover on. On the cluster every step goes through the Raft log, the
+//! ttl runs on the leader's clock and the client finds the leader itself.
 
 mod common;
 
@@ -15,7 +17,24 @@ use fencelog_client::{Error, LeaseLoss};
 #[tokio::test]
 async fn the_paused_worker_is_fenced_out() {
     let server = server_or_skip!(&[]);
-    let o = paused_worker::run(&server.addr, "jobs").await.unwrap();
+    let o = paused_worker::run(std::slice::from_ref(&server.addr), "jobs")
+        .await
+        .unwrap();
+    check(o);
+}
+
+#[tokio::test]
+async fn the_paused_worker_is_fenced_out_on_a_three_node_cluster() {
+    let Some(cluster) = common::Server::start_cluster(3) else {
+        return;
+    };
+    let base: u16 = cluster.addr.rsplit(':').next().unwrap().parse().unwrap();
+    let nodes: Vec<String> = (0..3).map(|i| format!("127.0.0.1:{}", base + i)).collect();
+    let o = paused_worker::run(&nodes, "jobs").await.unwrap();
+    check(o);
+}
+
+fn check(o: paused_worker::Outcome) {
     let (a, b) = o.tokens;
     assert!(b > a, "{a} {b}");
     assert!(

@@ -25,11 +25,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::Bytes;
 use fencelog::{Log, Options, Token};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use fencelog_client::{Config, Pipeline, Reply, Request, Value};
 use tokio::task::JoinSet;
 
 /// Load a fencelog server over TCP, or the engine in this process, with
@@ -318,16 +316,14 @@ if t < h then return redis.error_reply('STALE token ' .. t .. ' is below the hig
 redis.call('SET', KEYS[2], ARGV[1]) return t";
 
 impl Dialect {
-    fn append(self, stream: &[u8], token: u64, payload: &[u8]) -> Vec<u8> {
+    fn append(self, stream: &[u8], token: u64, payload: &[u8]) -> Request {
         let token = token.to_string();
         match self {
-            Dialect::Fencelog => {
-                encode_command(&[b"LOG.APPEND", stream, token.as_bytes(), payload])
-            }
-            Dialect::RedisPlain => encode_command(&[b"SET", stream, payload]),
+            Dialect::Fencelog => Request::new(&[b"LOG.APPEND", stream, token.as_bytes(), payload]),
+            Dialect::RedisPlain => Request::new(&[b"SET", stream, payload]),
             Dialect::Redis => {
                 let tok_key = [stream, b":token"].concat();
-                encode_command(&[
+                Request::new(&[
                     b"EVAL",
                     REDIS_APPEND,
                     b"2",
@@ -342,32 +338,32 @@ impl Dialect {
 
     /// A write meant to be rejected: an append with `token`, or under
     /// [`Dialect::RedisPlain`] the lookup that stands for one.
-    fn stale(self, stream: &[u8], token: u64, payload: &[u8]) -> Vec<u8> {
+    fn stale(self, stream: &[u8], token: u64, payload: &[u8]) -> Request {
         match self {
-            Dialect::RedisPlain => encode_command(&[b"GET", stream]),
+            Dialect::RedisPlain => Request::new(&[b"GET", stream]),
             _ => self.append(stream, token, payload),
         }
     }
 
     /// What an answer means in this dialect.
-    fn outcome(self, reply: Reply) -> Outcome {
+    fn outcome(self, reply: &Reply<'_>) -> Outcome {
         match (self, reply) {
-            (Dialect::RedisPlain, Reply::Simple(s)) if s == "OK" => Outcome::Accepted,
-            (Dialect::RedisPlain, Reply::Bulk(Some(_))) => Outcome::Stale,
+            (Dialect::RedisPlain, Reply::Simple(b"OK")) => Outcome::Accepted,
+            (Dialect::RedisPlain, Reply::Bulk(_)) => Outcome::Stale,
             (_, reply) => reply_outcome(reply),
         }
     }
 
     /// Sets a stream up for rejections: fenced at `token` (under
     /// [`Dialect::RedisPlain`], a value for `GET` to find).
-    fn fence(self, stream: &[u8], token: u64) -> Vec<u8> {
+    fn fence(self, stream: &[u8], token: u64) -> Request {
         let token = token.to_string();
         match self {
-            Dialect::Fencelog => encode_command(&[b"LOG.FENCE", stream, token.as_bytes()]),
-            Dialect::RedisPlain => encode_command(&[b"SET", stream, token.as_bytes()]),
+            Dialect::Fencelog => Request::new(&[b"LOG.FENCE", stream, token.as_bytes()]),
+            Dialect::RedisPlain => Request::new(&[b"SET", stream, token.as_bytes()]),
             Dialect::Redis => {
                 let tok_key = [stream, b":token"].concat();
-                encode_command(&[
+                Request::new(&[
                     b"EVAL",
                     REDIS_FENCE,
                     b"2",
@@ -379,16 +375,16 @@ impl Dialect {
         }
     }
 
-    fn delete(self, stream: &[u8], token: u64) -> Vec<u8> {
+    fn delete(self, stream: &[u8], token: u64) -> Request {
         match self {
             Dialect::Fencelog => {
-                encode_command(&[b"LOG.DELETE", stream, token.to_string().as_bytes()])
+                Request::new(&[b"LOG.DELETE", stream, token.to_string().as_bytes()])
             }
             Dialect::Redis => {
                 let tok_key = [stream, b":token"].concat();
-                encode_command(&[b"DEL", stream, &tok_key])
+                Request::new(&[b"DEL", stream, &tok_key])
             }
-            Dialect::RedisPlain => encode_command(&[b"DEL", stream]),
+            Dialect::RedisPlain => Request::new(&[b"DEL", stream]),
         }
     }
 }
@@ -602,15 +598,16 @@ async fn run_workload(target: &Target, plan: Arc<Plan>) -> Result<WorkloadResult
         for i in 0..plan.clients {
             let password = password.clone();
             let addr = *addr;
-            connecting.spawn(async move { (i, Conn::connect(addr, password.as_deref()).await) });
+            let timeout = plan.timeout;
+            connecting.spawn(async move { (i, connect(addr, password.as_deref(), timeout).await) });
         }
-        let mut conns: Vec<Option<Conn>> = (0..plan.clients).map(|_| None).collect();
+        let mut conns: Vec<Option<Pipeline>> = (0..plan.clients).map(|_| None).collect();
         while let Some(joined) = connecting.join_next().await {
             let (i, conn) = joined.map_err(|e| format!("a connecting task failed: {e}"))?;
             conns[i as usize] = Some(conn?);
         }
         connections = conns.into_iter().flatten().collect();
-        monitor_conn = Some(Conn::connect(*addr, password.as_deref()).await?);
+        monitor_conn = Some(connect(*addr, password.as_deref(), plan.timeout).await?);
     }
 
     let start = Instant::now();
@@ -638,9 +635,9 @@ async fn run_workload(target: &Target, plan: Arc<Plan>) -> Result<WorkloadResult
             tokio::spawn(async move {
                 let conn = conn.as_mut()?;
                 tokio::time::sleep_until(measure_start.into()).await;
-                let before = conn.persistence().await;
+                let before = persistence(conn).await;
                 let _ = done_rx.await;
-                Some((before?, conn.persistence().await?))
+                Some((before?, persistence(conn).await?))
             })
         }
     };
@@ -732,29 +729,20 @@ async fn cleanup(target: &Target, plan: &Plan) -> Result<(), String> {
     else {
         return Ok(());
     };
-    let mut conn = Conn::connect(*addr, password.as_deref()).await?;
+    let mut conn = connect(*addr, password.as_deref(), plan.timeout).await?;
     for chunk in plan.streams.chunks(FENCE_CHUNK) {
-        let mut out = Vec::new();
         for stream in chunk {
-            out.extend_from_slice(&dialect.delete(stream, plan.valid.get()));
+            conn.queue_request(&dialect.delete(stream, plan.valid.get()));
         }
-        tokio::time::timeout(plan.timeout, async {
-            conn.wr
-                .write_all(&out)
-                .await
-                .map_err(|e| format!("write: {e}"))?;
-            for stream in chunk {
-                if let Reply::Error(e) = read_reply(&mut conn.rd, &mut conn.buf).await? {
-                    return Err(format!(
-                        "cannot delete {}: {e}",
-                        String::from_utf8_lossy(stream)
-                    ));
-                }
+        let replies = exchange_all(&mut conn, plan.timeout, "cleanup").await?;
+        for (stream, reply) in chunk.iter().zip(replies) {
+            if let Value::Error(e) = reply {
+                return Err(format!(
+                    "cannot delete {}: {e}",
+                    String::from_utf8_lossy(stream)
+                ));
             }
-            Ok::<_, String>(())
-        })
-        .await
-        .map_err(|_| format!("cleanup got no answer within {:?}", plan.timeout))??;
+        }
     }
     Ok(())
 }
@@ -765,34 +753,21 @@ async fn fence_tcp(
     dialect: Dialect,
     plan: &Plan,
 ) -> Result<(), String> {
-    let mut conn = Conn::connect(addr, password).await?;
+    let mut conn = connect(addr, password, plan.timeout).await?;
     let token = plan.valid.get().to_string();
     for chunk in plan.streams.chunks(FENCE_CHUNK) {
-        let mut out = Vec::new();
         for stream in chunk {
-            out.extend_from_slice(&dialect.fence(stream, plan.valid.get()));
+            conn.queue_request(&dialect.fence(stream, plan.valid.get()));
         }
-        let replies = tokio::time::timeout(plan.timeout, async {
-            conn.wr
-                .write_all(&out)
-                .await
-                .map_err(|e| format!("write: {e}"))?;
-            let mut replies = Vec::with_capacity(chunk.len());
-            for _ in chunk {
-                replies.push(read_reply(&mut conn.rd, &mut conn.buf).await?);
-            }
-            Ok::<_, String>(replies)
-        })
-        .await
-        .map_err(|_| format!("fencing got no answer within {:?}", plan.timeout))??;
+        let replies = exchange_all(&mut conn, plan.timeout, "fencing").await?;
         for (stream, reply) in chunk.iter().zip(replies) {
             let fenced = match dialect {
-                Dialect::RedisPlain => reply == Reply::Simple("OK".into()),
-                _ => reply == Reply::Integer(plan.valid.get() as i64),
+                Dialect::RedisPlain => reply == Value::Simple("OK".into()),
+                _ => reply == Value::Int(plan.valid.get() as i64),
             };
             if !fenced {
                 return Err(format!(
-                    "cannot fence {} at {token}: {reply}",
+                    "cannot fence {} at {token}: {reply:?}",
                     String::from_utf8_lossy(stream)
                 ));
             }
@@ -957,48 +932,35 @@ fn engine_outcome(r: fencelog::Result<u64>) -> Outcome {
 }
 
 async fn tcp_client(
-    conn: Conn,
+    mut conn: Pipeline,
     plan: Arc<Plan>,
     mut c: Client,
     dialect: Dialect,
-    valid: Vec<u8>,
-    stale: Vec<u8>,
+    valid: Request,
+    stale: Request,
 ) -> ClientStats {
-    let Conn {
-        mut rd,
-        mut wr,
-        mut buf,
-    } = conn;
-    let mut out = Vec::with_capacity(plan.pipeline as usize * valid.len().max(stale.len()));
     let mut kinds = Vec::with_capacity(plan.pipeline as usize);
     while let Some(batch) = c.next_batch() {
-        out.clear();
         kinds.clear();
         for _ in 0..batch.len {
             let meant_stale = c.choose_stale();
             kinds.push(meant_stale);
-            out.extend_from_slice(if meant_stale { &stale } else { &valid });
+            conn.queue_request(if meant_stale { &stale } else { &valid });
         }
         let batch = Batch {
             sent: Instant::now(),
             ..batch
         };
-        // Write and read at once: a large batch never waits for the server
-        // to drain replies we are not reading.
-        let write = async {
-            wr.write_all(&out)
-                .await
-                .map_err(|e| format!("write failed: {e}"))
-        };
-        let read = async {
-            for &meant_stale in &kinds {
-                let reply = read_reply(&mut rd, &mut buf).await?;
-                c.record(&batch, meant_stale, dialect.outcome(reply));
-            }
-            Ok::<_, String>(())
-        };
-        match tokio::time::timeout(plan.timeout, async { tokio::try_join!(write, read) }).await {
-            Ok(Ok(_)) => {}
+        // The pipeline writes and reads at once: a large batch never waits
+        // for the server to drain replies we are not reading. Each reply is
+        // judged where it lies in the read buffer.
+        let mut kind = kinds.iter();
+        let exchange = conn.exchange(|reply| {
+            let meant_stale = kind.next().copied().unwrap_or_default();
+            c.record(&batch, meant_stale, dialect.outcome(&reply));
+        });
+        match tokio::time::timeout(plan.timeout, exchange).await {
+            Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 c.stats.unexpected(format!("connection: {e}"));
                 break;
@@ -1014,11 +976,11 @@ async fn tcp_client(
     c.stats
 }
 
-fn reply_outcome(reply: Reply) -> Outcome {
+fn reply_outcome(reply: &Reply<'_>) -> Outcome {
     match reply {
-        Reply::Integer(_) => Outcome::Accepted,
-        Reply::Error(e) if e.starts_with("STALE ") => Outcome::Stale,
-        Reply::Error(e) => Outcome::Unexpected(e),
+        Reply::Int(_) => Outcome::Accepted,
+        Reply::Error(e) if e.starts_with(b"STALE ") => Outcome::Stale,
+        Reply::Error(e) => Outcome::Unexpected(String::from_utf8_lossy(e).into_owned()),
         other => Outcome::Unexpected(format!("unexpected reply {other}")),
     }
 }
@@ -1505,251 +1467,80 @@ impl Report {
 }
 
 // ---------------------------------------------------------------------------
-// RESP2 on the client side.
+// Connections: fencelog-client's pipelines.
 
-/// A reply from the server.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Reply {
-    Simple(String),
-    Error(String),
-    Integer(i64),
-    Bulk(Option<Bytes>),
-    Array(Option<Vec<Reply>>),
-}
-
-impl std::fmt::Display for Reply {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Reply::Simple(s) => write!(f, "+{s}"),
-            Reply::Error(e) => write!(f, "-{e}"),
-            Reply::Integer(n) => write!(f, ":{n}"),
-            Reply::Bulk(None) | Reply::Array(None) => f.write_str("(nil)"),
-            Reply::Bulk(Some(b)) => write!(f, "{:?}", String::from_utf8_lossy(b)),
-            Reply::Array(Some(items)) => write!(f, "array of {}", items.len()),
-        }
+/// The client configuration of every connection the bench makes: RESP2
+/// (what the bench has always spoken, and what `--compare-redis` asks of
+/// redis-server), `AUTH` with `password`, and `timeout` to connect.
+fn client_config(addr: SocketAddr, password: Option<&str>, timeout: Duration) -> Config {
+    Config {
+        seeds: vec![addr.to_string()],
+        password: password.map(str::to_string),
+        resp3: false,
+        connect_timeout: timeout,
+        request_timeout: timeout,
+        discover_leader: false,
+        ..Config::default()
     }
 }
 
-/// Longest simple string, error or length line.
-const MAX_LINE_BYTES: usize = 64 << 10;
-/// Largest bulk string (INFO is a few KiB; appends answer integers).
-const MAX_BULK_BYTES: usize = 8 << 20;
-/// Most elements in one array.
-const MAX_ARRAY_LEN: usize = 1024;
-/// Deepest nesting of arrays.
-const MAX_DEPTH: usize = 4;
-/// Most unparsed bytes buffered while waiting for one reply.
-const MAX_REPLY_BYTES: usize = 16 << 20;
-
-/// Parses one reply from the front of `buf`: `Ok(None)` if it is not
-/// complete yet, else the reply and the bytes it took. Every length is
-/// checked against a limit before anything is allocated for it.
-fn parse_reply(buf: &[u8]) -> Result<Option<(Reply, usize)>, String> {
-    parse_at(buf, 0, 0)
-}
-
-fn parse_at(buf: &[u8], pos: usize, depth: usize) -> Result<Option<(Reply, usize)>, String> {
-    let Some(&kind) = buf.get(pos) else {
-        return Ok(None);
-    };
-    if !matches!(kind, b'+' | b'-' | b':' | b'$' | b'*') {
-        return Err(format!("unexpected reply type byte 0x{kind:02x}"));
-    }
-    let Some((line, after)) = line_at(buf, pos + 1)? else {
-        return Ok(None);
-    };
-    let text = |line: &[u8]| String::from_utf8_lossy(line).into_owned();
-    match kind {
-        b'+' => Ok(Some((Reply::Simple(text(line)), after))),
-        b'-' => Ok(Some((Reply::Error(text(line)), after))),
-        b':' => Ok(Some((Reply::Integer(integer(line)?), after))),
-        b'$' => {
-            let n = integer(line)?;
-            if n == -1 {
-                return Ok(Some((Reply::Bulk(None), after)));
-            }
-            let n = usize::try_from(n).map_err(|_| format!("bad bulk length {n}"))?;
-            if n > MAX_BULK_BYTES {
-                return Err(format!(
-                    "bulk length {n} over the limit of {MAX_BULK_BYTES}"
-                ));
-            }
-            let end = after + n;
-            if buf.len() < end + 2 {
-                return Ok(None);
-            }
-            if &buf[end..end + 2] != b"\r\n" {
-                return Err("bulk string not followed by CRLF".into());
-            }
-            let bulk = Bytes::copy_from_slice(&buf[after..end]);
-            Ok(Some((Reply::Bulk(Some(bulk)), end + 2)))
-        }
-        _ => {
-            let n = integer(line)?;
-            if n == -1 {
-                return Ok(Some((Reply::Array(None), after)));
-            }
-            let n = usize::try_from(n).map_err(|_| format!("bad array length {n}"))?;
-            if n > MAX_ARRAY_LEN {
-                return Err(format!(
-                    "array length {n} over the limit of {MAX_ARRAY_LEN}"
-                ));
-            }
-            if depth >= MAX_DEPTH {
-                return Err(format!("arrays nested deeper than {MAX_DEPTH}"));
-            }
-            let mut items = Vec::with_capacity(n);
-            let mut p = after;
-            for _ in 0..n {
-                let Some((item, next)) = parse_at(buf, p, depth + 1)? else {
-                    return Ok(None);
-                };
-                items.push(item);
-                p = next;
-            }
-            Ok(Some((Reply::Array(Some(items)), p)))
-        }
-    }
-}
-
-/// The line starting at `start`, without its CRLF, and where the next one
-/// starts; `Ok(None)` if its end has not arrived.
-fn line_at(buf: &[u8], start: usize) -> Result<Option<(&[u8], usize)>, String> {
-    let rest = buf.get(start..).unwrap_or(&[]);
-    let window = &rest[..rest.len().min(MAX_LINE_BYTES + 2)];
-    let Some(lf) = window.iter().position(|&b| b == b'\n') else {
-        if rest.len() >= MAX_LINE_BYTES + 2 {
-            return Err(format!("a reply line longer than {MAX_LINE_BYTES} bytes"));
-        }
-        return Ok(None);
-    };
-    if lf == 0 || rest[lf - 1] != b'\r' {
-        return Err("a reply line not ended by CRLF".into());
-    }
-    let line = &rest[..lf - 1];
-    if line.contains(&b'\r') {
-        return Err("a bare CR inside a reply line".into());
-    }
-    Ok(Some((line, start + lf + 1)))
-}
-
-fn integer(line: &[u8]) -> Result<i64, String> {
-    let bad = || format!("not an integer: {:?}", String::from_utf8_lossy(line));
-    let (negative, digits) = match line.split_first() {
-        Some((b'-', rest)) => (true, rest),
-        _ => (false, line),
-    };
-    if digits.is_empty() || digits.len() > 19 {
-        return Err(bad());
-    }
-    let mut n: i64 = 0;
-    for &d in digits {
-        if !d.is_ascii_digit() {
-            return Err(bad());
-        }
-        let d = i64::from(d - b'0');
-        n = n
-            .checked_mul(10)
-            .and_then(|n| {
-                if negative {
-                    n.checked_sub(d)
-                } else {
-                    n.checked_add(d)
-                }
-            })
-            .ok_or_else(bad)?;
-    }
-    Ok(n)
-}
-
-/// A request as a RESP array of bulk strings.
-pub(crate) fn encode_command(args: &[&[u8]]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(16 + args.iter().map(|a| a.len() + 16).sum::<usize>());
-    out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
-    for a in args {
-        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-        out.extend_from_slice(a);
-        out.extend_from_slice(b"\r\n");
-    }
-    out
-}
-
-/// One client connection.
-struct Conn {
-    rd: OwnedReadHalf,
-    wr: OwnedWriteHalf,
-    buf: BytesMut,
-}
-
-impl Conn {
-    async fn connect(addr: SocketAddr, password: Option<&str>) -> Result<Conn, String> {
-        let stream = TcpStream::connect(addr)
-            .await
-            .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
-        stream
-            .set_nodelay(true)
-            .map_err(|e| format!("cannot set TCP_NODELAY: {e}"))?;
-        let (rd, wr) = stream.into_split();
-        let mut conn = Conn {
-            rd,
-            wr,
-            buf: BytesMut::with_capacity(16 << 10),
-        };
-        if let Some(pw) = password {
-            match conn.request(&[b"AUTH", pw.as_bytes()]).await? {
-                Reply::Simple(ok) if ok == "OK" => {}
-                other => return Err(format!("AUTH failed: {other}")),
-            }
-        }
-        Ok(conn)
-    }
-
-    async fn request(&mut self, args: &[&[u8]]) -> Result<Reply, String> {
-        self.wr
-            .write_all(&encode_command(args))
-            .await
-            .map_err(|e| format!("write failed: {e}"))?;
-        read_reply(&mut self.rd, &mut self.buf).await
-    }
-
-    /// `INFO persistence`, or `None` if the server does not tell.
-    async fn persistence(&mut self) -> Option<Persistence> {
-        let reply = tokio::time::timeout(
-            Duration::from_secs(10),
-            self.request(&[b"INFO", b"persistence", b"commit"]),
-        )
+/// A pipeline to the server at `addr`, authenticated with `password`.
+pub(crate) async fn connect(
+    addr: SocketAddr,
+    password: Option<&str>,
+    timeout: Duration,
+) -> Result<Pipeline, String> {
+    let config = client_config(addr, password, timeout);
+    Pipeline::connect(&addr.to_string(), &config)
         .await
-        .ok()?
-        .ok()?;
-        match reply {
-            Reply::Bulk(Some(text)) => Persistence::of_info(&String::from_utf8_lossy(&text)),
-            _ => None,
-        }
-    }
+        .map_err(|e| match e {
+            fencelog_client::Error::Io(_) => format!("cannot connect to {addr}: {e}"),
+            e if password.is_some() => format!("AUTH failed: {e}"),
+            e => format!("cannot connect to {addr}: {e}"),
+        })
 }
 
-pub(crate) async fn read_reply(
-    rd: &mut OwnedReadHalf,
-    buf: &mut BytesMut,
-) -> Result<Reply, String> {
-    loop {
-        if let Some((reply, used)) =
-            parse_reply(buf).map_err(|e| format!("protocol error in a reply: {e}"))?
-        {
-            buf.advance(used);
-            return Ok(reply);
+/// Sends what `conn` has queued and answers every reply, within `timeout`
+/// (`what` names the step in the error).
+async fn exchange_all(
+    conn: &mut Pipeline,
+    timeout: Duration,
+    what: &str,
+) -> Result<Vec<Value>, String> {
+    let mut replies = Vec::with_capacity(conn.queued());
+    tokio::time::timeout(timeout, conn.exchange(|r| replies.push(r.to_value())))
+        .await
+        .map_err(|_| format!("{what} got no answer within {timeout:?}"))?
+        .map_err(|e| format!("{what}: {e}"))?;
+    Ok(replies)
+}
+
+/// One request on its own, within `timeout`.
+pub(crate) async fn request(
+    conn: &mut Pipeline,
+    args: &[&[u8]],
+    timeout: Duration,
+) -> Result<Value, String> {
+    tokio::time::timeout(timeout, conn.request(args))
+        .await
+        .map_err(|_| format!("no answer within {timeout:?}"))?
+        .map_err(|e| e.to_string())
+}
+
+/// `INFO persistence`, or `None` if the server does not tell.
+async fn persistence(conn: &mut Pipeline) -> Option<Persistence> {
+    let reply = request(
+        conn,
+        &[b"INFO", b"persistence", b"commit"],
+        Duration::from_secs(10),
+    )
+    .await
+    .ok()?;
+    match reply {
+        Value::Bulk(text) | Value::Verbatim(text) => {
+            Persistence::of_info(&String::from_utf8_lossy(&text))
         }
-        if buf.len() > MAX_REPLY_BYTES {
-            return Err(format!("a reply over {MAX_REPLY_BYTES} bytes"));
-        }
-        buf.reserve(16 << 10);
-        let n = rd
-            .read_buf(buf)
-            .await
-            .map_err(|e| format!("read failed: {e}"))?;
-        if n == 0 {
-            return Err("the server closed the connection".into());
-        }
+        _ => None,
     }
 }
 
@@ -1793,102 +1584,6 @@ mod tests {
         assert!(Cli::try_parse_from(["bench", "--addr", "x:1", "--dir", "/tmp/x"]).is_err());
         assert!(check(&args(&["--clients", "2", "--streams", "3"])).is_err());
         assert!(check(&args(&["--clients", "2", "--streams", "1"])).is_ok());
-    }
-
-    fn parse_all(mut buf: &[u8]) -> Result<Vec<Reply>, String> {
-        let mut out = Vec::new();
-        while !buf.is_empty() {
-            match parse_reply(buf)? {
-                Some((r, n)) => {
-                    out.push(r);
-                    buf = &buf[n..];
-                }
-                None => return Err("incomplete".into()),
-            }
-        }
-        Ok(out)
-    }
-
-    const SAMPLE: &[u8] = b":42\r\n-STALE token 1 is below the highest accepted token 9\r\n\
-        +OK\r\n$5\r\nab\r\nc\r\n$-1\r\n*2\r\n:1\r\n*1\r\n$0\r\n\r\n*-1\r\n:-9223372036854775808\r\n";
-
-    fn sample_replies() -> Vec<Reply> {
-        vec![
-            Reply::Integer(42),
-            Reply::Error("STALE token 1 is below the highest accepted token 9".into()),
-            Reply::Simple("OK".into()),
-            Reply::Bulk(Some(Bytes::from_static(b"ab\r\nc"))),
-            Reply::Bulk(None),
-            Reply::Array(Some(vec![
-                Reply::Integer(1),
-                Reply::Array(Some(vec![Reply::Bulk(Some(Bytes::new()))])),
-            ])),
-            Reply::Array(None),
-            Reply::Integer(i64::MIN),
-        ]
-    }
-
-    #[test]
-    fn parses_every_reply_kind() {
-        assert_eq!(parse_all(SAMPLE).unwrap(), sample_replies());
-    }
-
-    #[test]
-    fn every_prefix_is_incomplete_never_wrong() {
-        // Fed one byte at a time, as a fragmented stream would be.
-        let mut got = Vec::new();
-        let mut buf = Vec::new();
-        for &b in SAMPLE {
-            buf.push(b);
-            while let Some((r, n)) = parse_reply(&buf).unwrap() {
-                got.push(r);
-                buf.drain(..n);
-            }
-        }
-        assert!(buf.is_empty());
-        assert_eq!(got, sample_replies());
-        // Every proper prefix of a single reply is incomplete.
-        for reply in [
-            &b"$5\r\nab\r\nc\r\n"[..],
-            b"*2\r\n:1\r\n*1\r\n$0\r\n\r\n",
-            b":12\r\n",
-        ] {
-            for cut in 0..reply.len() {
-                assert_eq!(parse_reply(&reply[..cut]).unwrap(), None, "{cut}");
-            }
-        }
-    }
-
-    #[test]
-    fn malformed_replies_are_errors() {
-        let bad: &[&[u8]] = &[
-            b"!3\r\n",                               // unknown type
-            b"%1\r\n",                               // RESP3 map: not spoken here
-            b":12a\r\n",                             // not a number
-            b":\r\n",                                // empty number
-            b":-\r\n",                               // sign only
-            b":+5\r\n",                              // plus sign
-            b":9223372036854775808\r\n",             // overflow
-            b":99999999999999999999\r\n",            // too many digits
-            b":1\n",                                 // LF without CR
-            b"+a\rb\r\n",                            // bare CR
-            b"$-2\r\n",                              // negative length
-            b"$3\r\nabcX\r\n",                       // bulk without CRLF after it
-            b"$999999999999\r\n",                    // huge bulk: refused, not allocated
-            b"*-5\r\n",                              // negative array
-            b"*100000000\r\n",                       // huge array: refused, not allocated
-            b"*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n:1\r\n", // too deep
-        ];
-        for b in bad {
-            assert!(parse_reply(b).is_err(), "{:?}", String::from_utf8_lossy(b));
-        }
-        // A line that never ends is refused once over the limit.
-        let mut long = b"+".to_vec();
-        long.extend(std::iter::repeat_n(b'a', MAX_LINE_BYTES + 8));
-        assert!(parse_reply(&long).is_err());
-        assert_eq!(parse_reply(&long[..1000]).unwrap(), None);
-        // A huge declared bulk is refused before its bytes arrive.
-        assert!(parse_reply(format!("${}\r\n", MAX_BULK_BYTES + 1).as_bytes()).is_err());
     }
 
     #[test]

@@ -17,12 +17,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use fencelog::{Log, Options, Token};
-use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
+use fencelog_client::{Reply, Value};
 
-use crate::bench::{BenchArgs, Reply, encode_command, read_reply};
+use crate::bench::{BenchArgs, connect, request};
+
+/// The longest connecting to the server (and one `INFO`) may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Parses a size: a number of bytes, or with a unit (`64KiB`, `1MiB`,
 /// `1MB`, `2GiB`; `K`/`M`/`G` alone are binary).
@@ -396,23 +398,10 @@ async fn connect_target(addr: &str, password: Option<&str>) -> Result<Target, St
 }
 
 async fn info(addr: std::net::SocketAddr, password: Option<&str>) -> Result<String, String> {
-    let stream = TcpStream::connect(addr)
-        .await
-        .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
-    let (mut rd, mut wr) = stream.into_split();
-    let mut buf = BytesMut::new();
-    if let Some(pw) = password {
-        wr.write_all(&encode_command(&[b"AUTH", pw.as_bytes()]))
-            .await
-            .map_err(|e| e.to_string())?;
-        read_reply(&mut rd, &mut buf).await?;
-    }
-    wr.write_all(&encode_command(&[b"INFO"]))
-        .await
-        .map_err(|e| e.to_string())?;
-    match read_reply(&mut rd, &mut buf).await? {
-        Reply::Bulk(Some(b)) => Ok(String::from_utf8_lossy(&b).into_owned()),
-        other => Err(format!("INFO answered {other}")),
+    let mut conn = connect(addr, password, CONNECT_TIMEOUT).await?;
+    match request(&mut conn, &[b"INFO"], CONNECT_TIMEOUT).await? {
+        Value::Bulk(b) | Value::Verbatim(b) => Ok(String::from_utf8_lossy(&b).into_owned()),
+        other => Err(format!("INFO answered {other:?}")),
     }
 }
 
@@ -437,39 +426,22 @@ async fn tcp_client(
     failed: &AtomicU64,
     stop: &AtomicBool,
 ) -> Result<(), String> {
-    let stream = TcpStream::connect(addr)
-        .await
-        .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
-    let _ = stream.set_nodelay(true);
-    let (mut rd, mut wr) = stream.into_split();
-    let mut buf = BytesMut::with_capacity(64 << 10);
-    if let Some(pw) = password {
-        wr.write_all(&encode_command(&[b"AUTH", pw.as_bytes()]))
-            .await
-            .map_err(|e| e.to_string())?;
-        read_reply(&mut rd, &mut buf).await?;
-    }
+    let mut conn = connect(addr, password, CONNECT_TIMEOUT).await?;
     let mut k = c;
-    let mut out = Vec::with_capacity(pipeline * (body.len() + 64));
     while !stop.load(Ordering::Relaxed) {
-        out.clear();
         for _ in 0..pipeline {
             let stream = format!("{prefix}:{}", k % streams);
             k += clients;
-            out.extend_from_slice(&encode_command(&[
-                b"LOG.APPEND",
-                stream.as_bytes(),
-                b"1",
-                body,
-            ]));
+            conn.queue(&[b"LOG.APPEND", stream.as_bytes(), b"1", body]);
         }
-        wr.write_all(&out).await.map_err(|e| e.to_string())?;
-        for _ in 0..pipeline {
-            match read_reply(&mut rd, &mut buf).await? {
-                Reply::Integer(_) => acked.fetch_add(1, Ordering::Relaxed),
+        conn.exchange(|reply| {
+            match reply {
+                Reply::Int(_) => acked.fetch_add(1, Ordering::Relaxed),
                 _ => failed.fetch_add(1, Ordering::Relaxed),
             };
-        }
+        })
+        .await
+        .map_err(|e| e.to_string())?;
     }
     Ok(())
 }

@@ -12,9 +12,9 @@
 //! The `fencelog` binary (in `server/`) dispatches `fencelog bench` here;
 //! [`run`] with [`BenchArgs`] is all it needs.
 //!
-//! The load generator speaks RESP2 through a small pipelined client of its
-//! own (`bench.rs`, "RESP2 on the client side"): it sends P requests before
-//! reading P answers, which `fencelog-client` does not do.
+//! The load generator speaks RESP2 through `fencelog-client`'s
+//! [`Pipeline`](fencelog_client::Pipeline): it sends P requests before
+//! reading P answers, each judged where it lies in the read buffer.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 

@@ -7,8 +7,9 @@ The same commands, routing and lease rules as :mod:`fencelog.client`, with
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from typing import Any, AsyncIterator, Awaitable, Dict, List, Optional, Sequence, Tuple, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Dict, List, Optional, TypeVar
 
 from redis import exceptions as rex
 from redis.asyncio.connection import Connection
@@ -16,16 +17,11 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from . import _proto as P
-from .errors import (
-    FencelogConnectionError,
-    FencelogError,
-    LostError,
-    StaleError,
-    UncertainError,
-)
+from ._core import DEFAULT as _DEFAULT
+from ._core import ClientCore, LeaseCore, run_async
+from .errors import LostError
 from ._proto import Addr, Grant, LeaseInfo, Payload, Record, Stat
 
-_DEFAULT: Any = object()
 T = TypeVar("T")
 
 
@@ -70,64 +66,14 @@ class _Node:
             await c.disconnect()
 
 
-class AsyncClient:
+class AsyncClient(ClientCore):
     """The asyncio form of :class:`fencelog.Client`: same arguments, same
     commands (each a coroutine), same cluster routing and typed errors.
     Use it from one event loop."""
 
-    def __init__(
-        self,
-        host: str = "127.0.0.1",
-        port: int = 7379,
-        password: Optional[str] = None,
-        cluster: bool = False,
-        *,
-        nodes: Optional[Sequence[Addr]] = None,
-        socket_timeout: Optional[float] = 10.0,
-        connect_timeout: Optional[float] = 2.0,
-        protocol: int = 2,
-        max_tries: int = 32,
-        max_wait: float = 10.0,
-    ) -> None:
-        self.cluster = cluster
-        self.socket_timeout = socket_timeout
-        self.max_tries = max_tries
-        self.max_wait = max_wait
-        self._kwargs: Dict[str, Any] = {
-            "password": password,
-            "socket_connect_timeout": connect_timeout,
-            "protocol": protocol,
-        }
-        self._nodes: Dict[Addr, _Node] = {}
-        self._order: List[Addr] = P.seeds(host, port, nodes)
-        self._current: Addr = self._order[0]
-        self._cursor = 0
-
-    @property
-    def current_node(self) -> Addr:
-        """The node commands go to now (cluster mode: the leader, as far as
-        the client knows)."""
-        return self._current
-
-    def _node(self, addr: Addr) -> _Node:
-        node = self._nodes.get(addr)
-        if node is None:
-            node = self._nodes[addr] = _Node(addr, self._kwargs)
-            if addr not in self._order:
-                self._order.append(addr)
-        return node
-
-    def _rotate(self, failed: Addr) -> None:
-        # A cursor over every known node, so that followers naming a dead
-        # leader in -MOVED cannot keep the client off the other nodes.
-        if self._current != failed:
-            return
-        for _ in range(len(self._order)):
-            self._cursor += 1
-            candidate = self._order[self._cursor % len(self._order)]
-            if candidate != failed:
-                self._current = candidate
-                return
+    _node_type = _Node
+    _sleep = staticmethod(asyncio.sleep)
+    _new_lock = staticmethod(contextlib.nullcontext)
 
     async def execute(
         self,
@@ -138,48 +84,7 @@ class AsyncClient:
     ) -> Any:
         """Sends one command and answers its raw reply; see
         :meth:`fencelog.Client.execute`."""
-        t = self.socket_timeout if timeout is _DEFAULT else timeout
-        backoff = P.Backoff(self.max_tries, self.max_wait, deadline=deadline)
-        while True:
-            addr = self._current
-            node = self._node(addr)
-            try:
-                conn = await node.checkout(t)
-            except rex.AuthenticationError as e:
-                raise P.translate(e) from e
-            except (rex.ConnectionError, rex.TimeoutError) as e:
-                if not self.cluster:
-                    raise P.translate(e) from e
-                self._rotate(addr)
-                await asyncio.sleep(backoff.next_delay(e))
-                continue
-            try:
-                await conn.send_command(*args)
-                reply = await conn.read_response()
-            except (rex.ConnectionError, rex.TimeoutError) as e:
-                await conn.disconnect()
-                if not (self.cluster and read_only):
-                    raise P.translate(e) from e
-                self._rotate(addr)
-                await asyncio.sleep(backoff.next_delay(e))
-                continue
-            except rex.ResponseError as e:
-                node.checkin(conn, t)
-                kind, target = P.redirect(e) if self.cluster else ("", None)
-                if kind == "MOVED" and target is not None:
-                    self._node(target)
-                    self._current = target
-                    backoff.next_delay(e, sleep=False)
-                    continue
-                if kind:
-                    await asyncio.sleep(backoff.next_delay(e))
-                    continue
-                raise P.translate(e) from e
-            except BaseException:
-                await conn.disconnect()
-                raise
-            node.checkin(conn, t)
-            return reply
+        return await run_async(self._execute_steps(args, timeout, read_only, deadline))
 
     async def close(self) -> None:
         """Closes every idle connection."""
@@ -318,69 +223,30 @@ class AsyncClient:
         return AsyncLease(self, name, ttl, wait, fence, owner, margin)
 
 
-class AsyncLease:
+class AsyncLease(LeaseCore):
     """The asyncio form of :class:`fencelog.Lease`: a keeper task renews
     every third of the ttl; ``lost`` is an :class:`asyncio.Event` set once
     the lease is released, refused (``LOST``) or not confirmed by ``sent +
     ttl - margin`` of its last confirmed renewal."""
 
-    def __init__(
-        self,
-        client: AsyncClient,
-        name: str,
-        ttl: float,
-        wait: Optional[float],
-        fence: bool,
-        owner: Optional[str],
-        margin: Optional[float],
-    ) -> None:
-        if ttl <= 0:
-            raise ValueError("ttl must be positive")
-        self.client = client
-        self.name = name
-        self.ttl = float(ttl)
-        self.wait = wait
-        self.fence_on_acquire = fence
-        self.owner = owner or P.default_owner()
-        self.margin = P.default_margin(self.ttl) if margin is None else float(margin)
-        if not 0 <= self.margin < self.ttl * 2 / 3:
-            raise ValueError("margin must be at least 0 and below two thirds of the ttl")
-        self.token: int = 0
-        self.lost = asyncio.Event()
-        self.lost_reason: Optional[str] = None
-        self.lost_at: Optional[float] = None
-        self._valid_until = 0.0
-        self._last_sent = 0.0
-        self._stop = asyncio.Event()
-        self._tasks: List["asyncio.Task[None]"] = []
+    _new_event = staticmethod(asyncio.Event)
+    _new_lock = staticmethod(contextlib.nullcontext)
+    client: AsyncClient
 
     async def acquire(self) -> "AsyncLease":
         """Acquires the lease and starts the keeper (``async with`` does
         this)."""
-        ttl_ms = max(10, int(self.ttl * 1000))
-        wait_ms = None if self.wait is None else int(self.wait * 1000)
-        sent = time.monotonic()
-        grant = await self.client.acquire(
-            self.name, self.owner, ttl_ms, self.fence_on_acquire, wait_ms
-        )
-        self.token = grant.token
-        self._valid_until = sent + grant.ttl_ms / 1000.0 - self.margin
-        self._last_sent = sent
-        self._tasks = [asyncio.ensure_future(self._keep()), asyncio.ensure_future(self._watch())]
+        await run_async(self._acquire_steps())
+        self._workers = [asyncio.ensure_future(self._keep()), asyncio.ensure_future(self._watch())]
         return self
 
     async def release(self) -> None:
         """Stops the keeper, releases the lease and sets ``lost``."""
         self._stop.set()
-        for t in self._tasks:
+        for t in self._workers:
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        if not self.lost.is_set():
-            try:
-                await self.client.release(self.name, self.owner, self.token)
-            except FencelogError:
-                pass  # it expires by itself
-        self._mark_lost("released")
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        await run_async(self._release_steps())
 
     async def __aenter__(self) -> "AsyncLease":
         return await self.acquire()
@@ -388,59 +254,17 @@ class AsyncLease:
     async def __aexit__(self, *exc: Any) -> None:
         await self.release()
 
-    def _mark_lost(self, reason: str) -> None:
-        if self.lost.is_set():
-            return
-        self.lost_reason = reason
-        self.lost_at = time.monotonic()
-        self.lost.set()
-        self._stop.set()
-
-    def remaining(self) -> float:
-        """Seconds the client may still count on the lease (0 once lost)."""
-        if self.lost.is_set():
-            return 0.0
-        return max(0.0, self._valid_until - time.monotonic())
-
-    def check(self) -> None:
-        """Raises :class:`LostError` if the lease is lost or its confirmed
-        time has run out (then ``lost`` is set first)."""
-        if not self.lost.is_set() and time.monotonic() >= self._valid_until:
-            self._mark_lost("not renewed in time")
-        if self.lost.is_set():
-            raise LostError(f"lease {self.name!r} token {self.token} is lost: {self.lost_reason}")
-
     async def _keep(self) -> None:
         period = self.ttl / 3.0
         retry = min(period / 3.0, 0.2)
-        ttl_ms = max(10, int(self.ttl * 1000))
-        next_at = self._last_sent + period
-        while not self._stop.is_set():
+        next_at: Optional[float] = self._last_sent + period
+        while next_at is not None and not self._stop.is_set():
             try:
                 await asyncio.wait_for(self._stop.wait(), max(0.0, next_at - time.monotonic()))
                 return
             except asyncio.TimeoutError:
                 pass
-            sent = time.monotonic()
-            if sent >= self._valid_until:
-                # Never renew what the client already counts as lost.
-                self._mark_lost("not renewed in time")
-                return
-            try:
-                granted = await self.client.renew(
-                    self.name, self.owner, self.token, ttl_ms,
-                    timeout=period, deadline=self._valid_until,
-                )
-            except LostError:
-                self._mark_lost("LOST: the server no longer holds it for this owner and token")
-                return
-            except FencelogError:
-                next_at = time.monotonic() + retry
-                continue
-            if self.lost.is_set():
-                return
-            self._valid_until = max(self._valid_until, sent + granted / 1000.0 - self.margin)
-            next_at = sent + period
+            next_at = await run_async(self._renew_steps(period, retry))
 
     async def _watch(self) -> None:
         while not self._stop.is_set():
@@ -485,42 +309,9 @@ class AsyncLease:
         """Appends with this lease's token, retried exactly once through
         ``LOG.APPENDAT`` if the reply is lost; see
         :meth:`fencelog.Lease.append`. One append at a time per stream."""
-        self.check()
-        expected = (await self.client.stat(stream)).next_offset
-        self.check()
-        try:
-            return await self._append_at(stream, expected, payloads)
-        except (FencelogConnectionError, UncertainError) as first:
-            try:
-                self.check()
-            except LostError as lost:
-                raise LostError(
-                    f"{lost}; the append to {stream!r} at offset {expected} was sent, "
-                    "its reply lost: read the stream to learn whether it landed"
-                ) from first
-            try:
-                return await self._append_at(stream, expected, payloads)
-            except (FencelogConnectionError, UncertainError) as second:
-                raise UncertainError(
-                    f"append to {stream!r} at offset {expected}: the reply was lost twice; "
-                    f"read the stream to learn whether it landed ({second})"
-                ) from first
-
-    async def _append_at(
-        self, stream: Payload, expected: int, payloads: Tuple[Payload, ...]
-    ) -> int:
-        try:
-            return await self.client.append_at(stream, self.token, expected, *payloads)
-        except StaleError:
-            self._mark_lost("STALE: a newer token was accepted")
-            raise
+        return await run_async(self._append_steps(stream, payloads))
 
     async def fence(self, stream: Payload) -> int:
         """``LOG.FENCE`` of ``stream`` at this lease's token (refused locally
         once lost)."""
-        self.check()
-        try:
-            return await self.client.fence(stream, self.token)
-        except StaleError:
-            self._mark_lost("STALE: a newer token was accepted")
-            raise
+        return await run_async(self._fence_steps(stream))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional
 
 from redis import exceptions as rex
 from redis.backoff import NoBackoff
@@ -12,16 +12,9 @@ from redis.connection import Connection
 from redis.retry import Retry
 
 from . import _proto as P
-from .errors import (
-    FencelogConnectionError,
-    FencelogError,
-    LostError,
-    StaleError,
-    UncertainError,
-)
+from ._core import DEFAULT as _DEFAULT
+from ._core import ClientCore, LeaseCore, run
 from ._proto import Addr, Grant, LeaseInfo, Payload, Record, Stat
-
-_DEFAULT: Any = object()
 
 
 class _Node:
@@ -68,7 +61,7 @@ class _Node:
             c.disconnect()
 
 
-class Client:
+class Client(ClientCore):
     """A fencelog client on redis-py (synchronous, thread-safe).
 
     ``Client(host, port)`` talks to one server. With ``cluster=True`` it
@@ -85,64 +78,11 @@ class Client:
     milliseconds; errors raise the typed exceptions of :mod:`fencelog.errors`.
     """
 
-    def __init__(
-        self,
-        host: str = "127.0.0.1",
-        port: int = 7379,
-        password: Optional[str] = None,
-        cluster: bool = False,
-        *,
-        nodes: Optional[Sequence[Addr]] = None,
-        socket_timeout: Optional[float] = 10.0,
-        connect_timeout: Optional[float] = 2.0,
-        protocol: int = 2,
-        max_tries: int = 32,
-        max_wait: float = 10.0,
-    ) -> None:
-        self.cluster = cluster
-        self.socket_timeout = socket_timeout
-        self.max_tries = max_tries
-        self.max_wait = max_wait
-        self._kwargs: Dict[str, Any] = {
-            "password": password,
-            "socket_connect_timeout": connect_timeout,
-            "protocol": protocol,
-        }
-        self._lock = threading.Lock()
-        self._nodes: Dict[Addr, _Node] = {}
-        self._order: List[Addr] = P.seeds(host, port, nodes)
-        self._current: Addr = self._order[0]
-        self._cursor = 0
+    _node_type = _Node
+    _sleep = staticmethod(time.sleep)
+    _new_lock = staticmethod(threading.Lock)
 
     # -- plumbing -----------------------------------------------------------
-
-    @property
-    def current_node(self) -> Addr:
-        """The node commands go to now (in cluster mode: the leader, as far
-        as the client knows)."""
-        return self._current
-
-    def _node(self, addr: Addr) -> _Node:
-        with self._lock:
-            node = self._nodes.get(addr)
-            if node is None:
-                node = self._nodes[addr] = _Node(addr, self._kwargs)
-                if addr not in self._order:
-                    self._order.append(addr)
-            return node
-
-    def _rotate(self, failed: Addr) -> None:
-        # A cursor over every known node, so that followers naming a dead
-        # leader in -MOVED cannot keep the client off the other nodes.
-        with self._lock:
-            if self._current != failed:
-                return
-            for _ in range(len(self._order)):
-                self._cursor += 1
-                candidate = self._order[self._cursor % len(self._order)]
-                if candidate != failed:
-                    self._current = candidate
-                    return
 
     def execute(
         self,
@@ -155,50 +95,7 @@ class Client:
         error translation included). ``read_only`` commands are retried in
         cluster mode when their reply is lost; ``deadline`` (monotonic) bounds
         the cluster retries."""
-        t = self.socket_timeout if timeout is _DEFAULT else timeout
-        backoff = P.Backoff(self.max_tries, self.max_wait, deadline=deadline)
-        while True:
-            addr = self._current
-            node = self._node(addr)
-            try:
-                conn = node.checkout(t)
-            except rex.AuthenticationError as e:
-                raise P.translate(e) from e
-            except (rex.ConnectionError, rex.TimeoutError) as e:
-                # Nothing was sent: another node (or this one later) is safe.
-                if not self.cluster:
-                    raise P.translate(e) from e
-                self._rotate(addr)
-                time.sleep(backoff.next_delay(e))
-                continue
-            try:
-                conn.send_command(*args)
-                reply = conn.read_response()
-            except (rex.ConnectionError, rex.TimeoutError) as e:
-                conn.disconnect()
-                if not (self.cluster and read_only):
-                    raise P.translate(e) from e
-                self._rotate(addr)
-                time.sleep(backoff.next_delay(e))
-                continue
-            except rex.ResponseError as e:
-                node.checkin(conn, t)
-                kind, target = P.redirect(e) if self.cluster else ("", None)
-                if kind == "MOVED" and target is not None:
-                    self._node(target)
-                    with self._lock:
-                        self._current = target
-                    backoff.next_delay(e, sleep=False)
-                    continue
-                if kind:
-                    time.sleep(backoff.next_delay(e))
-                    continue
-                raise P.translate(e) from e
-            except BaseException:
-                conn.disconnect()
-                raise
-            node.checkin(conn, t)
-            return reply
+        return run(self._execute_steps(args, timeout, read_only, deadline))
 
     def close(self) -> None:
         """Closes every idle connection."""
@@ -352,7 +249,7 @@ class Client:
         return Lease(self, name, ttl, wait, fence, owner, margin)
 
 
-class Lease:
+class Lease(LeaseCore):
     """A held lease: its ``token``, a keeper thread that renews it every
     third of the ttl, and ``lost``, a :class:`threading.Event` set once the
     lease is released, refused (``LOST``), or not confirmed in time.
@@ -365,65 +262,27 @@ class Lease:
     thread has run since (a process pause).
     """
 
-    def __init__(
-        self,
-        client: Client,
-        name: str,
-        ttl: float,
-        wait: Optional[float],
-        fence: bool,
-        owner: Optional[str],
-        margin: Optional[float],
-    ) -> None:
-        if ttl <= 0:
-            raise ValueError("ttl must be positive")
-        self.client = client
-        self.name = name
-        self.ttl = float(ttl)
-        self.wait = wait
-        self.fence_on_acquire = fence
-        self.owner = owner or P.default_owner()
-        self.margin = P.default_margin(self.ttl) if margin is None else float(margin)
-        if not 0 <= self.margin < self.ttl * 2 / 3:
-            raise ValueError("margin must be at least 0 and below two thirds of the ttl")
-        self.token: int = 0
-        self.lost = threading.Event()
-        self.lost_reason: Optional[str] = None
-        self.lost_at: Optional[float] = None
-        self._valid_until = 0.0
-        self._last_sent = 0.0
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads: List[threading.Thread] = []
+    _new_event = staticmethod(threading.Event)
+    _new_lock = staticmethod(threading.Lock)
+    client: Client
 
     # -- life ---------------------------------------------------------------
 
     def acquire(self) -> "Lease":
         """Acquires the lease and starts the keeper (``with`` does this)."""
-        ttl_ms = max(10, int(self.ttl * 1000))
-        wait_ms = None if self.wait is None else int(self.wait * 1000)
-        sent = time.monotonic()
-        grant = self.client.acquire(self.name, self.owner, ttl_ms, self.fence_on_acquire, wait_ms)
-        self.token = grant.token
-        self._valid_until = sent + grant.ttl_ms / 1000.0 - self.margin
-        self._last_sent = sent
+        run(self._acquire_steps())
         for target in (self._keep, self._watch):
             t = threading.Thread(target=target, name=f"fencelog-lease-{self.name}", daemon=True)
             t.start()
-            self._threads.append(t)
+            self._workers.append(t)
         return self
 
     def release(self) -> None:
         """Stops the keeper, releases the lease and sets ``lost``."""
         self._stop.set()
-        for t in self._threads:
+        for t in self._workers:
             t.join(timeout=self.ttl)
-        if not self.lost.is_set():
-            try:
-                self.client.release(self.name, self.owner, self.token)
-            except FencelogError:
-                pass  # it expires by itself
-        self._mark_lost("released")
+        run(self._release_steps())
 
     def __enter__(self) -> "Lease":
         return self.acquire()
@@ -431,61 +290,16 @@ class Lease:
     def __exit__(self, *exc: Any) -> None:
         self.release()
 
-    # -- state --------------------------------------------------------------
-
-    def _mark_lost(self, reason: str) -> None:
-        with self._lock:
-            if self.lost.is_set():
-                return
-            self.lost_reason = reason
-            self.lost_at = time.monotonic()
-            self.lost.set()
-        self._stop.set()
-
-    def remaining(self) -> float:
-        """Seconds the client may still count on the lease (0 once lost)."""
-        if self.lost.is_set():
-            return 0.0
-        return max(0.0, self._valid_until - time.monotonic())
-
-    def check(self) -> None:
-        """Raises :class:`LostError` if the lease is lost or its confirmed
-        time has run out (then ``lost`` is set first)."""
-        if not self.lost.is_set() and time.monotonic() >= self._valid_until:
-            self._mark_lost("not renewed in time")
-        if self.lost.is_set():
-            raise LostError(f"lease {self.name!r} token {self.token} is lost: {self.lost_reason}")
-
     # -- keeper -------------------------------------------------------------
 
     def _keep(self) -> None:
         period = self.ttl / 3.0
         retry = min(period / 3.0, 0.2)
-        ttl_ms = max(10, int(self.ttl * 1000))
-        next_at = self._last_sent + period
-        while not self._stop.wait(timeout=max(0.0, next_at - time.monotonic())):
-            sent = time.monotonic()
-            if sent >= self._valid_until:
-                # Never renew what the client already counts as lost (a
-                # process pause can wake the keeper past the deadline).
-                self._mark_lost("not renewed in time")
-                return
-            try:
-                granted = self.client.renew(
-                    self.name, self.owner, self.token, ttl_ms,
-                    timeout=period, deadline=self._valid_until,
-                )
-            except LostError:
-                self._mark_lost("LOST: the server no longer holds it for this owner and token")
-                return
-            except FencelogError:
-                next_at = time.monotonic() + retry  # the watchdog decides when it is lost
-                continue
-            with self._lock:
-                if self.lost.is_set():
-                    return
-                self._valid_until = max(self._valid_until, sent + granted / 1000.0 - self.margin)
-            next_at = sent + period
+        next_at: Optional[float] = self._last_sent + period
+        while next_at is not None and not self._stop.wait(
+            timeout=max(0.0, next_at - time.monotonic())
+        ):
+            next_at = run(self._renew_steps(period, retry))
 
     def _watch(self) -> None:
         while not self._stop.wait(timeout=max(0.0, self._valid_until - time.monotonic())):
@@ -506,40 +320,9 @@ class Lease:
         answer sets ``lost`` and raises :class:`StaleError`. One append at
         a time per stream (concurrent ones would race for the offset and
         answer ``MISMATCH``)."""
-        self.check()
-        expected = self.client.stat(stream).next_offset
-        self.check()
-        try:
-            return self._append_at(stream, expected, payloads)
-        except (FencelogConnectionError, UncertainError) as first:
-            try:
-                self.check()
-            except LostError as lost:
-                raise LostError(
-                    f"{lost}; the append to {stream!r} at offset {expected} was sent, "
-                    "its reply lost: read the stream to learn whether it landed"
-                ) from first
-            try:
-                return self._append_at(stream, expected, payloads)
-            except (FencelogConnectionError, UncertainError) as second:
-                raise UncertainError(
-                    f"append to {stream!r} at offset {expected}: the reply was lost twice; "
-                    f"read the stream to learn whether it landed ({second})"
-                ) from first
-
-    def _append_at(self, stream: Payload, expected: int, payloads: Tuple[Payload, ...]) -> int:
-        try:
-            return self.client.append_at(stream, self.token, expected, *payloads)
-        except StaleError:
-            self._mark_lost("STALE: a newer token was accepted")
-            raise
+        return run(self._append_steps(stream, payloads))
 
     def fence(self, stream: Payload) -> int:
         """``LOG.FENCE`` of ``stream`` at this lease's token (refused locally
         once lost)."""
-        self.check()
-        try:
-            return self.client.fence(stream, self.token)
-        except StaleError:
-            self._mark_lost("STALE: a newer token was accepted")
-            raise
+        return run(self._fence_steps(stream))

@@ -174,9 +174,15 @@ fn existing_fencelog(runtime: &tokio::runtime::Runtime, args: &BenchArgs) -> Res
         .next()
         .ok_or_else(|| format!("{addr_text} resolves to no address"))?;
     let pid = runtime.block_on(async {
-        let mut conn = Conn::connect(addr, args.password.as_deref()).await.ok()?;
-        match conn.request(&[b"INFO", b"server"]).await.ok()? {
-            Reply::Bulk(Some(text)) => String::from_utf8_lossy(&text).lines().find_map(|l| {
+        let timeout = Duration::from_secs(10);
+        let mut conn = connect(addr, args.password.as_deref(), timeout)
+            .await
+            .ok()?;
+        match request(&mut conn, &[b"INFO", b"server"], timeout)
+            .await
+            .ok()?
+        {
+            Value::Bulk(text) => String::from_utf8_lossy(&text).lines().find_map(|l| {
                 l.trim_end()
                     .strip_prefix("process_id:")?
                     .parse::<u32>()
