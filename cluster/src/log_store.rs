@@ -349,6 +349,19 @@ fn build(replay: Replay<'_>) -> Result<RaftLogState, WalError> {
 pub struct LogStore {
     wal: Arc<Wal<RaftLogState>>,
     max_request: usize,
+    unsynced: Arc<Unsynced>,
+}
+
+/// Entries appended and not yet known durable, as encoded, by index:
+/// replication reads them here, so a leader sends a batch to its followers
+/// while its own sync of that batch runs (the two syncs overlap instead of
+/// following each other). Raft allows it: the leader counts itself
+/// towards a majority only once its own sync is done. Each entry leaves
+/// once its sync is (or a truncation or purge removes it), so this holds
+/// at most the batches in flight.
+#[derive(Default)]
+struct Unsynced {
+    entries: parking_lot::Mutex<BTreeMap<u64, (LogId<NodeId>, Arc<[u8]>)>>,
 }
 
 /// An entry is at most half a segment, and at most 64 MiB.
@@ -408,6 +421,7 @@ impl LogStore {
             wal: Arc::new(wal),
             max_request: (opts_max_entry(segment_bytes) as usize)
                 .saturating_sub(ENTRY_HEADER + 256),
+            unsynced: Arc::default(),
         })
     }
 
@@ -454,31 +468,37 @@ impl LogStore {
     async fn append_entries(
         &self,
         entries: impl IntoIterator<Item = Entry<TypeConfig>>,
-    ) -> Result<fencelog_wal::Ticket, StorageError<NodeId>> {
+    ) -> Result<(fencelog_wal::Ticket, Vec<LogId<NodeId>>), StorageError<NodeId>> {
         // Encoded before the lock; written as one batch, synced once.
         let mut encoded = Vec::new();
         for e in entries {
-            let rec = encode_entry(&e).map_err(|e| write_err(*e))?;
-            let id = Record::Entry {
-                index: e.log_id.index,
-                term: e.log_id.leader_id.term,
-                node: e.log_id.leader_id.node_id,
-            };
-            encoded.push((id, rec));
+            let rec: Arc<[u8]> = encode_entry(&e).map_err(|e| write_err(*e))?.into();
+            encoded.push((e.log_id, rec));
         }
+        let ids: Vec<LogId<NodeId>> = encoded.iter().map(|(id, _)| *id).collect();
+        let unsynced = &self.unsynced;
         let ticket = self
             .wal
-            .submit_async(|w| {
-                for (id, rec) in &encoded {
-                    let at = w.append(rec.len(), |buf| buf.copy_from_slice(rec))?;
-                    w.state().apply(id, at.segment, at.position);
+            .submit_async(move |w| {
+                // Readable by replication from the moment the log's state
+                // names them (both under the log's lock).
+                let mut cache = unsynced.entries.lock();
+                for (log_id, rec) in encoded {
+                    let id = Record::Entry {
+                        index: log_id.index,
+                        term: log_id.leader_id.term,
+                        node: log_id.leader_id.node_id,
+                    };
+                    let at = w.append(rec.len(), |buf| buf.copy_from_slice(&rec))?;
+                    w.state().apply(&id, at.segment, at.position);
+                    cache.insert(log_id.index, (log_id, rec));
                 }
                 Ok::<_, WalError>(w.ticket())
             })
             .await
             .map_err(write_err)?
             .map_err(write_err)?;
-        Ok(ticket)
+        Ok((ticket, ids))
     }
 
     /// Removes segments whose every entry is purged (once recovery no
@@ -547,12 +567,17 @@ impl LogStore {
             .with_state(|s| s.entries.range(start..end).map(|(i, l)| (*i, *l)).collect());
         let mut out = Vec::with_capacity(locs.len());
         for (index, loc) in locs {
-            let e = match self.wal.read_entry(loc.segment, loc.position) {
-                Ok(e) => e,
-                Err(e @ WalError::NoEntry { .. }) => return Err(Miss::NoEntry(e)),
-                Err(e) => return Err(Miss::Storage(Box::new(read_err(e)))),
+            // An entry whose sync may still run is read as it was encoded.
+            let cached = self.unsynced.entries.lock().get(&index).map(|(_, rec)| Arc::clone(rec));
+            let decoded = match cached {
+                Some(rec) => decode_entry(&rec),
+                None => match self.wal.read_entry(loc.segment, loc.position) {
+                    Ok(e) => decode_entry(&e.payload),
+                    Err(e @ WalError::NoEntry { .. }) => return Err(Miss::NoEntry(e)),
+                    Err(e) => return Err(Miss::Storage(Box::new(read_err(e)))),
+                },
             };
-            let entry = decode_entry(&e.payload).map_err(|why| {
+            let entry = decoded.map_err(|why| {
                 let at = format!("segment {} at byte {}: {why}", loc.segment, loc.position);
                 Miss::Storage(Box::new(StorageError::from(
                     StorageIOError::read_log_at_index(index, AnyError::error(at)),
@@ -670,15 +695,28 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
     {
-        let ticket = self.append_entries(entries).await?;
+        let (ticket, ids) = self.append_entries(entries).await?;
+        let unsynced = Arc::clone(&self.unsynced);
         tokio::spawn(async move {
             let result = ticket.await.map_err(io_err);
+            if result.is_ok() {
+                // Durable: read from the log from now on. An index taken
+                // since by a newer entry (after a truncation) stays.
+                let mut cache = unsynced.entries.lock();
+                for id in ids {
+                    if cache.get(&id.index).is_some_and(|(at, _)| *at == id) {
+                        cache.remove(&id.index);
+                    }
+                }
+            }
             callback.log_io_completed(result);
         });
         Ok(())
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
+        // Entries from `log_id` on are gone: none may be sent again.
+        drop(self.unsynced.entries.lock().split_off(&log_id.index));
         // Not waited for: the WAL syncs in order, so any later entry that
         // becomes durable carries this truncation with it.
         let _unwaited = self
@@ -689,6 +727,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
+        {
+            let mut cache = self.unsynced.entries.lock();
+            *cache = cache.split_off(&log_id.index.saturating_add(1));
+        }
         // Waited for: segments are removed only once the purge is durable.
         self.record(Record::Purge(log_id))
             .await
@@ -823,7 +865,7 @@ mod tests {
         {
             let mut store = LogStore::open_on(Arc::new(sim.clone()), dir, 1 << 20).unwrap();
             futures_block(store.save_vote(&vote)).unwrap();
-            let t = futures_block(store.append_entries((1..=3).map(blank))).unwrap();
+            let (t, _) = futures_block(store.append_entries((1..=3).map(blank))).unwrap();
             futures_block(t).unwrap();
             futures_block(store.purge(id(1))).unwrap();
         }
@@ -843,29 +885,34 @@ mod tests {
     }
 
     /// A leader replicates entries it appended before its own sync of them
-    /// is done. A read then must wait for them, not fail: a failed read
-    /// stops Raft on the node for good (a fault schedule caught an isolated
-    /// leader so).
+    /// is done: they are read as encoded, at once, while the sync runs (so
+    /// the leader's sync and its followers' overlap), and leave the cache
+    /// once durable. Before, the read waited for the leader's sync.
     #[tokio::test]
-    async fn a_read_of_entries_not_yet_durable_waits_for_them() {
+    async fn entries_not_yet_durable_are_read_without_waiting_for_their_sync() {
         let sim = fencelog_wal::SimStorage::new();
         let dir = Path::new("/raft");
-        let mut store = LogStore::open_on(Arc::new(sim.clone()), dir, 1 << 20).unwrap();
+        let store = LogStore::open_on(Arc::new(sim.clone()), dir, 1 << 20).unwrap();
         let before = sim.faults().syncs();
         sim.faults().delay_syncs(Duration::from_millis(300));
-        let ticket = store.append_entries((1..=3).map(blank)).await.unwrap();
-        // The sync of the three is still in flight (it takes 300 ms): read
-        // as before the fix, they are missing.
-        assert!(matches!(store.read_durable(1, 4), Err(Miss::NoEntry(_))));
-        let read = store.try_get_log_entries(1..4).await.unwrap();
+        let (ticket, _) = store.append_entries((1..=3).map(blank)).await.unwrap();
+        let mut reader = store.clone();
+        let read = reader.try_get_log_entries(1..4).await.unwrap();
         assert_eq!(
             read.iter().map(|e| e.log_id.index).collect::<Vec<_>>(),
             [1, 2, 3]
         );
-        assert!(
-            sim.faults().syncs() > before,
-            "the read waited for the sync"
-        );
+        assert_eq!(sim.faults().syncs(), before, "the read waited for the sync");
+        assert_eq!(store.unsynced.entries.lock().len(), 3);
         ticket.await.unwrap();
+        // A truncation takes its entries out of the cache too: none is
+        // sent again.
+        let (_, _) = store.append_entries((4..=6).map(blank)).await.unwrap();
+        let mut s = store.clone();
+        s.truncate(id(5)).await.unwrap();
+        assert_eq!(
+            store.unsynced.entries.lock().keys().copied().collect::<Vec<_>>(),
+            [1, 2, 3, 4]
+        );
     }
 }
