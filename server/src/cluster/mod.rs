@@ -170,11 +170,15 @@ pub struct Cluster {
 
 impl Cluster {
     /// Starts the node in `dir` (its `raft/`, `sm/` and `snap/`) and, on a
-    /// node with no state yet, forms the cluster or asks to join it.
+    /// node with no state yet, forms the cluster or asks to join it. The
+    /// leader's queue of writes waiting for an entry holds at most
+    /// `max_queued_bytes` (the server's client memory budget,
+    /// `--maxmemory-clients`: the writes are its clients').
     pub async fn start(
         config: ClusterConfig,
         dir: &Path,
         engine: fencelog::Options,
+        max_queued_bytes: u64,
     ) -> Result<Cluster, String> {
         let timeout = config.election_timeout.as_millis() as u64;
         let mut cfg = NodeConfig::new(
@@ -198,6 +202,7 @@ impl Cluster {
         cfg.snapshot_every_entries = config.snapshot_every;
         cfg.raft_segment_bytes = config.raft_segment_bytes;
         cfg.cluster_secret = config.secret.clone();
+        cfg.max_queued_bytes = max_queued_bytes;
         let node = Node::start(cfg)
             .await
             .map_err(|e| format!("cannot start cluster node {}: {e}", config.node_id))?;
