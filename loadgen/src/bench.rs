@@ -156,6 +156,10 @@ pub enum Workload {
     Reject,
     /// Appends to fenced streams, a fraction (--stale-ratio) stale.
     Mixed,
+    /// Reads of the first record of a stream holding one (`LOG.READ stream
+    /// 0 COUNT 1`): in cluster mode each read first confirms leadership
+    /// with a quorum (linearizable).
+    Read,
 }
 
 impl Workload {
@@ -164,6 +168,7 @@ impl Workload {
             Workload::Append => "append",
             Workload::Reject => "reject",
             Workload::Mixed => "mixed",
+            Workload::Read => "read",
         }
     }
 }
@@ -340,6 +345,15 @@ impl Dialect {
         }
     }
 
+    /// A read of a stream's first record.
+    fn read(self, stream: &[u8]) -> Vec<u8> {
+        match self {
+            Dialect::Fencelog => encode_command(&[b"LOG.READ", stream, b"0", b"COUNT", b"1"]),
+            Dialect::Redis => encode_command(&[b"LRANGE", stream, b"0", b"0"]),
+            Dialect::RedisPlain => encode_command(&[b"GET", stream]),
+        }
+    }
+
     /// A write meant to be rejected: an append with `token`, or under
     /// [`Dialect::RedisPlain`] the lookup that stands for one.
     fn stale(self, stream: &[u8], token: u64, payload: &[u8]) -> Vec<u8> {
@@ -354,6 +368,8 @@ impl Dialect {
         match (self, reply) {
             (Dialect::RedisPlain, Reply::Simple(s)) if s == "OK" => Outcome::Accepted,
             (Dialect::RedisPlain, Reply::Bulk(Some(_))) => Outcome::Stale,
+            // A read's records (reads are the only requests answered so).
+            (_, Reply::Array(Some(_))) => Outcome::Accepted,
             (_, reply) => reply_outcome(reply),
         }
     }
@@ -417,7 +433,7 @@ impl Plan {
         let streams = args.streams.unwrap_or(args.clients);
         let token = |n| Token::new(n).map_err(|e| e.to_string());
         let (valid, stale, stale_ratio) = match workload {
-            Workload::Append => (token(LOW_TOKEN)?, token(LOW_TOKEN)?, 0.0),
+            Workload::Append | Workload::Read => (token(LOW_TOKEN)?, token(LOW_TOKEN)?, 0.0),
             Workload::Reject => (token(FENCE_TOKEN)?, token(LOW_TOKEN)?, 1.0),
             Workload::Mixed => (token(FENCE_TOKEN)?, token(LOW_TOKEN)?, args.stale_ratio),
         };
@@ -657,7 +673,11 @@ async fn run_workload(target: &Target, plan: Arc<Plan>) -> Result<WorkloadResult
             for (i, conn) in (0..plan.clients).zip(connections) {
                 let client = Client::new(&plan, i, window);
                 let stream = plan.stream_of(i);
-                let valid = dialect.append(stream, plan.valid.get(), &plan.payload);
+                let valid = if plan.workload == Workload::Read {
+                    dialect.read(stream)
+                } else {
+                    dialect.append(stream, plan.valid.get(), &plan.payload)
+                };
                 let stale = dialect.stale(stream, plan.stale.get(), &plan.payload);
                 clients.spawn(tcp_client(
                     conn,
@@ -707,10 +727,22 @@ async fn fence_in_process(log: &Log, plan: &Plan) -> Result<(), String> {
     for chunk in plan.streams.chunks(FENCE_CHUNK) {
         let mut pending = Vec::with_capacity(chunk.len());
         for stream in chunk {
+            let failed = |e: fencelog::Error| {
+                format!("cannot fence {}: {e}", String::from_utf8_lossy(stream))
+            };
+            // `read` reads one record: each stream gets it here.
+            if plan.workload == Workload::Read {
+                log.append_deferred(stream, plan.valid, vec![plan.payload.clone()])
+                    .await
+                    .map_err(failed)?
+                    .await
+                    .map_err(failed)?;
+                continue;
+            }
             let d = log
                 .fence_deferred(stream, plan.valid)
                 .await
-                .map_err(|e| format!("cannot fence {}: {e}", String::from_utf8_lossy(stream)))?;
+                .map_err(failed)?;
             pending.push((stream, d));
         }
         for (stream, d) in pending {
@@ -770,7 +802,12 @@ async fn fence_tcp(
     for chunk in plan.streams.chunks(FENCE_CHUNK) {
         let mut out = Vec::new();
         for stream in chunk {
-            out.extend_from_slice(&dialect.fence(stream, plan.valid.get()));
+            // `read` reads one record: each stream gets it here.
+            if plan.workload == Workload::Read {
+                out.extend_from_slice(&dialect.append(stream, plan.valid.get(), &plan.payload));
+            } else {
+                out.extend_from_slice(&dialect.fence(stream, plan.valid.get()));
+            }
         }
         let replies = tokio::time::timeout(plan.timeout, async {
             conn.wr
@@ -788,6 +825,8 @@ async fn fence_tcp(
         for (stream, reply) in chunk.iter().zip(replies) {
             let fenced = match dialect {
                 Dialect::RedisPlain => reply == Reply::Simple("OK".into()),
+                // The record's offset (the streams are the run's own).
+                _ if plan.workload == Workload::Read => reply == Reply::Integer(0),
                 _ => reply == Reply::Integer(plan.valid.get() as i64),
             };
             if !fenced {
@@ -921,6 +960,15 @@ async fn in_process_client(log: Log, plan: Arc<Plan>, mut c: Client, i: u32) -> 
         let answered = tokio::time::timeout(plan.timeout, async {
             // Decide P writes, then await their P answers.
             for _ in 0..batch.len {
+                if plan.workload == Workload::Read {
+                    let read = log.read(&stream, 0, 1);
+                    let outcome = match read {
+                        Ok(_) => Outcome::Accepted,
+                        Err(e) => Outcome::Unexpected(e.to_string()),
+                    };
+                    c.record(&batch, false, outcome);
+                    continue;
+                }
                 let meant_stale = c.choose_stale();
                 let token = if meant_stale { plan.stale } else { plan.valid };
                 match log
