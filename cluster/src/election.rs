@@ -171,10 +171,14 @@ pub(crate) async fn drive(
                     continue;
                 }
                 let since = *silent_since.get_or_insert_with(Instant::now);
-                if since.elapsed() >= election.silence / 2
-                    && step_down(&raft, &log, m.current_term, id).await
-                {
+                if since.elapsed() >= election.silence / 2 {
+                    // Set first: once the vote is granted this node follows
+                    // no leader, and must not look like a node between
+                    // leaders for a moment (it would name itself again).
                     election.stepped_down.store(true, Ordering::Release);
+                    if !step_down(&raft, &log, m.current_term, id).await {
+                        election.stepped_down.store(false, Ordering::Release);
+                    }
                 }
                 continue;
             }

@@ -132,13 +132,14 @@ pub enum ClusterError {
     Removed,
     /// This node leads but no quorum has answered it for longer than an
     /// election timeout: it is about to step down (CheckQuorum), and
-    /// answers no client as the leader meanwhile.
+    /// answers no client as the leader meanwhile; or it stepped down for
+    /// that and has heard from no leader since (it is cut off).
     #[error(
-        "this node leads but no quorum has answered it for {ms} ms: it is stepping down; \
-         ask another member"
+        "this node led but no quorum has answered it for {ms} ms (it is cut off, or its peers \
+         are down): ask another member"
     )]
     NoQuorum {
-        /// How long since a quorum last answered.
+        /// How long since a quorum last answered it (or since it led).
         ms: u64,
     },
     /// An I/O error (binding the peer listener, …).
@@ -655,7 +656,8 @@ impl Node {
     /// election is in progress); [`ClusterError::Removed`] when this node
     /// is no longer a member and knows no leader (a removed leader); or
     /// [`ClusterError::NoQuorum`] when it leads but has heard from no
-    /// quorum for an election timeout (CheckQuorum is stepping it down).
+    /// quorum for an election timeout (CheckQuorum is stepping it down),
+    /// or stepped down for that and has heard from no leader since.
     /// Data commands ask this first (`propose`, `linearizable`).
     pub fn refusal(&self) -> Option<ClusterError> {
         let m = self.raft.metrics();
@@ -682,6 +684,13 @@ impl Node {
             .and_then(|id| Some((id, membership.get_node(&id)?.clone())));
         if leader.is_none() && removed {
             return Some(ClusterError::Removed);
+        }
+        if leader.is_none() && self.election.stepped_down() {
+            // Cut off: TRYAGAIN would keep its clients here for as long as
+            // the cut lasts.
+            return Some(ClusterError::NoQuorum {
+                ms: self.election.silent_for().as_millis() as u64,
+            });
         }
         Some(ClusterError::NotLeader { leader })
     }

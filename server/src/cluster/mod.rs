@@ -4,7 +4,10 @@
 //! clients expect: `CLUSTER SLOTS`/`SHARDS`/`NODES` describe one group
 //! owning every slot, with the leader as its primary; a follower answers a
 //! data command `-MOVED slot leader`, and while no leader is known,
-//! `-TRYAGAIN`.
+//! `-TRYAGAIN`. A node that cannot serve and should not keep its clients
+//! (a leader that has heard from no quorum for an election timeout, or
+//! stepped down for it; a removed node that knows no leader) answers
+//! `-CLUSTERDOWN` and names no primary ([`fencelog_cluster::Node::refusal`]).
 //!
 //! - `route.rs`: data commands in cluster mode (writes proposed to Raft,
 //!   reads after a ReadIndex, leases through the log).
