@@ -456,3 +456,62 @@ fn answer(outcome: Outcome, answers: Vec<oneshot::Sender<Result<Response, Cluste
         let _ = a.send(Err(failed.duplicate()));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batcher whose queue nobody takes from (no Raft behind it).
+    fn idle(max_queued_bytes: u64) -> (Batcher, mpsc::Receiver<Queued>) {
+        let (tx, rx) = mpsc::channel(MAX_QUEUED);
+        let counts = Arc::new(Counts {
+            writes: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            max_bytes: max_queued_bytes,
+        });
+        let batcher = Batcher {
+            tx,
+            clock: Arc::default(),
+            counts,
+        };
+        (batcher, rx)
+    }
+
+    #[test]
+    fn the_queue_counts_its_writes_and_bytes_and_refuses_past_its_byte_bound() {
+        let (b, mut rx) = idle(100);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // Into an empty queue a write goes whatever its size (it fits an
+        // entry: the caller checked), so a bound below one write never
+        // stops the group.
+        let _first = b.queue(WireCommand::Tick, 150, deadline).unwrap();
+        assert_eq!(
+            b.queued(),
+            QueueStats {
+                writes: 1,
+                bytes: 150,
+                max_writes: MAX_QUEUED as u64,
+                max_bytes: 100,
+            }
+        );
+        match b.queue(WireCommand::Tick, 1, deadline) {
+            Err(ClusterError::Busy { queued, bytes }) => assert_eq!((queued, bytes), (1, 150)),
+            other => panic!("{other:?}"),
+        }
+        // The refused write is not counted.
+        assert_eq!((b.queued().writes, b.queued().bytes), (1, 150));
+        // Taken out (as the batching task does), the room comes back.
+        let q = rx.try_recv().unwrap();
+        b.counts.left(1, q.bytes);
+        let _a = b.queue(WireCommand::Tick, 60, deadline).unwrap();
+        let _b = b.queue(WireCommand::Tick, 40, deadline).unwrap();
+        assert!(matches!(
+            b.queue(WireCommand::Tick, 1, deadline),
+            Err(ClusterError::Busy {
+                queued: 2,
+                bytes: 100
+            })
+        ));
+        assert_eq!((b.queued().writes, b.queued().bytes), (2, 100));
+    }
+}
