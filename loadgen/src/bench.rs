@@ -2174,6 +2174,29 @@ mod tests {
     }
 
     #[test]
+    fn reads_of_one_record_in_process_and_over_tcp() {
+        let server = TestServer::start(None);
+        let addr = server.addr.to_string();
+        for target in [vec![], vec!["--addr", addr.as_str()]] {
+            let mut list = vec![
+                "--workload",
+                "read",
+                "--requests",
+                "200",
+                "--clients",
+                "4",
+                "--pipeline",
+                "4",
+            ];
+            list.extend(target);
+            let report = execute(&args(&list), false).unwrap();
+            assert_sane(&report);
+            let r = by_name(&report, Workload::Read);
+            assert_eq!((r.requests, r.accepted, r.stale), (200, 200, 0));
+        }
+    }
+
+    #[test]
     fn tcp_with_a_password() {
         let server = TestServer::start(Some("sesame"));
         let addr = server.addr.to_string();
