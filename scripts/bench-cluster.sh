@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Durable appends and stale-write rejections through a 3-node cluster on
-# loopback against a single node, driven by the same load generator
-# (`fencelog bench`) in alternating runs; prints every run and the medians.
+# Durable appends, stale-write rejections and linearizable reads
+# (`LOG.READ stream 0 COUNT 1`; through the cluster each read first
+# confirms leadership with a quorum) through a 3-node cluster on loopback
+# against a single node, driven by the same load generator (`fencelog
+# bench`) in alternating runs; prints every run and the medians (the ratio
+# column is cluster / single node).
 #
 #   scripts/bench-cluster.sh [FENCELOG_BINARY] [RUNS] [SECONDS]
 #
@@ -49,7 +52,7 @@ tck=$(getconf CLK_TCK)
 results="$work/results.jsonl"
 for run in $(seq 1 "$runs"); do
     for pipeline in 1 16; do
-        for workload in append reject; do
+        for workload in append reject read; do
             for target in single:127.0.0.1:7601 cluster:127.0.0.1:7611; do
                 name="${target%%:*}"
                 addr="${target#*:}"

@@ -24,11 +24,17 @@
 //! log whenever a lease runs out on it ([`WireCommand::Tick`]), so the log
 //! knows the lease expired and no later take-over revives it.
 //!
-//! **Bounds.** The queue holds at most [`MAX_QUEUED`] writes; a write that
-//! waited past its client's deadline is answered and dropped, never
-//! proposed (its client was told it failed).
+//! **Bounds.** The queue holds at most [`MAX_QUEUED`] writes and at most
+//! `max_queued_bytes` of them encoded (the server's client memory budget,
+//! `--maxmemory-clients`): past either a write is refused at once
+//! ([`ClusterError::Busy`], `TRYAGAIN`). A write that waited past its
+//! client's deadline is answered and dropped, never proposed (its client
+//! was told it failed). What the queue holds is counted ([`Batcher::queued`]:
+//! `CLUSTER INFO`, `INFO memory`); each write's bytes also count in its
+//! client's share of the budget while the client waits for the answer.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use openraft::ServerState;
@@ -36,7 +42,7 @@ use openraft::error::ClientWriteError;
 use parking_lot::Mutex;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use crate::node::ClusterError;
+use crate::node::{ClusterError, Queued as QueueStats};
 use crate::state_machine::Engine;
 use crate::types::{Raft, Request, Response, WireCommand};
 
@@ -103,27 +109,56 @@ impl GroupClock {
     }
 }
 
+/// What the queue holds now: writes, and their encoded bytes.
+struct Counts {
+    writes: AtomicU64,
+    bytes: AtomicU64,
+    max_bytes: u64,
+}
+
+impl Counts {
+    /// Writes of `bytes` in all left the queue.
+    fn left(&self, writes: u64, bytes: u64) {
+        self.writes.fetch_sub(writes, Ordering::AcqRel);
+        self.bytes.fetch_sub(bytes, Ordering::AcqRel);
+    }
+}
+
 /// Where writes are queued for the batching task.
 #[derive(Clone)]
 pub(crate) struct Batcher {
     tx: mpsc::Sender<Queued>,
     clock: Arc<GroupClock>,
+    counts: Arc<Counts>,
 }
 
 impl Batcher {
     /// Starts the batching task and the leader's watch on the current
     /// runtime (Raft's).
-    pub(crate) fn spawn(raft: Raft, engine: Engine, max_bytes: u64) -> Batcher {
+    /// An entry holds at most `max_bytes` of writes; the queue at most
+    /// `max_queued_bytes`.
+    pub(crate) fn spawn(
+        raft: Raft,
+        engine: Engine,
+        max_bytes: u64,
+        max_queued_bytes: u64,
+    ) -> Batcher {
         let (tx, rx) = mpsc::channel(MAX_QUEUED);
         let clock = Arc::new(GroupClock::default());
+        let counts = Arc::new(Counts {
+            writes: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            max_bytes: max_queued_bytes,
+        });
         tokio::spawn(run(
             raft.clone(),
             engine.clone(),
             Arc::clone(&clock),
             rx,
             max_bytes,
+            Arc::clone(&counts),
         ));
-        let batcher = Batcher { tx, clock };
+        let batcher = Batcher { tx, clock, counts };
         tokio::spawn(watch(raft, engine, batcher.clone()));
         batcher
     }
@@ -134,15 +169,40 @@ impl Batcher {
         self.clock.now_ms(term)
     }
 
+    /// What the queue holds now, and its bounds.
+    pub(crate) fn queued(&self) -> QueueStats {
+        QueueStats {
+            writes: self.counts.writes.load(Ordering::Acquire),
+            bytes: self.counts.bytes.load(Ordering::Acquire),
+            max_writes: MAX_QUEUED as u64,
+            max_bytes: self.counts.max_bytes,
+        }
+    }
+
     /// Queues `cmd` (of `bytes` encoded) behind every write queued before
     /// it; the receiver answers once its entry is applied here. A write
-    /// still queued at `deadline` is dropped, never proposed.
+    /// still queued at `deadline` is dropped, never proposed. Refused
+    /// ([`ClusterError::Busy`]) when the queue holds [`MAX_QUEUED`] writes,
+    /// or would hold more than its bytes' bound with this one (a write is
+    /// taken into an empty queue whatever its size: it fits an entry).
     pub(crate) fn queue(
         &self,
         cmd: WireCommand,
         bytes: u64,
         deadline: Instant,
     ) -> Result<oneshot::Receiver<Result<Response, ClusterError>>, ClusterError> {
+        let counts = &self.counts;
+        // Counted before it is sent (the batching task may take it at once
+        // and count it out).
+        let held = counts.bytes.fetch_add(bytes, Ordering::AcqRel);
+        let writes = counts.writes.fetch_add(1, Ordering::AcqRel);
+        if writes > 0 && held + bytes > counts.max_bytes {
+            counts.left(1, bytes);
+            return Err(ClusterError::Busy {
+                queued: writes,
+                bytes: held,
+            });
+        }
         let (answer, rx) = oneshot::channel();
         let q = Queued {
             cmd,
@@ -152,10 +212,15 @@ impl Batcher {
         };
         match self.tx.try_send(q) {
             Ok(()) => Ok(rx),
-            Err(mpsc::error::TrySendError::Full(_)) => Err(ClusterError::Busy {
-                queued: MAX_QUEUED as u64,
-            }),
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                counts.left(1, bytes);
+                Err(ClusterError::Busy {
+                    queued: MAX_QUEUED as u64,
+                    bytes: held,
+                })
+            }
             Err(mpsc::error::TrySendError::Closed(_)) => {
+                counts.left(1, bytes);
                 Err(ClusterError::Raft("the node is shutting down".into()))
             }
         }
@@ -208,6 +273,7 @@ async fn run(
     clock: Arc<GroupClock>,
     mut rx: mpsc::Receiver<Queued>,
     max_bytes: u64,
+    counts: Arc<Counts>,
 ) {
     let slots = Arc::new(Semaphore::new(IN_FLIGHT));
     let mut carried: Option<Queued> = None;
@@ -238,6 +304,9 @@ async fn run(
                 Err(_) => break,
             }
         }
+        // Out of the queue: an entry's writes are Raft's to hold now (at
+        // most IN_FLIGHT entries of them), the late ones are answered.
+        counts.left(batch.len() as u64, bytes);
         // Writes whose clients were answered already are never proposed.
         let now = Instant::now();
         let (late, batch): (Vec<_>, Vec<_>) = batch.into_iter().partition(|q| q.deadline <= now);
@@ -385,5 +454,64 @@ fn answer(outcome: Outcome, answers: Vec<oneshot::Sender<Result<Response, Cluste
     };
     for a in answers {
         let _ = a.send(Err(failed.duplicate()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batcher whose queue nobody takes from (no Raft behind it).
+    fn idle(max_queued_bytes: u64) -> (Batcher, mpsc::Receiver<Queued>) {
+        let (tx, rx) = mpsc::channel(MAX_QUEUED);
+        let counts = Arc::new(Counts {
+            writes: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            max_bytes: max_queued_bytes,
+        });
+        let batcher = Batcher {
+            tx,
+            clock: Arc::default(),
+            counts,
+        };
+        (batcher, rx)
+    }
+
+    #[test]
+    fn the_queue_counts_its_writes_and_bytes_and_refuses_past_its_byte_bound() {
+        let (b, mut rx) = idle(100);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // Into an empty queue a write goes whatever its size (it fits an
+        // entry: the caller checked), so a bound below one write never
+        // stops the group.
+        let _first = b.queue(WireCommand::Tick, 150, deadline).unwrap();
+        assert_eq!(
+            b.queued(),
+            QueueStats {
+                writes: 1,
+                bytes: 150,
+                max_writes: MAX_QUEUED as u64,
+                max_bytes: 100,
+            }
+        );
+        match b.queue(WireCommand::Tick, 1, deadline) {
+            Err(ClusterError::Busy { queued, bytes }) => assert_eq!((queued, bytes), (1, 150)),
+            other => panic!("{other:?}"),
+        }
+        // The refused write is not counted.
+        assert_eq!((b.queued().writes, b.queued().bytes), (1, 150));
+        // Taken out (as the batching task does), the room comes back.
+        let q = rx.try_recv().unwrap();
+        b.counts.left(1, q.bytes);
+        let _a = b.queue(WireCommand::Tick, 60, deadline).unwrap();
+        let _b = b.queue(WireCommand::Tick, 40, deadline).unwrap();
+        assert!(matches!(
+            b.queue(WireCommand::Tick, 1, deadline),
+            Err(ClusterError::Busy {
+                queued: 2,
+                bytes: 100
+            })
+        ));
+        assert_eq!((b.queued().writes, b.queued().bytes), (2, 100));
     }
 }

@@ -19,6 +19,7 @@
 //!   followers from electing another.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use openraft::raft::VoteRequest;
@@ -28,7 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::log_store::LogStore;
 use crate::network::Network;
-use crate::types::{NodeId, Raft};
+use crate::types::{Member, NodeId, Raft};
 
 /// The node a stepping-down leader votes for: ids start at 1.
 const NOBODY: NodeId = 0;
@@ -58,6 +59,9 @@ pub(crate) struct Election {
     /// Campaigns wait `silence` plus up to this much more, at random, so
     /// that two nodes rarely campaign at once.
     spread: Duration,
+    /// This node stepped down for want of a quorum (CheckQuorum) and has
+    /// heard from no leader since: it is cut off, and names no primary.
+    stepped_down: AtomicBool,
 }
 
 impl Election {
@@ -69,6 +73,7 @@ impl Election {
             next_campaign: Mutex::new(now),
             silence: Duration::from_millis(max_ms),
             spread: Duration::from_millis(max_ms.saturating_sub(min_ms).max(1)),
+            stepped_down: AtomicBool::new(false),
         })
     }
 
@@ -76,10 +81,24 @@ impl Election {
     /// accepted).
     pub(crate) fn heard_from_leader(&self) {
         *self.contact.lock() = Instant::now();
+        self.stepped_down.store(false, Ordering::Release);
     }
 
-    fn silent_for(&self) -> Duration {
+    /// Whether this node stepped down for want of a quorum and has heard
+    /// from no leader since (nor led again).
+    pub(crate) fn stepped_down(&self) -> bool {
+        self.stepped_down.load(Ordering::Acquire)
+    }
+
+    /// How long since this node last heard from a leader (or led).
+    pub(crate) fn silent_for(&self) -> Duration {
         self.contact.lock().elapsed()
+    }
+
+    /// The silence after which a leader is taken for gone, and a leader
+    /// that heard no quorum for as long has lost it.
+    pub(crate) fn silence(&self) -> Duration {
+        self.silence
     }
 
     /// The answer to a pre-vote: yes only if this node has no leader
@@ -147,17 +166,19 @@ pub(crate) async fn drive(
                 // Leading counts as contact: once it steps down, it waits a
                 // whole timeout before it campaigns.
                 election.heard_from_leader();
-                let voters = m.membership_config.membership().voter_ids().count();
-                let lost = m
-                    .millis_since_quorum_ack
-                    .is_some_and(|ms| Duration::from_millis(ms) > election.silence);
-                if !(voters > 1 && lost) {
+                if !quorum_silent(&m, election.silence) {
                     silent_since = None;
                     continue;
                 }
                 let since = *silent_since.get_or_insert_with(Instant::now);
                 if since.elapsed() >= election.silence / 2 {
-                    step_down(&raft, &log, m.current_term, id).await;
+                    // Set first: once the vote is granted this node follows
+                    // no leader, and must not look like a node between
+                    // leaders for a moment (it would name itself again).
+                    election.stepped_down.store(true, Ordering::Release);
+                    if !step_down(&raft, &log, m.current_term, id).await {
+                        election.stepped_down.store(false, Ordering::Release);
+                    }
                 }
                 continue;
             }
@@ -214,19 +235,39 @@ pub(crate) async fn drive(
     }
 }
 
+/// Whether a leader (as `m` shows it) has heard from no quorum for longer
+/// than `silence`: CheckQuorum steps it down half a `silence` later, and
+/// meanwhile it answers no client as the leader (`Node::refusal`). A
+/// leader alone in its group always has its quorum; one elected a moment
+/// ago that no quorum acknowledged yet has not lost it (its voters just
+/// granted it their votes).
+pub(crate) fn quorum_silent(m: &openraft::RaftMetrics<NodeId, Member>, silence: Duration) -> bool {
+    m.state == ServerState::Leader
+        && m.membership_config.membership().voter_ids().count() > 1
+        && m.millis_since_quorum_ack
+            .is_some_and(|ms| Duration::from_millis(ms) > silence)
+}
+
 /// CheckQuorum: the leader grants its vote for the next term to nobody,
 /// which ends its leadership without an election of its own.
-async fn step_down(raft: &Raft, log: &LogStore, term: u64, id: NodeId) {
+/// Answers whether it stepped down.
+async fn step_down(raft: &Raft, log: &LogStore, term: u64, id: NodeId) -> bool {
     let req = VoteRequest::new(Vote::new(term + 1, NOBODY), log.last_log_id());
     match raft.vote(req).await {
-        Ok(r) if r.vote_granted => tracing::warn!(
-            event = "leader_stepped_down",
-            node = id,
-            term,
-            "no quorum answered for an election timeout: this leader stepped down"
-        ),
+        Ok(r) if r.vote_granted => {
+            tracing::warn!(
+                event = "leader_stepped_down",
+                node = id,
+                term,
+                "no quorum answered for an election timeout: this leader stepped down"
+            );
+            true
+        }
         // Its own lease not run out yet: asked again on the next round.
-        Ok(_) => {}
-        Err(e) => tracing::warn!(error = %e, "stepping down failed"),
+        Ok(_) => false,
+        Err(e) => {
+            tracing::warn!(error = %e, "stepping down failed");
+            false
+        }
     }
 }

@@ -29,6 +29,7 @@ mod election;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
+mod health;
 pub mod incarnation;
 pub mod log_store;
 pub mod network;
@@ -40,6 +41,6 @@ pub mod types;
 
 pub use codec::FormatError;
 pub use network::{ClusterSecret, PeerError};
-pub use node::{ClusterError, Node, NodeConfig, Proposal, Status, wait_for_leader};
+pub use node::{ClusterError, Health, Node, NodeConfig, Proposal, Queued, Status, wait_for_leader};
 pub use openraft::ChangeMembers;
 pub use types::{Member, NodeId, Request, Response, Responses, WireCommand, WireError, WireTxOp};

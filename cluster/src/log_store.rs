@@ -361,8 +361,11 @@ pub struct LogStore {
 /// at most the batches in flight.
 #[derive(Default)]
 struct Unsynced {
-    entries: parking_lot::Mutex<BTreeMap<u64, (LogId<NodeId>, Arc<[u8]>)>>,
+    entries: parking_lot::Mutex<BTreeMap<u64, Encoded>>,
 }
+
+/// An entry's id and its encoding, as written to the log.
+type Encoded = (LogId<NodeId>, Arc<[u8]>);
 
 /// An entry is at most half a segment, and at most 64 MiB.
 fn opts_max_entry(segment_bytes: u64) -> u32 {
@@ -568,7 +571,12 @@ impl LogStore {
         let mut out = Vec::with_capacity(locs.len());
         for (index, loc) in locs {
             // An entry whose sync may still run is read as it was encoded.
-            let cached = self.unsynced.entries.lock().get(&index).map(|(_, rec)| Arc::clone(rec));
+            let cached = self
+                .unsynced
+                .entries
+                .lock()
+                .get(&index)
+                .map(|(_, rec)| Arc::clone(rec));
             let decoded = match cached {
                 Some(rec) => decode_entry(&rec),
                 None => match self.wal.read_entry(loc.segment, loc.position) {
@@ -911,7 +919,13 @@ mod tests {
         let mut s = store.clone();
         s.truncate(id(5)).await.unwrap();
         assert_eq!(
-            store.unsynced.entries.lock().keys().copied().collect::<Vec<_>>(),
+            store
+                .unsynced
+                .entries
+                .lock()
+                .keys()
+                .copied()
+                .collect::<Vec<_>>(),
             [1, 2, 3, 4]
         );
     }

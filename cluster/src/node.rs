@@ -44,11 +44,16 @@ pub struct NodeConfig {
     /// before any Raft message is read (docs/CLUSTER.md, "Security").
     /// `None` (the default) only on loopback.
     pub cluster_secret: Option<network::ClusterSecret>,
+    /// The most bytes (encoded) of writes the leader's queue holds while
+    /// they wait for an entry; past it a write is refused (`Busy`). The
+    /// server makes it its client memory budget (`--maxmemory-clients`).
+    pub max_queued_bytes: u64,
 }
 
 impl NodeConfig {
     /// Defaults for a node: 8 MiB Raft segments, elections after 300–600 ms
-    /// of silence, heartbeats every 100 ms, a snapshot every 50 000 entries.
+    /// of silence, heartbeats every 100 ms, a snapshot every 50 000 entries,
+    /// a queue of writes of at most 512 MiB.
     pub fn new(id: NodeId, dir: PathBuf, raft_listen: SocketAddr, member: Member) -> NodeConfig {
         NodeConfig {
             id,
@@ -61,6 +66,7 @@ impl NodeConfig {
             heartbeat_ms: 100,
             snapshot_every_entries: 50_000,
             cluster_secret: None,
+            max_queued_bytes: 512 << 20,
         }
     }
 }
@@ -102,15 +108,40 @@ pub enum ClusterError {
     },
     /// This leader's queue of writes waiting for an entry is full: the
     /// write was not proposed (try again, or elsewhere).
-    #[error("{queued} writes are waiting for replication already; the write was not proposed")]
+    #[error(
+        "{queued} writes ({bytes} bytes) are waiting for replication already; the write was not \
+         proposed"
+    )]
     Busy {
-        /// The queue's bound.
+        /// Writes in the queue.
         queued: u64,
+        /// Their bytes.
+        bytes: u64,
     },
     /// The write waited in the leader's queue past its client's deadline
     /// and was dropped there, never proposed: it did not happen.
     #[error("the write waited too long for replication and was dropped, not applied")]
     Dropped,
+    /// This node is not a member of the group (it was removed, or is
+    /// still being added and replays a history from before) and knows no
+    /// leader to send its client to. It does not campaign.
+    #[error(
+        "this node was removed from the group (or is not yet added to it) and knows no leader: \
+         ask another member"
+    )]
+    Removed,
+    /// This node leads but no quorum has answered it for longer than an
+    /// election timeout: it is about to step down (CheckQuorum), and
+    /// answers no client as the leader meanwhile; or it stepped down for
+    /// that and has heard from no leader since (it is cut off).
+    #[error(
+        "this node led but no quorum has answered it for {ms} ms (it is cut off, or its peers \
+         are down): ask another member"
+    )]
+    NoQuorum {
+        /// How long since a quorum last answered it (or since it led).
+        ms: u64,
+    },
     /// An I/O error (binding the peer listener, …).
     #[error("{what}: {source}")]
     Io {
@@ -131,8 +162,13 @@ impl ClusterError {
                 leader: leader.clone(),
             },
             ClusterError::Uncertain(s) => ClusterError::Uncertain(s.clone()),
-            ClusterError::Busy { queued } => ClusterError::Busy { queued: *queued },
+            ClusterError::Busy { queued, bytes } => ClusterError::Busy {
+                queued: *queued,
+                bytes: *bytes,
+            },
             ClusterError::Dropped => ClusterError::Dropped,
+            ClusterError::Removed => ClusterError::Removed,
+            ClusterError::NoQuorum { ms } => ClusterError::NoQuorum { ms: *ms },
             ClusterError::TooLarge { len, max } => ClusterError::TooLarge {
                 len: *len,
                 max: *max,
@@ -155,6 +191,10 @@ pub struct Node {
     max_request: u64,
     batcher: Batcher,
     reads: Arc<crate::reads::Reads>,
+    /// When this node last heard from a leader, and the election timeout.
+    election: Arc<crate::election::Election>,
+    /// When each peer last answered this node.
+    answers: Arc<crate::health::PeerAnswers>,
     listener: parking_lot::Mutex<Option<JoinHandle<()>>>,
     /// Stops Raft's runtime, and its thread.
     runtime: parking_lot::Mutex<
@@ -174,6 +214,8 @@ struct Parts {
     log_store: LogStore,
     max_request: u64,
     batcher: Batcher,
+    election: Arc<crate::election::Election>,
+    answers: Arc<crate::health::PeerAnswers>,
     listener: JoinHandle<()>,
 }
 
@@ -239,7 +281,14 @@ async fn start_here(cfg: NodeConfig) -> Result<Parts, ClusterError> {
     let auth = network.auth();
     // The pre-votes share the pooled connections.
     let network_for_elections = network.clone();
-    let raft = Raft::new(cfg.id, Arc::new(config), network.clone(), log_store, sm)
+    // Raft's messages go through a network that notes each peer's answers
+    // (the leader's view of its members' health, `health.rs`).
+    let answers = Arc::new(crate::health::PeerAnswers::default());
+    let watched = crate::health::Watched {
+        inner: network.clone(),
+        answers: Arc::clone(&answers),
+    };
+    let raft = Raft::new(cfg.id, Arc::new(config), watched, log_store, sm)
         .await
         .map_err(|e| ClusterError::Raft(e.to_string()))?;
     if unrecorded {
@@ -294,7 +343,7 @@ async fn start_here(cfg: NodeConfig) -> Result<Parts, ClusterError> {
         log_store_view.clone(),
     ));
     tokio::spawn(crate::election::drive(
-        election,
+        Arc::clone(&election),
         raft.clone(),
         log_store_view.clone(),
         network_for_elections,
@@ -302,7 +351,12 @@ async fn start_here(cfg: NodeConfig) -> Result<Parts, ClusterError> {
     ));
     // An entry holds at most half of what one may (its writes' framing and
     // the rest of the entry fit in the other half).
-    let batcher = Batcher::spawn(raft.clone(), engine.clone(), max_request / 2);
+    let batcher = Batcher::spawn(
+        raft.clone(),
+        engine.clone(),
+        max_request / 2,
+        cfg.max_queued_bytes,
+    );
     Ok(Parts {
         incarnation,
         network,
@@ -311,6 +365,8 @@ async fn start_here(cfg: NodeConfig) -> Result<Parts, ClusterError> {
         engine,
         log_store: log_store_view,
         max_request,
+        election,
+        answers,
         listener,
     })
 }
@@ -347,6 +403,45 @@ pub struct Status {
     pub snapshot_index: Option<u64>,
     /// Snapshots installed since this node started.
     pub snapshots_installed: u64,
+    /// The members whose health this node can judge, and how: on the
+    /// leader every other member (from when each last answered it), on a
+    /// follower its leader (from when it last heard from it). A member
+    /// not listed is not known to have failed.
+    pub health: BTreeMap<NodeId, Health>,
+    /// This node leads but has heard from no quorum for an election
+    /// timeout (it is stepping down and answers no client as the leader),
+    /// or it stepped down for that and has heard from no leader since.
+    pub quorum_lost: bool,
+    /// This node knows a membership of the group, and it is not in it:
+    /// removed (or still being added, replaying a history from before).
+    pub removed: bool,
+    /// Writes waiting in this leader's queue for an entry, and their bytes
+    /// (see [`Node::queued`]).
+    pub queued: Queued,
+}
+
+/// A member's health as one node sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Health {
+    /// Heard from within an election timeout.
+    pub online: bool,
+    /// How long ago it was last heard from (ms), if ever since this node
+    /// started.
+    pub heard_ms: Option<u64>,
+}
+
+/// The leader's queue of writes waiting for an entry: what it holds and
+/// its bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Queued {
+    /// Writes waiting now.
+    pub writes: u64,
+    /// Their encoded bytes.
+    pub bytes: u64,
+    /// The most writes it holds (past it a write is refused: `Busy`).
+    pub max_writes: u64,
+    /// The most bytes it holds.
+    pub max_bytes: u64,
 }
 
 impl Node {
@@ -411,6 +506,8 @@ impl Node {
             max_request: parts.max_request,
             batcher: parts.batcher,
             reads: Arc::default(),
+            election: parts.election,
+            answers: parts.answers,
             listener: parking_lot::Mutex::new(Some(parts.listener)),
             runtime: parking_lot::Mutex::new(Some((stop_tx, thread))),
         })
@@ -527,12 +624,10 @@ impl Node {
                 max: self.max_request,
             });
         }
-        // Not proposed at all unless this node leads: a follower's answer
-        // is certain (the write did not happen).
-        if self.raft.metrics().borrow().state != ServerState::Leader {
-            return Err(ClusterError::NotLeader {
-                leader: self.leader(),
-            });
+        // Not proposed at all unless this node leads (and has its quorum):
+        // a follower's answer is certain (the write did not happen).
+        if let Some(refused) = self.refusal() {
+            return Err(refused);
         }
         let rx = self.batcher.queue(cmd, len, deadline)?;
         Ok(Box::pin(async move {
@@ -549,6 +644,9 @@ impl Node {
     /// clock is trusted). A read after it misses no committed write.
     /// Concurrent reads share one round (see `reads.rs`).
     pub async fn linearizable(&self) -> Result<(), ClusterError> {
+        if let Some(refused) = self.refusal() {
+            return Err(refused);
+        }
         self.reads.join(&self.raft).await
     }
 
@@ -559,7 +657,75 @@ impl Node {
     pub fn read_round(
         &self,
     ) -> impl Future<Output = Result<(), ClusterError>> + Send + 'static + use<> {
-        self.reads.join(&self.raft)
+        let round = match self.refusal() {
+            Some(refused) => Err(refused),
+            None => Ok(self.reads.join(&self.raft)),
+        };
+        async move { round?.await }
+    }
+
+    /// Why this node does not serve a client as the leader now, or `None`
+    /// if it does: [`ClusterError::NotLeader`] with the leader to send the
+    /// client to (another member, as this node knows it) or none (an
+    /// election is in progress); [`ClusterError::Removed`] when this node
+    /// is no longer a member and knows no leader (a removed leader); or
+    /// [`ClusterError::NoQuorum`] when it leads but has heard from no
+    /// quorum for an election timeout (CheckQuorum is stepping it down),
+    /// or stepped down for that and has heard from no leader since.
+    /// Data commands ask this first (`propose`, `linearizable`).
+    pub fn refusal(&self) -> Option<ClusterError> {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        let membership = m.membership_config.membership();
+        let member = membership.get_node(&self.id).is_some();
+        let removed = !member && membership.voter_ids().next().is_some();
+        if m.state == ServerState::Leader {
+            if removed {
+                // Its own removal is in its log: it leads only until that
+                // commits, then steps down.
+                return Some(ClusterError::Removed);
+            }
+            if crate::election::quorum_silent(&m, self.election.silence()) {
+                return Some(ClusterError::NoQuorum {
+                    ms: m.millis_since_quorum_ack.unwrap_or(0),
+                });
+            }
+            return None;
+        }
+        let leader = m
+            .current_leader
+            .filter(|id| *id != self.id)
+            .and_then(|id| Some((id, membership.get_node(&id)?.clone())));
+        if leader.is_none() && removed {
+            return Some(ClusterError::Removed);
+        }
+        if leader.is_none() && self.election.stepped_down() {
+            // Cut off: TRYAGAIN would keep its clients here for as long as
+            // the cut lasts.
+            return Some(ClusterError::NoQuorum {
+                ms: self.election.silent_for().as_millis() as u64,
+            });
+        }
+        Some(ClusterError::NotLeader { leader })
+    }
+
+    /// Whether this node knows a membership of the group and is not in it:
+    /// it was removed (or is still being added and replays a history from
+    /// before it was). It does not campaign, and answers clients `MOVED`
+    /// to the leader it knows, or [`ClusterError::Removed`].
+    pub fn removed(&self) -> bool {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        let membership = m.membership_config.membership();
+        membership.get_node(&self.id).is_none() && membership.voter_ids().next().is_some()
+    }
+
+    /// The leader's queue of writes waiting for an entry: writes and bytes
+    /// now, and its bounds. Each write's bytes also count, while its client
+    /// waits for the answer, in that client's share of the server's client
+    /// memory budget.
+    pub fn queued(&self) -> Queued {
+        self.batcher.queued()
     }
 
     /// The leader as this node knows it.
@@ -575,11 +741,30 @@ impl Node {
         let m = self.raft.metrics().borrow().clone();
         let membership = m.membership_config.membership();
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
-        let members = membership
+        let members: BTreeMap<NodeId, (Member, bool)> = membership
             .nodes()
             .map(|(id, n)| (*id, (n.clone(), voters.contains(id))))
             .collect();
+        let silence = self.election.silence();
+        let judge = |since: Option<Duration>| Health {
+            online: since.is_some_and(|d| d <= silence),
+            heard_ms: since.map(|d| d.as_millis() as u64),
+        };
+        let mut health = BTreeMap::new();
+        if m.state == ServerState::Leader {
+            for id in members.keys().filter(|id| **id != self.id) {
+                health.insert(*id, judge(self.answers.since(*id)));
+            }
+        } else if let Some(leader) = m.current_leader.filter(|l| *l != self.id) {
+            health.insert(leader, judge(Some(self.election.silent_for())));
+        }
+        let removed = !members.contains_key(&self.id) && !voters.is_empty();
         Status {
+            health,
+            quorum_lost: crate::election::quorum_silent(&m, silence)
+                || (m.current_leader.is_none() && self.election.stepped_down()),
+            removed,
+            queued: self.batcher.queued(),
             id: self.id,
             state: match m.state {
                 ServerState::Leader => "leader",

@@ -154,6 +154,10 @@ pub enum Workload {
     Reject,
     /// Appends to fenced streams, a fraction (--stale-ratio) stale.
     Mixed,
+    /// Reads of the first record of a stream holding one (`LOG.READ stream
+    /// 0 COUNT 1`): in cluster mode each read first confirms leadership
+    /// with a quorum (linearizable).
+    Read,
 }
 
 impl Workload {
@@ -162,6 +166,7 @@ impl Workload {
             Workload::Append => "append",
             Workload::Reject => "reject",
             Workload::Mixed => "mixed",
+            Workload::Read => "read",
         }
     }
 }
@@ -336,6 +341,15 @@ impl Dialect {
         }
     }
 
+    /// A read of a stream's first record.
+    fn read(self, stream: &[u8]) -> Request {
+        match self {
+            Dialect::Fencelog => Request::new(&[b"LOG.READ", stream, b"0", b"COUNT", b"1"]),
+            Dialect::Redis => Request::new(&[b"LRANGE", stream, b"0", b"0"]),
+            Dialect::RedisPlain => Request::new(&[b"GET", stream]),
+        }
+    }
+
     /// A write meant to be rejected: an append with `token`, or under
     /// [`Dialect::RedisPlain`] the lookup that stands for one.
     fn stale(self, stream: &[u8], token: u64, payload: &[u8]) -> Request {
@@ -350,6 +364,8 @@ impl Dialect {
         match (self, reply) {
             (Dialect::RedisPlain, Reply::Simple(b"OK")) => Outcome::Accepted,
             (Dialect::RedisPlain, Reply::Bulk(_)) => Outcome::Stale,
+            // A read's records (reads are the only requests answered so).
+            (_, Reply::Other(v)) if matches!(**v, Value::Array(_)) => Outcome::Accepted,
             (_, reply) => reply_outcome(reply),
         }
     }
@@ -413,7 +429,7 @@ impl Plan {
         let streams = args.streams.unwrap_or(args.clients);
         let token = |n| Token::new(n).map_err(|e| e.to_string());
         let (valid, stale, stale_ratio) = match workload {
-            Workload::Append => (token(LOW_TOKEN)?, token(LOW_TOKEN)?, 0.0),
+            Workload::Append | Workload::Read => (token(LOW_TOKEN)?, token(LOW_TOKEN)?, 0.0),
             Workload::Reject => (token(FENCE_TOKEN)?, token(LOW_TOKEN)?, 1.0),
             Workload::Mixed => (token(FENCE_TOKEN)?, token(LOW_TOKEN)?, args.stale_ratio),
         };
@@ -654,7 +670,11 @@ async fn run_workload(target: &Target, plan: Arc<Plan>) -> Result<WorkloadResult
             for (i, conn) in (0..plan.clients).zip(connections) {
                 let client = Client::new(&plan, i, window);
                 let stream = plan.stream_of(i);
-                let valid = dialect.append(stream, plan.valid.get(), &plan.payload);
+                let valid = if plan.workload == Workload::Read {
+                    dialect.read(stream)
+                } else {
+                    dialect.append(stream, plan.valid.get(), &plan.payload)
+                };
                 let stale = dialect.stale(stream, plan.stale.get(), &plan.payload);
                 clients.spawn(tcp_client(
                     conn,
@@ -704,10 +724,22 @@ async fn fence_in_process(log: &Log, plan: &Plan) -> Result<(), String> {
     for chunk in plan.streams.chunks(FENCE_CHUNK) {
         let mut pending = Vec::with_capacity(chunk.len());
         for stream in chunk {
+            let failed = |e: fencelog::Error| {
+                format!("cannot fence {}: {e}", String::from_utf8_lossy(stream))
+            };
+            // `read` reads one record: each stream gets it here.
+            if plan.workload == Workload::Read {
+                log.append_deferred(stream, plan.valid, vec![plan.payload.clone()])
+                    .await
+                    .map_err(failed)?
+                    .await
+                    .map_err(failed)?;
+                continue;
+            }
             let d = log
                 .fence_deferred(stream, plan.valid)
                 .await
-                .map_err(|e| format!("cannot fence {}: {e}", String::from_utf8_lossy(stream)))?;
+                .map_err(failed)?;
             pending.push((stream, d));
         }
         for (stream, d) in pending {
@@ -757,12 +789,19 @@ async fn fence_tcp(
     let token = plan.valid.get().to_string();
     for chunk in plan.streams.chunks(FENCE_CHUNK) {
         for stream in chunk {
-            conn.queue_request(&dialect.fence(stream, plan.valid.get()));
+            // `read` reads one record: each stream gets it here.
+            if plan.workload == Workload::Read {
+                conn.queue_request(&dialect.append(stream, plan.valid.get(), &plan.payload));
+            } else {
+                conn.queue_request(&dialect.fence(stream, plan.valid.get()));
+            }
         }
         let replies = exchange_all(&mut conn, plan.timeout, "fencing").await?;
         for (stream, reply) in chunk.iter().zip(replies) {
             let fenced = match dialect {
                 Dialect::RedisPlain => reply == Value::Simple("OK".into()),
+                // The record's offset (the streams are the run's own).
+                _ if plan.workload == Workload::Read => reply == Value::Int(0),
                 _ => reply == Value::Int(plan.valid.get() as i64),
             };
             if !fenced {
@@ -896,6 +935,15 @@ async fn in_process_client(log: Log, plan: Arc<Plan>, mut c: Client, i: u32) -> 
         let answered = tokio::time::timeout(plan.timeout, async {
             // Decide P writes, then await their P answers.
             for _ in 0..batch.len {
+                if plan.workload == Workload::Read {
+                    let read = log.read(&stream, 0, 1);
+                    let outcome = match read {
+                        Ok(_) => Outcome::Accepted,
+                        Err(e) => Outcome::Unexpected(e.to_string()),
+                    };
+                    c.record(&batch, false, outcome);
+                    continue;
+                }
                 let meant_stale = c.choose_stale();
                 let token = if meant_stale { plan.stale } else { plan.valid };
                 match log
@@ -1818,6 +1866,29 @@ mod tests {
         )
         .unwrap();
         assert_sane(&again);
+    }
+
+    #[test]
+    fn reads_of_one_record_in_process_and_over_tcp() {
+        let server = TestServer::start(None);
+        let addr = server.addr.to_string();
+        for target in [vec![], vec!["--addr", addr.as_str()]] {
+            let mut list = vec![
+                "--workload",
+                "read",
+                "--requests",
+                "200",
+                "--clients",
+                "4",
+                "--pipeline",
+                "4",
+            ];
+            list.extend(target);
+            let report = execute(&args(&list), false).unwrap();
+            assert_sane(&report);
+            let r = by_name(&report, Workload::Read);
+            assert_eq!((r.requests, r.accepted, r.stale), (200, 200, 0));
+        }
     }
 
     #[test]

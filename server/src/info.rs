@@ -41,6 +41,11 @@ pub fn metrics(ctx: &Context) -> Vec<Metric> {
     let s = &ctx.stats;
     let w = &m.wal;
     let uptime = s.started.elapsed().as_secs_f64();
+    let queued = ctx
+        .cluster
+        .as_ref()
+        .map(|c| c.node().queued())
+        .unwrap_or_default();
     vec![
         Metric {
             section: "server",
@@ -97,6 +102,23 @@ pub fn metrics(ctx: &Context) -> Vec<Metric> {
             help: "The budget over all clients (--maxmemory-clients), bytes.",
             kind: Kind::Gauge,
             value: ctx.clients.budget_bytes() as f64,
+        },
+        Metric {
+            section: "clients",
+            info: "cluster_queued_writes",
+            prometheus: "fencelog_cluster_queued_writes",
+            help: "Writes waiting in this leader's queue for a replicated entry (cluster mode).",
+            kind: Kind::Gauge,
+            value: queued.writes as f64,
+        },
+        Metric {
+            section: "clients",
+            info: "cluster_queued_bytes",
+            prometheus: "fencelog_cluster_queued_bytes",
+            help: "Bytes of the writes waiting in this leader's queue (cluster mode); each also \
+                   counts in its client's memory while the client waits.",
+            kind: Kind::Gauge,
+            value: queued.bytes as f64,
         },
         Metric {
             section: "stats",
@@ -579,6 +601,18 @@ pub fn info_text(ctx: &Context, sections: &[String]) -> String {
             out,
             "used_memory:{rss}\r\nused_memory_rss:{rss}\r\nmaxmemory:0\r\n"
         );
+        // Cluster mode: the writes waiting in this leader's queue for an
+        // entry (counted in their clients' memory, `mem_clients_normal`, while they wait;
+        // the queue's own bound is the same budget).
+        if let Some(c) = &ctx.cluster {
+            let q = c.node().queued();
+            let _ = write!(
+                out,
+                "mem_cluster_queue:{}\r\nmem_cluster_queue_writes:{}\r\n\
+                 mem_cluster_queue_max:{}\r\n",
+                q.bytes, q.writes, q.max_bytes
+            );
+        }
     }
     if wanted("keyspace") {
         // One database whose keys are the streams (redis-cli --stat sums

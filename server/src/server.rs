@@ -95,7 +95,10 @@ impl Server {
         let dir = config.dir.clone();
         let created = first_missing_ancestor(&dir);
         if let Some(cluster) = config.cluster.clone() {
-            return match crate::cluster::Cluster::start(cluster, &config.dir, engine).await {
+            let queue_bytes = config.maxmemory_clients_bytes as u64;
+            return match crate::cluster::Cluster::start(cluster, &config.dir, engine, queue_bytes)
+                .await
+            {
                 Ok(cluster) => Ok(Server::with(
                     config,
                     cluster.log(),

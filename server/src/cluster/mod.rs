@@ -4,7 +4,10 @@
 //! clients expect: `CLUSTER SLOTS`/`SHARDS`/`NODES` describe one group
 //! owning every slot, with the leader as its primary; a follower answers a
 //! data command `-MOVED slot leader`, and while no leader is known,
-//! `-TRYAGAIN`.
+//! `-TRYAGAIN`. A node that cannot serve and should not keep its clients
+//! (a leader that has heard from no quorum for an election timeout, or
+//! stepped down for it; a removed node that knows no leader) answers
+//! `-CLUSTERDOWN` and names no primary ([`fencelog_cluster::Node::refusal`]).
 //!
 //! - `route.rs`: data commands in cluster mode (writes proposed to Raft,
 //!   reads after a ReadIndex, leases through the log).
@@ -170,11 +173,15 @@ pub struct Cluster {
 
 impl Cluster {
     /// Starts the node in `dir` (its `raft/`, `sm/` and `snap/`) and, on a
-    /// node with no state yet, forms the cluster or asks to join it.
+    /// node with no state yet, forms the cluster or asks to join it. The
+    /// leader's queue of writes waiting for an entry holds at most
+    /// `max_queued_bytes` (the server's client memory budget,
+    /// `--maxmemory-clients`: the writes are its clients').
     pub async fn start(
         config: ClusterConfig,
         dir: &Path,
         engine: fencelog::Options,
+        max_queued_bytes: u64,
     ) -> Result<Cluster, String> {
         let timeout = config.election_timeout.as_millis() as u64;
         let mut cfg = NodeConfig::new(
@@ -198,6 +205,7 @@ impl Cluster {
         cfg.snapshot_every_entries = config.snapshot_every;
         cfg.raft_segment_bytes = config.raft_segment_bytes;
         cfg.cluster_secret = config.secret.clone();
+        cfg.max_queued_bytes = max_queued_bytes;
         let node = Node::start(cfg)
             .await
             .map_err(|e| format!("cannot start cluster node {}: {e}", config.node_id))?;

@@ -3,11 +3,22 @@
 //! replicas. Node ids are Redis' 40 hex digits (the node number, padded).
 //! `CLUSTER ADDNODE` and `CLUSTER REMOVENODE` are fencelog's own: the
 //! membership changes of Raft, run by the leader.
+//!
+//! Health: a member is `fail` (`NODES`) / `failed` (`SHARDS`) when this
+//! node can tell it is not answering: on the leader, any member that has
+//! not answered it for an election timeout; on a follower, its leader when
+//! it has heard nothing from it for as long. A follower cannot see the
+//! other followers (they do not talk to each other): it shows them online.
+//! A node that cannot serve as the primary it would name (a leader that
+//! has heard from no quorum for an election timeout, or stepped down for
+//! it and heard from no leader since; a removed node that knows no
+//! leader) names none: `SLOTS` and `SHARDS` answer `-CLUSTERDOWN …`, so a
+//! cluster client asks another member.
 
 use std::collections::BTreeSet;
 
 use bytes::Bytes;
-use fencelog_cluster::{ChangeMembers, Member, NodeId, Status};
+use fencelog_cluster::{ChangeMembers, ClusterError, Member, NodeId, Status};
 
 use super::Cluster;
 use crate::protocol::Reply;
@@ -52,14 +63,43 @@ fn error(text: impl Into<String>) -> Reply {
 }
 
 /// The primary clients should use: the leader if known, else this node (a
-/// command sent here then answers TRYAGAIN until there is a leader).
-fn primary(c: &Cluster, status: &Status) -> NodeId {
-    status.leader.unwrap_or(c.config().node_id)
+/// command sent here then answers TRYAGAIN until there is a leader); or
+/// why this node names none (a `-CLUSTERDOWN` error).
+fn primary(c: &Cluster, status: &Status) -> Result<NodeId, String> {
+    let me = c.config().node_id;
+    if status.removed {
+        // A removed follower still knows the leader it followed; a removed
+        // leader (stepped down) knows none.
+        return status
+            .leader
+            .filter(|l| *l != me && status.members.contains_key(l))
+            .ok_or_else(|| {
+                "CLUSTERDOWN this node was removed from the group (or is not yet added to it) \
+                 and knows no leader: ask another member"
+                    .to_string()
+            });
+    }
+    if status.quorum_lost {
+        return Err(format!(
+            "CLUSTERDOWN this node led but no quorum has answered it for {} ms (it is cut off, \
+             or its peers are down): ask another member",
+            status.millis_since_quorum_ack.map_or_else(
+                || "an election timeout or more".to_string(),
+                |ms| ms.to_string()
+            )
+        ));
+    }
+    Ok(status.leader.unwrap_or(me))
+}
+
+/// Whether member `id` answers, as far as this node can tell.
+fn online(status: &Status, id: NodeId) -> bool {
+    status.health.get(&id).is_none_or(|h| h.online)
 }
 
 /// Voters first (the primary leading), then learners.
 fn ordered_members(c: &Cluster, status: &Status) -> Vec<(NodeId, Member, bool)> {
-    let primary = primary(c, status);
+    let primary = primary(c, status).ok();
     let mut out: Vec<(NodeId, Member, bool)> = status
         .members
         .iter()
@@ -69,7 +109,7 @@ fn ordered_members(c: &Cluster, status: &Status) -> Vec<(NodeId, Member, bool)> 
         // Not part of a cluster yet: only this node is known.
         out.push((c.config().node_id, c.config().member.clone(), true));
     }
-    out.sort_by_key(|(id, _, voter)| (*id != primary, !*voter, *id));
+    out.sort_by_key(|(id, _, voter)| (Some(*id) != primary, !*voter, *id));
     out
 }
 
@@ -82,6 +122,10 @@ pub async fn cluster(c: &Cluster, a: &[Bytes]) -> Reply {
     let status = c.node().status();
     match (sub.as_str(), &a[1..]) {
         ("SLOTS" | "SHARDS", []) if status.members.is_empty() => not_a_member_yet(),
+        ("SLOTS" | "SHARDS", []) if primary(c, &status).is_err() => primary(c, &status)
+            .err()
+            .map(error)
+            .unwrap_or_else(not_a_member_yet),
         ("SLOTS", []) => slots(c, &status),
         ("SHARDS", []) => shards(c, &status),
         ("NODES", []) => Reply::Verbatim(nodes(c, &status)),
@@ -135,9 +179,11 @@ fn slots(c: &Cluster, status: &Status) -> Reply {
     Reply::Array(vec![Reply::Array(range)])
 }
 
-/// `CLUSTER SHARDS`: one shard with every slot and every member.
+/// `CLUSTER SHARDS`: one shard with every slot and every member, each
+/// with its health (`online`, or `failed` when this node can tell it does
+/// not answer).
 fn shards(c: &Cluster, status: &Status) -> Reply {
-    let primary = primary(c, status);
+    let primary = primary(c, status).ok();
     let nodes = ordered_members(c, status)
         .into_iter()
         .map(|(id, m, _)| {
@@ -154,13 +200,24 @@ fn shards(c: &Cluster, status: &Status) -> Reply {
                 (Reply::text("endpoint"), Reply::text(host)),
                 (
                     Reply::text("role"),
-                    Reply::text(if id == primary { "master" } else { "replica" }),
+                    Reply::text(if Some(id) == primary {
+                        "master"
+                    } else {
+                        "replica"
+                    }),
                 ),
                 (
                     Reply::text("replication-offset"),
                     Reply::Integer(i64::try_from(offset).unwrap_or(i64::MAX)),
                 ),
-                (Reply::text("health"), Reply::text("online")),
+                (
+                    Reply::text("health"),
+                    Reply::text(if online(status, id) {
+                        "online"
+                    } else {
+                        "failed"
+                    }),
+                ),
             ])
         })
         .collect();
@@ -176,9 +233,12 @@ fn shards(c: &Cluster, status: &Status) -> Reply {
     ])])
 }
 
-/// `CLUSTER NODES`: Redis' line format.
+/// `CLUSTER NODES`: Redis' line format. A member this node can tell does
+/// not answer is flagged `fail` and `disconnected`. With no primary to
+/// name (see [`primary`]), no member holds the slots: each voter is shown
+/// as a master without slots.
 fn nodes(c: &Cluster, status: &Status) -> String {
-    let primary = primary(c, status);
+    let primary = primary(c, status).ok();
     let mut out = String::new();
     for (id, m, voter) in ordered_members(c, status) {
         let (_, raft_port) = host_port(&m.raft_addr);
@@ -186,24 +246,29 @@ fn nodes(c: &Cluster, status: &Status) -> String {
         if id == c.config().node_id {
             flags.push("myself");
         }
-        flags.push(if id == primary { "master" } else { "slave" });
+        let is_primary = Some(id) == primary || (primary.is_none() && voter);
+        flags.push(if is_primary { "master" } else { "slave" });
+        let up = online(status, id);
+        if !up {
+            flags.push("fail");
+        }
         if !voter {
             flags.push("nofailover");
         }
-        let master = if id == primary {
-            "-".to_string()
-        } else {
-            node_name(primary)
+        let master = match primary {
+            Some(p) if !is_primary => node_name(p),
+            _ => "-".to_string(),
         };
-        let slots = if id == primary { " 0-16383" } else { "" };
+        let slots = if Some(id) == primary { " 0-16383" } else { "" };
         out.push_str(&format!(
-            "{} {}@{} {} {} 0 0 {} connected{}\n",
+            "{} {}@{} {} {} 0 0 {} {}{}\n",
             node_name(id),
             m.client_addr,
             raft_port,
             flags.join(","),
             master,
             status.term,
+            if up { "connected" } else { "disconnected" },
             slots
         ));
     }
@@ -212,19 +277,18 @@ fn nodes(c: &Cluster, status: &Status) -> String {
 
 /// `CLUSTER INFO`: Redis' fields, then Raft's.
 fn info(c: &Cluster, status: &Status) -> String {
-    let voters = status.members.values().filter(|(_, v)| *v).count().max(1);
-    let state = if status.leader.is_some() {
-        "ok"
-    } else {
-        "fail"
-    };
+    // The voters of the membership this node knows: 0 while it knows none
+    // (a node just started empty, or joining, before a leader reaches it).
+    let voters = status.members.values().filter(|(_, v)| *v).count();
+    let serving = status.leader.is_some() && primary(c, status).is_ok();
+    let state = if serving { "ok" } else { "fail" };
     let mut s = format!(
         "cluster_enabled:1\r\ncluster_state:{state}\r\ncluster_slots_assigned:{SLOTS}\r\n\
          cluster_slots_ok:{}\r\ncluster_slots_pfail:0\r\ncluster_slots_fail:{}\r\n\
          cluster_known_nodes:{}\r\ncluster_size:1\r\ncluster_current_epoch:{}\r\n\
          cluster_my_epoch:{}\r\n",
-        if status.leader.is_some() { SLOTS } else { 0 },
-        if status.leader.is_some() { 0 } else { SLOTS },
+        if serving { SLOTS } else { 0 },
+        if serving { 0 } else { SLOTS },
         status.members.len().max(1),
         status.term,
         status.term,
@@ -258,6 +322,27 @@ fn info(c: &Cluster, status: &Status) -> String {
             status.last_log_index.saturating_sub(*matched)
         ));
     }
+    s.push_str(&format!(
+        "raft_quorum_lost:{}\r\nraft_removed:{}\r\n",
+        u8::from(status.quorum_lost),
+        u8::from(status.removed)
+    ));
+    // What this node can tell of its members' health: on the leader every
+    // other member, on a follower its leader.
+    for (id, h) in &status.health {
+        s.push_str(&format!(
+            "raft_health_{id}:{},heard_ms={}\r\n",
+            if h.online { "online" } else { "failed" },
+            h.heard_ms
+                .map_or_else(|| "never".to_string(), |ms| ms.to_string())
+        ));
+    }
+    let q = status.queued;
+    s.push_str(&format!(
+        "raft_queued_writes:{}\r\nraft_queued_bytes:{}\r\nraft_queue_max_writes:{}\r\n\
+         raft_queue_max_bytes:{}\r\n",
+        q.writes, q.bytes, q.max_writes, q.max_bytes
+    ));
     // The membership as this node knows it: each member's incarnation
     // (the data directory the group admitted) and whether it votes.
     for (id, (m, voter)) in &status.members {
@@ -293,15 +378,17 @@ fn parse_id(b: &[u8]) -> Option<NodeId> {
     std::str::from_utf8(b).ok()?.parse().ok().filter(|&n| n > 0)
 }
 
-/// The leader's answer to a membership command sent elsewhere.
+/// The leader's answer to a membership command sent elsewhere (or to a
+/// leader that cannot serve: removed, or without its quorum).
 fn not_leader(c: &Cluster) -> Option<Reply> {
-    let status = c.node().status();
-    if status.state == "leader" {
-        return None;
-    }
-    Some(match c.node().leader() {
-        Some((_, m)) => error(format!("MOVED 0 {}", m.client_addr)),
-        None => error("TRYAGAIN no leader yet: an election is in progress"),
+    Some(match c.node().refusal()? {
+        ClusterError::NotLeader {
+            leader: Some((_, m)),
+        } => error(format!("MOVED 0 {}", m.client_addr)),
+        ClusterError::NotLeader { leader: None } => {
+            error("TRYAGAIN no leader yet: an election is in progress")
+        }
+        other => error(format!("CLUSTERDOWN {other}")),
     })
 }
 
