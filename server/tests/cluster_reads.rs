@@ -160,6 +160,13 @@ fn a_follower_moves_each_pipelined_read() {
         .unwrap();
     let mut c = Resp::connect(cluster.nodes[&follower].client, Duration::from_secs(10)).unwrap();
     let read: Vec<&[u8]> = vec![b"LOG.READ", b"s", b"0"];
+    // Until the follower has heard from the new leader it answers
+    // TRYAGAIN (it knows no leader yet).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !matches!(c.cmd(&read).unwrap(), Reply::Error(e) if e.starts_with("MOVED")) {
+        assert!(Instant::now() < deadline, "the follower never learned the leader");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let replies = c.pipeline(&vec![read; 20]).unwrap();
     let to = cluster.nodes[&leader].client.to_string();
     for r in &replies {
