@@ -34,42 +34,14 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::budget::{ClientShare, Eviction};
-use crate::commands::{self, Context, Later, Outcome, Pipelining, ReadProgress};
+use crate::cmd::{self, Pipelining};
+use crate::context::{Context, note_error};
+use crate::outcome::{Blocking, Later, Outcome, ReadProgress, ReplyFuture, error_reply};
 use crate::protocol::{
     ARG_OVERHEAD_BYTES, Output, ProtocolError, Reply, Request, RequestParser, looks_like_http,
 };
+use crate::session::{Multi, Session};
 use crate::shutdown::Shutdown;
-use crate::transaction::Multi;
-
-/// What a connection knows about its client.
-pub struct Session {
-    /// The connection's id (`CLIENT ID`).
-    pub id: u64,
-    /// The client's address, for log events.
-    pub peer: SocketAddr,
-    /// RESP version: 2, or 3 after `HELLO 3`.
-    pub proto: u8,
-    /// Whether the client may run commands (always, without a password).
-    pub authenticated: bool,
-    /// `CLIENT SETNAME`.
-    pub name: Option<Bytes>,
-    /// The transaction being queued, between `MULTI` and `EXEC`.
-    pub multi: Option<Multi>,
-    /// This connection in the list of clients (`CLIENT LIST`); `None` for
-    /// a session that is not a connection.
-    pub registration: Option<crate::clients::Registered>,
-}
-
-impl Session {
-    /// Who this is, for log events.
-    pub fn tag(&self) -> commands::ClientTag {
-        commands::ClientTag {
-            id: self.id,
-            addr: self.peer,
-            name: self.name.clone(),
-        }
-    }
-}
 
 /// Requests one connection runs before it yields to the others.
 pub const REQUESTS_PER_TURN: usize = 64;
@@ -90,7 +62,7 @@ const UNAUTHENTICATED_QUERY_BYTES: usize = 1 << 20;
 struct Pending {
     answer: Answer,
     bytes: usize,
-    /// A cluster read's (see [`commands::Pipelining::Read`]).
+    /// A read answered after its round (see [`Pipelining::Read`]).
     read: bool,
 }
 
@@ -101,8 +73,9 @@ enum Answer {
     /// A decided write's, once durable, with the stream it writes (for
     /// the log event of a rejection).
     Later(Later, Bytes),
-    /// A replicated write's (cluster mode), once applied.
-    Replicated(crate::cluster::route::ReplyFuture),
+    /// One answered later in order (a replicated write once applied, a
+    /// read once its round is done).
+    Pending(ReplyFuture),
 }
 
 /// A queued answer once it has come: a reply, or a write's result.
@@ -125,7 +98,7 @@ impl Answer {
             Answer::Later(later, stream) => later
                 .poll_result(cx)
                 .map(|r| Answered::Write(r, stream.clone())),
-            Answer::Replicated(answer) => answer.as_mut().poll(cx).map(Answered::Reply),
+            Answer::Pending(answer) => answer.as_mut().poll(cx).map(Answered::Reply),
         }
     }
 }
@@ -160,6 +133,24 @@ enum Held {
     Request(Request, usize),
     /// The last reply (a protocol error); the connection closes after it.
     Close(Reply),
+}
+
+/// What a request that ran leaves for its answer.
+struct Taken {
+    /// The bytes its request holds until answered.
+    bytes: usize,
+    /// Whether it is a read answered after its round.
+    read: bool,
+    /// The stream a write names (for the log event of a rejection).
+    stream_arg: Bytes,
+}
+
+/// What taking an outcome did.
+enum Took {
+    /// Encoded this many reply bytes (0: its answer is to come).
+    Produced(usize),
+    /// The connection stops running requests for now.
+    Stop(Stop),
 }
 
 /// Why a connection stopped running requests for now.
@@ -211,13 +202,8 @@ pub async fn serve(
     parser.set_unauthenticated(!authenticated);
     let mut conn = Connection {
         session: Session {
-            id,
-            peer,
-            proto: 2,
-            authenticated,
-            name: None,
-            multi: None,
             registration: Some(registration),
+            ..Session::new(id, peer, authenticated)
         },
         ctx,
         stream,
@@ -319,48 +305,26 @@ impl Connection {
             if requests >= REQUESTS_PER_TURN || produced >= OUTPUT_PER_TURN_BYTES {
                 return Ok(Stop::TurnSpent);
             }
-            let next = match self.held.take() {
-                Some(held) => held,
-                None if self.closing => return Ok(Stop::Wait),
-                None => match self.parser.next(&mut self.input, &self.ctx.config.limits) {
-                    Ok(Some(request)) => {
-                        let bytes = request_bytes(&request);
-                        Held::Request(request, bytes)
-                    }
-                    Ok(None) => return Ok(Stop::Wait),
-                    Err(ProtocolError(why)) => {
-                        tracing::info!(
-                            event = "protocol_error",
-                            client_id = self.session.id,
-                            client_addr = %self.session.peer,
-                            client_name = %self.client_name(),
-                            error = %why,
-                            "protocol error; closing the connection"
-                        );
-                        self.close_input();
-                        Held::Close(Reply::Error(format!("ERR Protocol error: {why}")))
-                    }
-                },
+            let Some(next) = self.next_request() else {
+                return Ok(Stop::Wait);
             };
             // Anything but a pipelined write sees the writes before it
             // answered: a read after an append in one pipeline sees it.
-            // Cluster reads pipeline behind reads only, writes behind
-            // writes only (a read never sees a write sent after it).
+            // Reads that wait for a round pipeline behind reads only,
+            // writes behind writes only (a read never sees a write sent
+            // after it).
             let pipelining = match &next {
                 Held::Close(_) => Pipelining::InOrder,
                 Held::Request(request, _) => {
-                    commands::pipelining(&self.session, request, self.ctx.cluster.is_some())
+                    cmd::pipelining(&self.session, request, self.ctx.store.orders_rounds())
                 }
             };
-            let reads_only = self.pending_reads == self.pending.len();
             let deferrable = match pipelining {
                 Pipelining::InOrder => false,
                 Pipelining::Write => self.pending_reads == 0,
-                Pipelining::Read => reads_only,
+                Pipelining::Read => self.pending_reads == self.pending.len(),
             };
-            let read = pipelining == Pipelining::Read;
-            let in_order = !deferrable;
-            if in_order && !self.pending.is_empty() {
+            if !deferrable && !self.pending.is_empty() {
                 self.held = Some(next);
                 return Ok(Stop::Wait);
             }
@@ -380,77 +344,132 @@ impl Connection {
                 true => request.get(1).cloned().unwrap_or_default(),
                 false => Bytes::new(),
             };
-            let outcome = commands::execute(&self.ctx, &mut self.session, request).await;
-            if let Some(r) = &self.session.registration {
-                // `CLIENT LIST` learns what changed (most requests change
-                // nothing, and telling it takes its locks).
-                let queued = self.session.multi.as_ref().map(Multi::len);
-                let same = self.listed.as_ref().is_some_and(|(name, proto, q)| {
-                    *name == self.session.name && *proto == self.session.proto && *q == queued
-                });
-                if !same {
-                    let name = self.session.name.clone();
-                    r.update(name.as_ref(), self.session.proto, queued);
-                    self.listed = Some((name, self.session.proto, queued));
-                }
-            }
+            let outcome = cmd::execute(&self.ctx, &mut self.session, request).await;
+            self.listed_changes();
             self.parser.set_unauthenticated(!self.session.authenticated);
-            match outcome {
-                // A write refused at once (a stale token on the fast path)
-                // still answers after the writes before it.
-                Outcome::Reply(reply) if !self.pending.is_empty() => {
-                    self.push_pending(Answer::Ready(Some(reply)), 0, read);
-                }
-                Outcome::Reply(reply) => produced += self.encode(&reply),
-                Outcome::Later(later) => {
-                    self.push_pending(Answer::Later(later, stream_arg), bytes, false);
-                }
-                Outcome::Replicated(answer) => {
-                    self.push_pending(Answer::Replicated(answer), bytes, read);
-                }
-                Outcome::Close(reply) => {
-                    self.encode(&reply);
-                    self.close_input();
-                    return Ok(Stop::Wait);
-                }
-                Outcome::Blocking(command) => {
-                    let on_shutdown = command.shutdown_reply();
-                    // A large read tells the budget what it gathers as it
-                    // goes, not only once it is done.
-                    let share = Arc::clone(&self.share);
-                    let progress: ReadProgress = Arc::new(move |bytes| share.set_reading(bytes));
-                    let mut run = Box::pin(
-                        command.run_counted(self.ctx.engine().into_owned(), Some(progress)),
-                    );
-                    // Most reads are done at once: answer them in line, so
-                    // a pipeline of reads is not a wait (and a write) each.
-                    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-                    if let Poll::Ready(reply) = run.as_mut().poll(&mut cx) {
-                        produced += self.encode(&reply);
-                        continue;
-                    }
-                    self.blocked = Some(Blocked {
-                        run,
-                        on_shutdown,
-                        _counted: BlockedCount::new(&self.ctx),
-                    });
-                    return Ok(Stop::Wait);
-                }
-                Outcome::OverOutputLimit {
-                    reply_bytes,
-                    limit_bytes,
-                    transaction_applied,
-                } => {
-                    return Err(End::OutputLimit {
-                        bytes: reply_bytes,
-                        limit: limit_bytes,
-                        transaction_applied,
-                    });
-                }
+            let taken = Taken {
+                bytes,
+                read: pipelining == Pipelining::Read,
+                stream_arg,
+            };
+            match self.take(outcome, taken)? {
+                Took::Produced(n) => produced += n,
+                Took::Stop(stop) => return Ok(stop),
             }
             // A transaction's queue counts as input not yet run.
             self.check_query_limit()?;
         }
+    }
+
+    /// The request to run next: one held back, or the next parsed (a
+    /// protocol error is the last reply); `None`: none yet, or closing.
+    fn next_request(&mut self) -> Option<Held> {
+        if let Some(held) = self.held.take() {
+            return Some(held);
+        }
+        if self.closing {
+            return None;
+        }
+        match self.parser.next(&mut self.input, &self.ctx.config.limits) {
+            Ok(Some(request)) => {
+                let bytes = request_bytes(&request);
+                Some(Held::Request(request, bytes))
+            }
+            Ok(None) => None,
+            Err(ProtocolError(why)) => {
+                tracing::info!(
+                    event = "protocol_error",
+                    client_id = self.session.id,
+                    client_addr = %self.session.peer,
+                    client_name = %self.client_name(),
+                    error = %why,
+                    "protocol error; closing the connection"
+                );
+                self.close_input();
+                Some(Held::Close(Reply::Error(format!(
+                    "ERR Protocol error: {why}"
+                ))))
+            }
+        }
+    }
+
+    /// `CLIENT LIST` learns what changed (most requests change nothing,
+    /// and telling it takes its locks).
+    fn listed_changes(&mut self) {
+        let Some(r) = &self.session.registration else {
+            return;
+        };
+        let queued = self.session.multi.as_ref().map(Multi::len);
+        let same = self.listed.as_ref().is_some_and(|(name, proto, q)| {
+            *name == self.session.name && *proto == self.session.proto && *q == queued
+        });
+        if !same {
+            let name = self.session.name.clone();
+            r.update(name.as_ref(), self.session.proto, queued);
+            self.listed = Some((name, self.session.proto, queued));
+        }
+    }
+
+    /// Takes a request's outcome: answers it, queues its answer, or runs
+    /// it as a waiting command.
+    fn take(&mut self, outcome: Outcome, taken: Taken) -> Result<Took, End> {
+        match outcome {
+            // A write refused at once (a stale token on the fast path)
+            // still answers after the writes before it.
+            Outcome::Reply(reply) if !self.pending.is_empty() => {
+                self.push_pending(Answer::Ready(Some(reply)), 0, taken.read);
+            }
+            Outcome::Reply(reply) => return Ok(Took::Produced(self.encode(&reply))),
+            Outcome::Later(later) => {
+                let answer = Answer::Later(later, taken.stream_arg);
+                self.push_pending(answer, taken.bytes, false);
+            }
+            Outcome::Pending(answer) => {
+                self.push_pending(Answer::Pending(answer), taken.bytes, taken.read);
+            }
+            Outcome::Close(reply) => {
+                self.encode(&reply);
+                self.close_input();
+                return Ok(Took::Stop(Stop::Wait));
+            }
+            Outcome::Blocking(command) => return Ok(self.run_blocking(command)),
+            Outcome::OverOutputLimit {
+                reply_bytes,
+                limit_bytes,
+                transaction_applied,
+            } => {
+                return Err(End::OutputLimit {
+                    bytes: reply_bytes,
+                    limit: limit_bytes,
+                    transaction_applied,
+                });
+            }
+        }
+        Ok(Took::Produced(0))
+    }
+
+    /// Runs a command that may wait: answered in line if it is done at
+    /// once, else it waits while the connection watches its client.
+    fn run_blocking(&mut self, command: Blocking) -> Took {
+        let on_shutdown = command.shutdown_reply();
+        // A large read tells the budget what it gathers as it goes, not
+        // only once it is done.
+        let share = Arc::clone(&self.share);
+        let progress: ReadProgress = Arc::new(move |bytes| share.set_reading(bytes));
+        let mut run = command.run(Some(progress));
+        // Most reads are done at once: answer them in line, so a pipeline
+        // of reads is not a wait (and a write) each.
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        if let Poll::Ready(reply) = run.as_mut().poll(&mut cx) {
+            return Took::Produced(self.encode(&reply));
+        }
+        debug_assert!(self.blocked.is_none(), "one waiting command at a time");
+        self.blocked = Some(Blocked {
+            run,
+            on_shutdown,
+            _counted: BlockedCount::new(&self.ctx),
+        });
+        Took::Stop(Stop::Wait)
     }
 
     /// Waits for something to do: an answer, the socket, shutdown, eviction.
@@ -525,8 +544,8 @@ impl Connection {
             Answered::Reply(reply) => reply,
             Answered::Write(Ok(n), _) => Reply::Integer(i64::try_from(n).unwrap_or(i64::MAX)),
             Answered::Write(Err(e), stream) => {
-                commands::note_error(&self.ctx, &self.session.tag(), &stream, &e);
-                commands::error_reply(&e)
+                note_error(&self.ctx, &self.session.tag(), &stream, &e);
+                error_reply(&e)
             }
         };
         self.encode(&reply);

@@ -5,7 +5,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -13,61 +13,22 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::budget::ClientMemory;
-use crate::commands::Context;
+use crate::cluster::Cluster;
+use crate::cluster::route::Group;
 use crate::config::ServeConfig;
 use crate::connection;
+use crate::context::Context;
 use crate::shutdown::{self, Shutdown};
+use crate::store::Store;
 
 /// Counters of the server itself (the engine keeps its own).
-pub struct ServerStats {
-    pub connections_total: AtomicU64,
-    pub connections_now: AtomicU64,
-    pub connections_refused: AtomicU64,
-    pub commands: AtomicU64,
-    pub bytes_in: AtomicU64,
-    /// Transactions whose writes were submitted, and those rejected.
-    pub transactions: AtomicU64,
-    pub transactions_aborted: AtomicU64,
-    /// Clients disconnected past `--max-query-buffer`.
-    pub query_buffer_limit_disconnections: AtomicU64,
-    /// Clients disconnected past `--client-output-buffer-limit`.
-    pub output_buffer_limit_disconnections: AtomicU64,
-    /// Connections closed for looking like HTTP.
-    pub http_requests_refused: AtomicU64,
-    /// Connections waiting in `BLOCK` or `WAIT` now.
-    pub blocked_clients: AtomicU64,
-    pub started: std::time::Instant,
-}
-
-impl ServerStats {
-    /// All zero, started now.
-    pub fn new() -> Self {
-        ServerStats {
-            connections_total: AtomicU64::new(0),
-            connections_now: AtomicU64::new(0),
-            connections_refused: AtomicU64::new(0),
-            commands: AtomicU64::new(0),
-            bytes_in: AtomicU64::new(0),
-            transactions: AtomicU64::new(0),
-            transactions_aborted: AtomicU64::new(0),
-            query_buffer_limit_disconnections: AtomicU64::new(0),
-            output_buffer_limit_disconnections: AtomicU64::new(0),
-            http_requests_refused: AtomicU64::new(0),
-            blocked_clients: AtomicU64::new(0),
-            started: std::time::Instant::now(),
-        }
-    }
-}
-
-impl Default for ServerStats {
-    fn default() -> Self {
-        Self::new()
-    }
-}
+pub use crate::context::ServerStats;
 
 /// A server bound to its addresses, not yet serving.
 pub struct Server {
     ctx: Arc<Context>,
+    /// Cluster mode: this node's replica (`None`: a single node).
+    cluster: Option<Arc<Cluster>>,
     listener: TcpListener,
     metrics: Option<TcpListener>,
 }
@@ -95,14 +56,18 @@ impl Server {
         let dir = config.dir.clone();
         let created = first_missing_ancestor(&dir);
         if let Some(cluster) = config.cluster.clone() {
-            return match crate::cluster::Cluster::start(cluster, &config.dir, engine).await {
-                Ok(cluster) => Ok(Server::with(
-                    config,
-                    cluster.log(),
-                    Some(Arc::new(cluster)),
-                    listener,
-                    metrics,
-                )),
+            return match Cluster::start(cluster, &config.dir, engine).await {
+                Ok(cluster) => {
+                    let cluster = Arc::new(cluster);
+                    let store = Arc::new(Group::new(Arc::clone(&cluster)));
+                    Ok(Server::with(
+                        config,
+                        store,
+                        Some(cluster),
+                        listener,
+                        metrics,
+                    ))
+                }
                 Err(e) => {
                     if let Some(created) = created {
                         let _ = std::fs::remove_dir_all(&created);
@@ -139,27 +104,27 @@ impl Server {
         if let Some(cut) = &report.cut {
             tracing::warn!(event = "recovery_cut", file = %cut.file.display(), position = cut.position, kind = ?cut.kind, reason = %cut.reason, bytes_cut = cut.bytes_cut, entries_cut = cut.entries_cut, token_floor = report.marks.floor, floor_raised = ?report.floor_raised, "recovery cut the log");
         }
-        Ok(Server::with(config, log, None, listener, metrics))
+        Ok(Server::with(config, Arc::new(log), None, listener, metrics))
     }
 
     fn with(
         config: ServeConfig,
-        log: fencelog::Log,
-        cluster: Option<Arc<crate::cluster::Cluster>>,
+        store: Arc<dyn Store>,
+        cluster: Option<Arc<Cluster>>,
         listener: TcpListener,
         metrics: Option<TcpListener>,
     ) -> Server {
         let clients = Arc::new(ClientMemory::new(config.maxmemory_clients_bytes));
         Server {
             ctx: Arc::new(Context {
-                log,
+                store,
                 config,
                 stats: ServerStats::new(),
                 clients,
                 registry: Arc::new(crate::clients::Registry::default()),
-                events: crate::commands::EventLimits::default(),
-                cluster,
+                events: crate::context::EventLimits::default(),
             }),
+            cluster,
             listener,
             metrics,
         }
@@ -178,6 +143,7 @@ impl Server {
     pub async fn run(self, stop: impl std::future::Future<Output = ()>) -> Result<(), String> {
         let Server {
             ctx,
+            cluster,
             listener,
             metrics,
         } = self;
@@ -192,8 +158,7 @@ impl Server {
         tracing::info!(addr = %listener.local_addr().map_err(|e| e.to_string())?, "serving");
         // A node started empty with --cluster-join asks to be added, while
         // it serves (answering TRYAGAIN until it is).
-        let join = ctx
-            .cluster
+        let join = cluster
             .clone()
             .map(|c| tokio::spawn(async move { c.join().await }));
         // The other threads that serve connections (this one is the first).
@@ -246,7 +211,7 @@ impl Server {
                 }
                 Some(_) = connections.join_next(), if !connections.is_empty() => {}
                 Some(_) = refusals.join_next(), if !refusals.is_empty() => {}
-                _ = lease_sweep.tick() => crate::commands::sweep_expired_leases(&ctx),
+                _ = lease_sweep.tick() => crate::context::sweep_expired_leases(&ctx),
                 () = &mut stop => break,
             }
         }
@@ -269,9 +234,11 @@ impl Server {
             join.abort();
             let _ = join.await;
         }
-        if let Some(cluster) = &ctx.cluster {
+        if let Some(cluster) = &cluster {
             cluster.shutdown().await;
         }
+        // The store holds the cluster too: the context's is the last.
+        drop(cluster);
         // The last handle: dropping it syncs what was submitted and stops
         // the log's threads. Off the runtime: it blocks.
         let ctx = Arc::try_unwrap(ctx).map_err(|ctx| {
