@@ -532,7 +532,11 @@ impl Connection {
         });
         self.pending_bytes += bytes;
         self.pending_reads += usize::from(read);
+        // Reads and writes never wait in the queue together, and the queue
+        // never passes its bound (`--max-pipeline`: a request runs only
+        // below it).
         debug_assert!(self.pending_reads == 0 || self.pending_reads == self.pending.len());
+        debug_assert!(self.pending.len() <= self.ctx.config.max_pipeline);
     }
 
     fn answered(&mut self, answer: Answered) {
