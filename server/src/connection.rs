@@ -740,15 +740,10 @@ impl Connection {
     /// Logs why the connection ended, when that is news.
     fn ended(mut self, end: End) -> std::io::Result<()> {
         let s = &self.session;
-        let name = s
-            .name
-            .as_deref()
-            .map(crate::logging::name_field)
-            .unwrap_or_default();
-        let stats = &self.ctx.stats;
+        let name = self.client_name();
         match end {
-            End::Closed => Ok(()),
-            End::Io(e) => Err(e),
+            End::Closed => {}
+            End::Io(e) => return Err(e),
             End::Killed => {
                 tracing::info!(
                     event = "client_killed",
@@ -757,10 +752,12 @@ impl Connection {
                     client_name = %name,
                     "client closed by CLIENT KILL"
                 );
-                Ok(())
             }
             End::Http => {
-                stats.http_requests_refused.fetch_add(1, Ordering::Relaxed);
+                self.ctx
+                    .stats
+                    .http_requests_refused
+                    .fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(
                     event = "http_request",
                     client_id = s.id,
@@ -768,58 +765,13 @@ impl Connection {
                     "possible cross-protocol attack: a request that looks like HTTP \
                      (POST, GET /, Host:) on the Redis port; connection closed"
                 );
-                Ok(())
             }
-            End::QueryLimit { bytes, limit } => {
-                stats
-                    .query_buffer_limit_disconnections
-                    .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(
-                    event = "client_dropped",
-                    reason = "query_buffer_limit",
-                    client_id = s.id,
-                    client_addr = %s.peer,
-                    client_name = %name,
-                    query_bytes = bytes,
-                    limit_bytes = limit,
-                    authenticated = s.authenticated,
-                    "client closed: its query buffer passed the limit (--max-query-buffer; \
-                     1 MiB before AUTH)"
-                );
-                Reply::Error(format!(
-                    "ERR Protocol error: the query buffer holds {bytes} bytes, over the limit \
-                     of {limit}"
-                ))
-                .encode_output(s.proto, &mut self.output);
-                let _ = self.stream.try_write_vectored(&self.output.slices(64));
-                Ok(())
-            }
+            End::QueryLimit { bytes, limit } => self.over_query_limit(&name, bytes, limit),
             End::OutputLimit {
                 bytes,
                 limit,
                 transaction_applied,
-            } => {
-                // The replies before the one over the limit, if the socket
-                // takes them now; nothing waits for a client that does not
-                // read.
-                let _ = self.stream.try_write_vectored(&self.output.slices(64));
-                stats
-                    .output_buffer_limit_disconnections
-                    .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(
-                    event = "client_dropped",
-                    reason = "output_buffer_limit",
-                    client_id = s.id,
-                    client_addr = %s.peer,
-                    client_name = %name,
-                    output_bytes = bytes,
-                    limit_bytes = limit,
-                    transaction_applied,
-                    "client closed: replies not yet read passed the limit \
-                     (--client-output-buffer-limit)"
-                );
-                Ok(())
-            }
+            } => self.over_output_limit(&name, bytes, limit, transaction_applied),
             End::Evicted(why) => {
                 tracing::warn!(
                     event = "client_dropped",
@@ -833,9 +785,67 @@ impl Connection {
                     "client closed: all clients together held more than --maxmemory-clients, \
                      and this one held the most"
                 );
-                Ok(())
             }
         }
+        Ok(())
+    }
+
+    /// Drops a client past `--max-query-buffer`, telling it why.
+    fn over_query_limit(&mut self, name: &str, bytes: usize, limit: usize) {
+        let s = &self.session;
+        self.ctx
+            .stats
+            .query_buffer_limit_disconnections
+            .fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            event = "client_dropped",
+            reason = "query_buffer_limit",
+            client_id = s.id,
+            client_addr = %s.peer,
+            client_name = %name,
+            query_bytes = bytes,
+            limit_bytes = limit,
+            authenticated = s.authenticated,
+            "client closed: its query buffer passed the limit (--max-query-buffer; \
+             1 MiB before AUTH)"
+        );
+        Reply::Error(format!(
+            "ERR Protocol error: the query buffer holds {bytes} bytes, over the limit \
+             of {limit}"
+        ))
+        .encode_output(s.proto, &mut self.output);
+        let _ = self.stream.try_write_vectored(&self.output.slices(64));
+    }
+
+    /// Drops a client whose unread replies passed
+    /// `--client-output-buffer-limit`.
+    fn over_output_limit(
+        &mut self,
+        name: &str,
+        bytes: usize,
+        limit: usize,
+        transaction_applied: bool,
+    ) {
+        // The replies before the one over the limit, if the socket takes
+        // them now; nothing waits for a client that does not read.
+        let _ = self.stream.try_write_vectored(&self.output.slices(64));
+        self.ctx
+            .stats
+            .output_buffer_limit_disconnections
+            .fetch_add(1, Ordering::Relaxed);
+        let s = &self.session;
+        tracing::warn!(
+            event = "client_dropped",
+            reason = "output_buffer_limit",
+            client_id = s.id,
+            client_addr = %s.peer,
+            client_name = %name,
+            output_bytes = bytes,
+            limit_bytes = limit,
+            transaction_applied,
+            "client closed: replies not yet read passed the limit \
+             (--client-output-buffer-limit)"
+        );
     }
 }
 

@@ -183,16 +183,7 @@ impl Server {
                         }
                     };
                     let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
-                        ctx.stats.connections_refused.fetch_add(1, Ordering::Relaxed);
-                        if let Some(suppressed) = ctx.events.refused.admit() {
-                            tracing::warn!(
-                                event = "connection_refused",
-                                client_addr = %peer,
-                                max_connections = ctx.config.max_connections,
-                                suppressed,
-                                "connection refused: --max-connections reached"
-                            );
-                        }
+                        note_refused(&ctx, peer);
                         refusals.spawn(refuse(stream));
                         continue;
                     };
@@ -218,41 +209,85 @@ impl Server {
         tracing::info!("shutting down: answering what was decided");
         drop(listener);
         trigger.fire();
-        let grace = ctx.config.shutdown_grace;
-        drain(&mut connections, grace).await;
-        // The other threads did the same with theirs (the same grace).
-        for worker in workers {
-            worker.join().await;
-        }
-        refusals.abort_all();
-        while refusals.join_next().await.is_some() {}
-        if let Some(task) = metrics_task {
-            // It aborts and waits for its own scrapes before it returns.
-            let _ = task.await;
-        }
-        if let Some(join) = join {
-            join.abort();
-            let _ = join.await;
-        }
-        if let Some(cluster) = &cluster {
-            cluster.shutdown().await;
-        }
-        // The store holds the cluster too: the context's is the last.
-        drop(cluster);
-        // The last handle: dropping it syncs what was submitted and stops
-        // the log's threads. Off the runtime: it blocks.
-        let ctx = Arc::try_unwrap(ctx).map_err(|ctx| {
-            format!(
-                "internal error: {} tasks still hold the server's context after every task \
-                 was awaited",
-                Arc::strong_count(&ctx) - 1
-            )
-        })?;
-        tokio::task::spawn_blocking(move || drop(ctx))
-            .await
-            .map_err(|e| e.to_string())?;
+        let tasks = Tasks {
+            connections,
+            workers,
+            refusals,
+            metrics: metrics_task,
+            join,
+        };
+        shut_down(ctx, cluster, tasks).await?;
         tracing::info!("stopped");
         Ok(())
+    }
+}
+
+/// The tasks a server waits for when it shuts down.
+struct Tasks {
+    connections: JoinSet<()>,
+    workers: Vec<Worker>,
+    refusals: JoinSet<()>,
+    metrics: Option<tokio::task::JoinHandle<()>>,
+    join: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// The shutdown once the listener is gone and the signal fired: the
+/// connections answer what was decided (for up to the grace period), every
+/// task is awaited, the cluster stops, and the log is closed (synced).
+async fn shut_down(
+    ctx: Arc<Context>,
+    cluster: Option<Arc<Cluster>>,
+    mut tasks: Tasks,
+) -> Result<(), String> {
+    let grace = ctx.config.shutdown_grace;
+    drain(&mut tasks.connections, grace).await;
+    // The other threads did the same with theirs (the same grace).
+    for worker in tasks.workers {
+        worker.join().await;
+    }
+    tasks.refusals.abort_all();
+    while tasks.refusals.join_next().await.is_some() {}
+    if let Some(task) = tasks.metrics {
+        // It aborts and waits for its own scrapes before it returns.
+        let _ = task.await;
+    }
+    if let Some(join) = tasks.join {
+        join.abort();
+        let _ = join.await;
+    }
+    if let Some(cluster) = &cluster {
+        cluster.shutdown().await;
+    }
+    // The store holds the cluster too: the context's is the last.
+    drop(cluster);
+    // The last handle: dropping it syncs what was submitted and stops
+    // the log's threads. Off the runtime: it blocks.
+    let ctx = Arc::try_unwrap(ctx).map_err(|ctx| {
+        format!(
+            "internal error: {} tasks still hold the server's context after every task \
+             was awaited",
+            Arc::strong_count(&ctx) - 1
+        )
+    })?;
+    tokio::task::spawn_blocking(move || drop(ctx))
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// A connection refused over `--max-connections`: counted, and logged
+/// (rate-limited).
+fn note_refused(ctx: &Context, peer: SocketAddr) {
+    ctx.stats
+        .connections_refused
+        .fetch_add(1, Ordering::Relaxed);
+    if let Some(suppressed) = ctx.events.refused.admit() {
+        tracing::warn!(
+            event = "connection_refused",
+            client_addr = %peer,
+            max_connections = ctx.config.max_connections,
+            suppressed,
+            "connection refused: --max-connections reached"
+        );
     }
 }
 

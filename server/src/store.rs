@@ -88,6 +88,30 @@ pub enum LeaseState {
     Unknown,
 }
 
+impl LeaseState {
+    /// The state of a lease this node's engine shows (`None`: free).
+    pub fn of(info: Option<LeaseInfo>) -> LeaseState {
+        match info {
+            Some(info) => LeaseState::Live {
+                token: info.token.get(),
+                remaining: info.remaining,
+            },
+            None => LeaseState::Free,
+        }
+    }
+}
+
+/// The stream a write op changes.
+pub fn op_stream(op: &TxOp) -> &Bytes {
+    match op {
+        TxOp::Append { stream, .. }
+        | TxOp::AppendAt { stream, .. }
+        | TxOp::Fence { stream, .. }
+        | TxOp::Trim { stream, .. }
+        | TxOp::Delete { stream, .. } => stream,
+    }
+}
+
 /// A lease granted: its token and ttl.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Granted {
@@ -273,13 +297,7 @@ impl Store for Log {
     }
 
     fn lease_state(&self, name: &[u8]) -> LeaseState {
-        match Log::lease_info(self, name) {
-            Ok(Some(info)) => LeaseState::Live {
-                token: info.token.get(),
-                remaining: info.remaining,
-            },
-            _ => LeaseState::Free,
-        }
+        LeaseState::of(Log::lease_info(self, name).ok().flatten())
     }
 
     fn cluster(&self, _args: &[Bytes]) -> BoxFuture<'_, Reply> {

@@ -35,6 +35,7 @@ use super::slots::key_slot;
 use crate::protocol::Reply;
 use crate::store::{
     Barrier, BoxFuture, Failure, Granted, LeaseArgs, LeaseState, Pending, Store, Ticket, Written,
+    op_stream,
 };
 
 /// How long a proposed write may wait for its answer: longer means the
@@ -209,7 +210,7 @@ impl Store for Group {
 
     fn write(&self, op: TxOp) -> BoxFuture<'_, Result<Written, Failure>> {
         Box::pin(async move {
-            let key = crate::cmd::streams::op_stream(&op).clone();
+            let key = op_stream(&op).clone();
             let answer = self.propose(key, WireCommand::from_op(&op), value).await?;
             Ok(Written::Applied(answer))
         })
@@ -219,7 +220,7 @@ impl Store for Group {
         Box::pin(async move {
             let key = ops
                 .first()
-                .map(|op| crate::cmd::streams::op_stream(op).clone())
+                .map(|op| op_stream(op).clone())
                 .unwrap_or_default();
             let wire = WireCommand::Transact(ops.iter().map(WireTxOp::from_engine).collect());
             self.propose(key, wire, values).await?.await
@@ -317,11 +318,7 @@ impl Store for Group {
             return LeaseState::Unknown;
         };
         match self.cluster.log().lease_info_at(name, now) {
-            Ok(Some(info)) => LeaseState::Live {
-                token: info.token.get(),
-                remaining: info.remaining,
-            },
-            Ok(None) => LeaseState::Free,
+            Ok(info) => LeaseState::of(info),
             Err(_) => LeaseState::Unknown,
         }
     }

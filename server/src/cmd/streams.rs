@@ -14,6 +14,7 @@ use crate::command_table::*;
 use crate::context::{ClientTag, Context, failure_reply, note_error};
 use crate::outcome::{Blocking, Outcome, ReadProgress, error_reply, number};
 use crate::protocol::Reply;
+pub use crate::store::op_stream;
 use crate::store::{Barrier, Store, Written};
 
 /// The stream commands' specs, in the order `docs/COMMANDS.md` lists them.
@@ -177,17 +178,6 @@ pub fn parse_write(cmd: &str, a: &[Bytes]) -> Option<Result<TxOp, Reply>> {
         Outcome::Reply(r) => r,
         _ => Reply::Error("ERR syntax error".into()),
     }))
-}
-
-/// The stream a write op changes.
-pub fn op_stream(op: &TxOp) -> &Bytes {
-    match op {
-        TxOp::Append { stream, .. }
-        | TxOp::AppendAt { stream, .. }
-        | TxOp::Fence { stream, .. }
-        | TxOp::Trim { stream, .. }
-        | TxOp::Delete { stream, .. } => stream,
-    }
 }
 
 /// Takes a parsed write: refused at once if the store can tell it is
