@@ -149,9 +149,6 @@ impl Server {
         } = self;
         let (trigger, shutdown) = shutdown::channel();
         let permits = Arc::new(Semaphore::new(ctx.config.max_connections));
-        let mut connections = JoinSet::new();
-        // Refusals over the connection limit: short, but tasks all the same.
-        let mut refusals = JoinSet::new();
         let metrics_task = metrics.map(|metrics| {
             tokio::spawn(serve_metrics(Arc::clone(&ctx), metrics, shutdown.clone()))
         });
@@ -165,6 +162,14 @@ impl Server {
         let workers: Vec<Worker> = (1..ctx.config.threads.max(1))
             .map(|i| Worker::start(i, shutdown.clone(), ctx.config.shutdown_grace))
             .collect::<Result<_, _>>()?;
+        let mut tasks = Tasks {
+            connections: JoinSet::new(),
+            workers,
+            // Refusals over the connection limit: short, but tasks all the same.
+            refusals: JoinSet::new(),
+            metrics: metrics_task,
+            join,
+        };
         tokio::pin!(stop);
         let mut next_id = 1u64;
         // Leases granted here whose ttl ran out: logged once a second.
@@ -184,24 +189,15 @@ impl Server {
                     };
                     let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
                         note_refused(&ctx, peer);
-                        refusals.spawn(refuse(stream));
+                        tasks.refusals.spawn(refuse(stream));
                         continue;
                     };
-                    let id = next_id;
-                    next_id += 1;
-                    ctx.stats.connections_total.fetch_add(1, Ordering::Relaxed);
-                    ctx.stats.connections_now.fetch_add(1, Ordering::Relaxed);
                     let open = OpenConnection { ctx: Arc::clone(&ctx), _permit: permit };
-                    // Round robin over the threads: this one is thread 0.
-                    let thread = (id % (workers.len() as u64 + 1)) as usize;
-                    if thread == 0 {
-                        connections.spawn(serve_connection(open, stream, peer, id, shutdown.clone()));
-                    } else {
-                        workers[thread - 1].hand_over(open, stream, peer, id);
-                    }
+                    tasks.serve(open, stream, peer, next_id, &shutdown);
+                    next_id += 1;
                 }
-                Some(_) = connections.join_next(), if !connections.is_empty() => {}
-                Some(_) = refusals.join_next(), if !refusals.is_empty() => {}
+                Some(_) = tasks.connections.join_next(), if !tasks.connections.is_empty() => {}
+                Some(_) = tasks.refusals.join_next(), if !tasks.refusals.is_empty() => {}
                 _ = lease_sweep.tick() => crate::context::sweep_expired_leases(&ctx),
                 () = &mut stop => break,
             }
@@ -209,13 +205,6 @@ impl Server {
         tracing::info!("shutting down: answering what was decided");
         drop(listener);
         trigger.fire();
-        let tasks = Tasks {
-            connections,
-            workers,
-            refusals,
-            metrics: metrics_task,
-            join,
-        };
         shut_down(ctx, cluster, tasks).await?;
         tracing::info!("stopped");
         Ok(())
@@ -229,6 +218,30 @@ struct Tasks {
     refusals: JoinSet<()>,
     metrics: Option<tokio::task::JoinHandle<()>>,
     join: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Tasks {
+    /// Serves an accepted connection on one of the threads, round robin
+    /// (this one is thread 0).
+    fn serve(
+        &mut self,
+        open: OpenConnection,
+        stream: TcpStream,
+        peer: SocketAddr,
+        id: u64,
+        shutdown: &Shutdown,
+    ) {
+        let stats = &open.ctx.stats;
+        stats.connections_total.fetch_add(1, Ordering::Relaxed);
+        stats.connections_now.fetch_add(1, Ordering::Relaxed);
+        let thread = (id % (self.workers.len() as u64 + 1)) as usize;
+        if thread == 0 {
+            let task = serve_connection(open, stream, peer, id, shutdown.clone());
+            self.connections.spawn(task);
+        } else {
+            self.workers[thread - 1].hand_over(open, stream, peer, id);
+        }
+    }
 }
 
 /// The shutdown once the listener is gone and the signal fired: the
