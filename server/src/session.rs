@@ -130,17 +130,6 @@ pub fn request_bytes(args: &[Bytes]) -> usize {
 
 /// What one queued op holds.
 fn op_bytes(op: &TxOp) -> usize {
-    let (stream, payloads): (&Bytes, &[Bytes]) = match op {
-        TxOp::Append {
-            stream, payloads, ..
-        }
-        | TxOp::AppendAt {
-            stream, payloads, ..
-        } => (stream, payloads),
-        TxOp::Fence { stream, .. } | TxOp::Trim { stream, .. } | TxOp::Delete { stream, .. } => {
-            (stream, &[])
-        }
-    };
     // Name and token arguments too: as many as the command had.
-    request_bytes(payloads) + stream.len() + 3 * ARG_OVERHEAD_BYTES
+    request_bytes(op.payloads()) + op.stream().len() + 3 * ARG_OVERHEAD_BYTES
 }

@@ -101,17 +101,6 @@ impl LeaseState {
     }
 }
 
-/// The stream a write op changes.
-pub fn op_stream(op: &TxOp) -> &Bytes {
-    match op {
-        TxOp::Append { stream, .. }
-        | TxOp::AppendAt { stream, .. }
-        | TxOp::Fence { stream, .. }
-        | TxOp::Trim { stream, .. }
-        | TxOp::Delete { stream, .. } => stream,
-    }
-}
-
 /// A lease granted: its token and ttl.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Granted {

@@ -35,7 +35,6 @@ use super::slots::key_slot;
 use crate::protocol::Reply;
 use crate::store::{
     Barrier, BoxFuture, Failure, Granted, LeaseArgs, LeaseState, Pending, Store, Ticket, Written,
-    op_stream,
 };
 
 /// How long a proposed write may wait for its answer: longer means the
@@ -194,13 +193,10 @@ impl Store for Group {
     /// `LOG.APPENDAT` is left to the log: its exact retry is answered with
     /// the original offset even after a newer token.
     fn refuse_now(&self, op: &TxOp) -> Option<Error> {
-        let (stream, token) = match op {
-            TxOp::Append { stream, token, .. }
-            | TxOp::Fence { stream, token }
-            | TxOp::Trim { stream, token, .. }
-            | TxOp::Delete { stream, token } => (stream, token.get()),
-            TxOp::AppendAt { .. } => return None,
-        };
+        if let TxOp::AppendAt { .. } = op {
+            return None;
+        }
+        let (stream, token) = (op.stream(), op.token().get());
         let highest = self.cluster.log().highest_token(stream).ok()?;
         (token < highest).then_some(Error::Stale {
             presented: token,
@@ -210,7 +206,7 @@ impl Store for Group {
 
     fn write(&self, op: TxOp) -> BoxFuture<'_, Result<Written, Failure>> {
         Box::pin(async move {
-            let key = op_stream(&op).clone();
+            let key = op.stream().clone();
             let answer = self.propose(key, WireCommand::from_op(&op), value).await?;
             Ok(Written::Applied(answer))
         })
@@ -220,7 +216,7 @@ impl Store for Group {
         Box::pin(async move {
             let key = ops
                 .first()
-                .map(|op| op_stream(op).clone())
+                .map(|op| op.stream().clone())
                 .unwrap_or_default();
             let wire = WireCommand::Transact(ops.iter().map(WireTxOp::from_engine).collect());
             self.propose(key, wire, values).await?.await

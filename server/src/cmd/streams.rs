@@ -14,7 +14,6 @@ use crate::command_table::*;
 use crate::context::{ClientTag, Context, failure_reply, note_error};
 use crate::outcome::{Blocking, Outcome, ReadProgress, error_reply, number};
 use crate::protocol::Reply;
-pub use crate::store::op_stream;
 use crate::store::{Barrier, Store, Written};
 
 /// The stream commands' specs, in the order `docs/COMMANDS.md` lists them.
@@ -183,7 +182,7 @@ pub fn parse_write(cmd: &str, a: &[Bytes]) -> Option<Result<TxOp, Reply>> {
 /// Takes a parsed write: refused at once if the store can tell it is
 /// stale, else taken now and answered once durable (or applied).
 pub async fn write(ctx: &Arc<Context>, client: ClientTag, op: TxOp) -> Outcome {
-    let stream = op_stream(&op).clone();
+    let stream = op.stream().clone();
     if let Some(e) = ctx.store.refuse_now(&op) {
         note_error(ctx, &client, &stream, &e);
         return Outcome::Reply(error_reply(&e));

@@ -324,10 +324,7 @@ async fn decide(
     replies: &mut [Option<Reply>],
 ) -> Result<(), Outcome> {
     ctx.stats.transactions.fetch_add(1, Ordering::Relaxed);
-    let op_streams: Vec<Bytes> = ops
-        .iter()
-        .map(|op| streams::op_stream(op).clone())
-        .collect();
+    let op_streams: Vec<Bytes> = ops.iter().map(|op| op.stream().clone()).collect();
     let n_ops = ops.len();
     match ctx.store.transact(ops).await {
         Ok(values) => {
