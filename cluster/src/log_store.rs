@@ -280,6 +280,10 @@ impl RaftLogState {
         if self.last_purged.is_none_or(|p| p.index < upto.index) {
             self.last_purged = Some(upto);
         }
+        // Nothing at or below a purge is kept, and the purged id never
+        // moves back.
+        debug_assert!(self.entries.keys().next().is_none_or(|i| *i > upto.index));
+        debug_assert!(self.last_purged.is_some_and(|p| p.index >= upto.index));
     }
 
     /// Applies one record (a decision, or replay).
@@ -474,7 +478,11 @@ impl LogStore {
     ) -> Result<(fencelog_wal::Ticket, Vec<LogId<NodeId>>), StorageError<NodeId>> {
         // Encoded before the lock; written as one batch, synced once.
         let mut encoded = Vec::new();
+        let mut last: Option<u64> = None;
         for e in entries {
+            // Raft appends a run of consecutive entries.
+            debug_assert!(last.is_none_or(|l| l + 1 == e.log_id.index));
+            last = Some(e.log_id.index);
             let rec: Arc<[u8]> = encode_entry(&e).map_err(|e| write_err(*e))?.into();
             encoded.push((e.log_id, rec));
         }
@@ -664,6 +672,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError<NodeId>> {
+        // A vote never goes back (Raft saves only a vote at least as new).
+        debug_assert!(
+            self.wal
+                .with_state(|s| s.vote)
+                .is_none_or(|old| vote.partial_cmp(&old) != Some(std::cmp::Ordering::Less))
+        );
         let ticket = self
             .record(Record::Vote(*vote))
             .await

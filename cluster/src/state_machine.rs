@@ -331,10 +331,14 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // Every write of every entry, with its position; what the engine
         // applied already (before a crash) is not applied again.
         let done = log.applied().map_or(0, |p| p.index);
-        let mut batch = Vec::new();
+        let mut batch: Vec<(LogPosition, u64, Command)> = Vec::new();
+        let mut last_entry: Option<u64> = None;
         // Per entry: per write, its place in `batch` or the answer it has.
         let mut shape: Vec<Vec<Result<usize, Response>>> = Vec::new();
         for entry in entries {
+            // Entries come in log order, each once.
+            debug_assert!(last_entry.is_none_or(|l| l < entry.log_id.index));
+            last_entry = Some(entry.log_id.index);
             let cmds: Vec<(u64, Command, Option<WireError>)> = match entry.payload {
                 // A new leader's first entry (openraft's): only a position.
                 // The take-over of the leases is the leader's own first
@@ -376,12 +380,16 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     Some(e) => answers.push(Err(Response::Rejected(e))),
                     None => answers.push(Ok(batch.len())),
                 }
+                // Positions only grow: no write is applied twice.
+                debug_assert!(batch.last().is_none_or(|(p, ..)| *p < at));
                 batch.push((at, time_ms, cmd));
             }
             shape.push(answers);
         }
         // Decided in order, written out together: one write for the batch.
         let applied = log.apply_replicated_many(&batch).await.map_err(sm_err)?;
+        // The applied position never moves back.
+        debug_assert!(log.applied().map_or(0, |p| p.index) >= done);
         Ok(shape
             .into_iter()
             .map(|answers| {

@@ -68,7 +68,8 @@ pub enum TxOp {
 }
 
 impl TxOp {
-    pub(crate) fn stream(&self) -> &[u8] {
+    /// The stream it changes.
+    pub fn stream(&self) -> &Bytes {
         match self {
             TxOp::Append { stream, .. }
             | TxOp::AppendAt { stream, .. }
@@ -78,13 +79,22 @@ impl TxOp {
         }
     }
 
-    fn token(&self) -> Token {
+    /// The fencing token it carries.
+    pub fn token(&self) -> Token {
         match self {
             TxOp::Append { token, .. }
             | TxOp::AppendAt { token, .. }
             | TxOp::Fence { token, .. }
             | TxOp::Trim { token, .. }
             | TxOp::Delete { token, .. } => *token,
+        }
+    }
+
+    /// The records it appends (none for a fence, trim or delete).
+    pub fn payloads(&self) -> &[Bytes] {
+        match self {
+            TxOp::Append { payloads, .. } | TxOp::AppendAt { payloads, .. } => payloads,
+            TxOp::Fence { .. } | TxOp::Trim { .. } | TxOp::Delete { .. } => &[],
         }
     }
 }
@@ -127,7 +137,7 @@ pub(crate) fn decide(w: &mut Writer<'_, Core>, ops: &[TxOp]) -> Result<TxDecisio
     let mut answers = Vec::with_capacity(ops.len());
     let mut encoded: Vec<Vec<u8>> = Vec::with_capacity(ops.len());
     for (index, tx_op) in ops.iter().enumerate() {
-        let name = tx_op.stream();
+        let name: &[u8] = tx_op.stream();
         let s = match seen.get(name) {
             Some(s) => *s,
             None => {

@@ -1,4 +1,4 @@
-//! The server's command layer (`commands::execute` and its argument
+//! The server's command layer (`cmd::execute` and its argument
 //! parsing) on a real `fencelog::Log`, as a connection drives it: requests
 //! parsed from the input by the server's own `RequestParser` (RESP arrays or
 //! inline commands, with Redis' smaller limits until the session is
@@ -17,9 +17,10 @@
 //! healthy, so one would be an engine bug: a write that failed, or a read
 //! that found the index inconsistent).
 //!
-//! Waiting is the one thing changed: a `LOG.READ … BLOCK ms` runs with a
-//! zero timeout and a `LEASE.ACQUIRE … WAIT ms` without waiting, so an input
-//! never sleeps; the server's parsing of both is unchanged.
+//! Waiting is the one thing changed: the session does not wait
+//! (`Session::waits`), so a `LOG.READ … BLOCK ms` runs with a zero timeout
+//! and a `LEASE.ACQUIRE … WAIT ms` without waiting, and an input never
+//! sleeps; the server's parsing of both is unchanged.
 //!
 //! The log is opened once per fuzz process, on tmpfs (`/dev/shm`, so
 //! fsync is cheap), with small limits, and kept across inputs (an input may
@@ -41,11 +42,12 @@ use bytes::{Bytes, BytesMut};
 use fencelog::wal::FsStorage;
 use fencelog::{Log, ManualClock, Options};
 use fencelog_server::budget::ClientMemory;
-use fencelog_server::commands::{self, Context, Outcome};
+use fencelog_server::cmd;
 use fencelog_server::config::ServeConfig;
-use fencelog_server::connection::Session;
+use fencelog_server::context::{Context, EventLimits, ServerStats};
+use fencelog_server::outcome::Outcome;
 use fencelog_server::protocol::{Limits, Reply, RequestParser};
-use fencelog_server::server::ServerStats;
+use fencelog_server::session::Session;
 use libfuzzer_sys::fuzz_target;
 
 /// Requests run per input: bounds one input's time.
@@ -112,13 +114,12 @@ fn context(log: Log, dir: &Path, requirepass: Option<&str>) -> Arc<Context> {
     config.check().expect("a valid configuration");
     let clients = Arc::new(ClientMemory::new(config.maxmemory_clients_bytes));
     Arc::new(Context {
-        log,
+        store: Arc::new(log),
         config,
         stats: ServerStats::new(),
         clients,
         registry: Arc::new(fencelog_server::clients::Registry::default()),
-        events: commands::EventLimits::default(),
-        cluster: None,
+        events: EventLimits::default(),
     })
 }
 
@@ -162,7 +163,7 @@ impl Harness {
         if self.inputs % 64 != 0 {
             return;
         }
-        let m = self.open.log.metrics();
+        let m = self.open.engine().metrics();
         if m.wal.bytes_written < RESET_AFTER_BYTES && m.streams < RESET_AFTER_STREAMS {
             return;
         }
@@ -233,15 +234,12 @@ fuzz_target!(|data: &[u8]| {
     } else {
         Arc::clone(&h.open)
     };
-    let mut session = Session {
-        id: 1,
-        peer: SocketAddr::from(([127, 0, 0, 1], 40000)),
-        proto: if flags & 2 == 2 { 3 } else { 2 },
-        authenticated: ctx.config.requirepass.is_none() || flags & 4 == 4,
-        name: None,
-        multi: None,
-        registration: None,
-    };
+    let authenticated = ctx.config.requirepass.is_none() || flags & 4 == 4;
+    let mut session = Session::new(1, SocketAddr::from(([127, 0, 0, 1], 40000)), authenticated);
+    session.proto = if flags & 2 == 2 { 3 } else { 2 };
+    // Never wait: the parsing is the server's, the waiting is not this
+    // target's concern (BLOCK and WAIT answer at once, as inside EXEC).
+    session.waits = false;
     let mut parser = RequestParser::new();
     let mut input = BytesMut::from(rest);
     for _ in 0..MAX_REQUESTS {
@@ -256,10 +254,8 @@ fuzz_target!(|data: &[u8]| {
             continue;
         }
         let outcome =
-            h.rt.block_on(commands::execute(&ctx, &mut session, request));
+            h.rt.block_on(cmd::execute(&ctx, &mut session, request));
         let reply = match outcome {
-            Outcome::Reply(r) => r,
-            Outcome::Later(later) => h.rt.block_on(later.reply()),
             Outcome::Close(r) => {
                 check(&r);
                 break;
@@ -267,13 +263,8 @@ fuzz_target!(|data: &[u8]| {
             // The connection would be dropped (a reply over the output
             // limit): nothing more runs.
             Outcome::OverOutputLimit { .. } => break,
-            Outcome::Replicated(_) => panic!("a single node answered as a cluster node"),
-            Outcome::Blocking(b) => {
-                // Never wait: the parsing is the server's, the waiting is
-                // not this target's concern.
-                let b = b.without_wait();
-                h.rt.block_on(b.run(ctx.log.clone()))
-            }
+            Outcome::Pending(_) => panic!("a single node answered after a round"),
+            other => h.rt.block_on(other.into_reply()),
         };
         check(&reply);
     }

@@ -34,42 +34,14 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::budget::{ClientShare, Eviction};
-use crate::commands::{self, Context, Later, Outcome, Pipelining, ReadProgress};
+use crate::cmd::{self, Pipelining};
+use crate::context::{Context, note_error};
+use crate::outcome::{Blocking, Later, Outcome, ReadProgress, ReplyFuture, error_reply};
 use crate::protocol::{
     ARG_OVERHEAD_BYTES, Output, ProtocolError, Reply, Request, RequestParser, looks_like_http,
 };
+use crate::session::{Multi, Session};
 use crate::shutdown::Shutdown;
-use crate::transaction::Multi;
-
-/// What a connection knows about its client.
-pub struct Session {
-    /// The connection's id (`CLIENT ID`).
-    pub id: u64,
-    /// The client's address, for log events.
-    pub peer: SocketAddr,
-    /// RESP version: 2, or 3 after `HELLO 3`.
-    pub proto: u8,
-    /// Whether the client may run commands (always, without a password).
-    pub authenticated: bool,
-    /// `CLIENT SETNAME`.
-    pub name: Option<Bytes>,
-    /// The transaction being queued, between `MULTI` and `EXEC`.
-    pub multi: Option<Multi>,
-    /// This connection in the list of clients (`CLIENT LIST`); `None` for
-    /// a session that is not a connection.
-    pub registration: Option<crate::clients::Registered>,
-}
-
-impl Session {
-    /// Who this is, for log events.
-    pub fn tag(&self) -> commands::ClientTag {
-        commands::ClientTag {
-            id: self.id,
-            addr: self.peer,
-            name: self.name.clone(),
-        }
-    }
-}
 
 /// Requests one connection runs before it yields to the others.
 pub const REQUESTS_PER_TURN: usize = 64;
@@ -90,7 +62,7 @@ const UNAUTHENTICATED_QUERY_BYTES: usize = 1 << 20;
 struct Pending {
     answer: Answer,
     bytes: usize,
-    /// A cluster read's (see [`commands::Pipelining::Read`]).
+    /// A read answered after its round (see [`Pipelining::Read`]).
     read: bool,
 }
 
@@ -101,8 +73,9 @@ enum Answer {
     /// A decided write's, once durable, with the stream it writes (for
     /// the log event of a rejection).
     Later(Later, Bytes),
-    /// A replicated write's (cluster mode), once applied.
-    Replicated(crate::cluster::route::ReplyFuture),
+    /// One answered later in order (a replicated write once applied, a
+    /// read once its round is done).
+    Pending(ReplyFuture),
 }
 
 /// A queued answer once it has come: a reply, or a write's result.
@@ -125,7 +98,7 @@ impl Answer {
             Answer::Later(later, stream) => later
                 .poll_result(cx)
                 .map(|r| Answered::Write(r, stream.clone())),
-            Answer::Replicated(answer) => answer.as_mut().poll(cx).map(Answered::Reply),
+            Answer::Pending(answer) => answer.as_mut().poll(cx).map(Answered::Reply),
         }
     }
 }
@@ -160,6 +133,24 @@ enum Held {
     Request(Request, usize),
     /// The last reply (a protocol error); the connection closes after it.
     Close(Reply),
+}
+
+/// What a request that ran leaves for its answer.
+struct Taken {
+    /// The bytes its request holds until answered.
+    bytes: usize,
+    /// Whether it is a read answered after its round.
+    read: bool,
+    /// The stream a write names (for the log event of a rejection).
+    stream_arg: Bytes,
+}
+
+/// What taking an outcome did.
+enum Took {
+    /// Encoded this many reply bytes (0: its answer is to come).
+    Produced(usize),
+    /// The connection stops running requests for now.
+    Stop(Stop),
 }
 
 /// Why a connection stopped running requests for now.
@@ -211,13 +202,8 @@ pub async fn serve(
     parser.set_unauthenticated(!authenticated);
     let mut conn = Connection {
         session: Session {
-            id,
-            peer,
-            proto: 2,
-            authenticated,
-            name: None,
-            multi: None,
             registration: Some(registration),
+            ..Session::new(id, peer, authenticated)
         },
         ctx,
         stream,
@@ -319,48 +305,26 @@ impl Connection {
             if requests >= REQUESTS_PER_TURN || produced >= OUTPUT_PER_TURN_BYTES {
                 return Ok(Stop::TurnSpent);
             }
-            let next = match self.held.take() {
-                Some(held) => held,
-                None if self.closing => return Ok(Stop::Wait),
-                None => match self.parser.next(&mut self.input, &self.ctx.config.limits) {
-                    Ok(Some(request)) => {
-                        let bytes = request_bytes(&request);
-                        Held::Request(request, bytes)
-                    }
-                    Ok(None) => return Ok(Stop::Wait),
-                    Err(ProtocolError(why)) => {
-                        tracing::info!(
-                            event = "protocol_error",
-                            client_id = self.session.id,
-                            client_addr = %self.session.peer,
-                            client_name = %self.client_name(),
-                            error = %why,
-                            "protocol error; closing the connection"
-                        );
-                        self.close_input();
-                        Held::Close(Reply::Error(format!("ERR Protocol error: {why}")))
-                    }
-                },
+            let Some(next) = self.next_request() else {
+                return Ok(Stop::Wait);
             };
             // Anything but a pipelined write sees the writes before it
             // answered: a read after an append in one pipeline sees it.
-            // Cluster reads pipeline behind reads only, writes behind
-            // writes only (a read never sees a write sent after it).
+            // Reads that wait for a round pipeline behind reads only,
+            // writes behind writes only (a read never sees a write sent
+            // after it).
             let pipelining = match &next {
                 Held::Close(_) => Pipelining::InOrder,
                 Held::Request(request, _) => {
-                    commands::pipelining(&self.session, request, self.ctx.cluster.is_some())
+                    cmd::pipelining(&self.session, request, self.ctx.store.orders_rounds())
                 }
             };
-            let reads_only = self.pending_reads == self.pending.len();
             let deferrable = match pipelining {
                 Pipelining::InOrder => false,
                 Pipelining::Write => self.pending_reads == 0,
-                Pipelining::Read => reads_only,
+                Pipelining::Read => self.pending_reads == self.pending.len(),
             };
-            let read = pipelining == Pipelining::Read;
-            let in_order = !deferrable;
-            if in_order && !self.pending.is_empty() {
+            if !deferrable && !self.pending.is_empty() {
                 self.held = Some(next);
                 return Ok(Stop::Wait);
             }
@@ -380,77 +344,132 @@ impl Connection {
                 true => request.get(1).cloned().unwrap_or_default(),
                 false => Bytes::new(),
             };
-            let outcome = commands::execute(&self.ctx, &mut self.session, request).await;
-            if let Some(r) = &self.session.registration {
-                // `CLIENT LIST` learns what changed (most requests change
-                // nothing, and telling it takes its locks).
-                let queued = self.session.multi.as_ref().map(Multi::len);
-                let same = self.listed.as_ref().is_some_and(|(name, proto, q)| {
-                    *name == self.session.name && *proto == self.session.proto && *q == queued
-                });
-                if !same {
-                    let name = self.session.name.clone();
-                    r.update(name.as_ref(), self.session.proto, queued);
-                    self.listed = Some((name, self.session.proto, queued));
-                }
-            }
+            let outcome = cmd::execute(&self.ctx, &mut self.session, request).await;
+            self.listed_changes();
             self.parser.set_unauthenticated(!self.session.authenticated);
-            match outcome {
-                // A write refused at once (a stale token on the fast path)
-                // still answers after the writes before it.
-                Outcome::Reply(reply) if !self.pending.is_empty() => {
-                    self.push_pending(Answer::Ready(Some(reply)), 0, read);
-                }
-                Outcome::Reply(reply) => produced += self.encode(&reply),
-                Outcome::Later(later) => {
-                    self.push_pending(Answer::Later(later, stream_arg), bytes, false);
-                }
-                Outcome::Replicated(answer) => {
-                    self.push_pending(Answer::Replicated(answer), bytes, read);
-                }
-                Outcome::Close(reply) => {
-                    self.encode(&reply);
-                    self.close_input();
-                    return Ok(Stop::Wait);
-                }
-                Outcome::Blocking(command) => {
-                    let on_shutdown = command.shutdown_reply();
-                    // A large read tells the budget what it gathers as it
-                    // goes, not only once it is done.
-                    let share = Arc::clone(&self.share);
-                    let progress: ReadProgress = Arc::new(move |bytes| share.set_reading(bytes));
-                    let mut run = Box::pin(
-                        command.run_counted(self.ctx.engine().into_owned(), Some(progress)),
-                    );
-                    // Most reads are done at once: answer them in line, so
-                    // a pipeline of reads is not a wait (and a write) each.
-                    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-                    if let Poll::Ready(reply) = run.as_mut().poll(&mut cx) {
-                        produced += self.encode(&reply);
-                        continue;
-                    }
-                    self.blocked = Some(Blocked {
-                        run,
-                        on_shutdown,
-                        _counted: BlockedCount::new(&self.ctx),
-                    });
-                    return Ok(Stop::Wait);
-                }
-                Outcome::OverOutputLimit {
-                    reply_bytes,
-                    limit_bytes,
-                    transaction_applied,
-                } => {
-                    return Err(End::OutputLimit {
-                        bytes: reply_bytes,
-                        limit: limit_bytes,
-                        transaction_applied,
-                    });
-                }
+            let taken = Taken {
+                bytes,
+                read: pipelining == Pipelining::Read,
+                stream_arg,
+            };
+            match self.take(outcome, taken)? {
+                Took::Produced(n) => produced += n,
+                Took::Stop(stop) => return Ok(stop),
             }
             // A transaction's queue counts as input not yet run.
             self.check_query_limit()?;
         }
+    }
+
+    /// The request to run next: one held back, or the next parsed (a
+    /// protocol error is the last reply); `None`: none yet, or closing.
+    fn next_request(&mut self) -> Option<Held> {
+        if let Some(held) = self.held.take() {
+            return Some(held);
+        }
+        if self.closing {
+            return None;
+        }
+        match self.parser.next(&mut self.input, &self.ctx.config.limits) {
+            Ok(Some(request)) => {
+                let bytes = request_bytes(&request);
+                Some(Held::Request(request, bytes))
+            }
+            Ok(None) => None,
+            Err(ProtocolError(why)) => {
+                tracing::info!(
+                    event = "protocol_error",
+                    client_id = self.session.id,
+                    client_addr = %self.session.peer,
+                    client_name = %self.client_name(),
+                    error = %why,
+                    "protocol error; closing the connection"
+                );
+                self.close_input();
+                Some(Held::Close(Reply::Error(format!(
+                    "ERR Protocol error: {why}"
+                ))))
+            }
+        }
+    }
+
+    /// `CLIENT LIST` learns what changed (most requests change nothing,
+    /// and telling it takes its locks).
+    fn listed_changes(&mut self) {
+        let Some(r) = &self.session.registration else {
+            return;
+        };
+        let queued = self.session.multi.as_ref().map(Multi::len);
+        let same = self.listed.as_ref().is_some_and(|(name, proto, q)| {
+            *name == self.session.name && *proto == self.session.proto && *q == queued
+        });
+        if !same {
+            let name = self.session.name.clone();
+            r.update(name.as_ref(), self.session.proto, queued);
+            self.listed = Some((name, self.session.proto, queued));
+        }
+    }
+
+    /// Takes a request's outcome: answers it, queues its answer, or runs
+    /// it as a waiting command.
+    fn take(&mut self, outcome: Outcome, taken: Taken) -> Result<Took, End> {
+        match outcome {
+            // A write refused at once (a stale token on the fast path)
+            // still answers after the writes before it.
+            Outcome::Reply(reply) if !self.pending.is_empty() => {
+                self.push_pending(Answer::Ready(Some(reply)), 0, taken.read);
+            }
+            Outcome::Reply(reply) => return Ok(Took::Produced(self.encode(&reply))),
+            Outcome::Later(later) => {
+                let answer = Answer::Later(later, taken.stream_arg);
+                self.push_pending(answer, taken.bytes, false);
+            }
+            Outcome::Pending(answer) => {
+                self.push_pending(Answer::Pending(answer), taken.bytes, taken.read);
+            }
+            Outcome::Close(reply) => {
+                self.encode(&reply);
+                self.close_input();
+                return Ok(Took::Stop(Stop::Wait));
+            }
+            Outcome::Blocking(command) => return Ok(self.run_blocking(command)),
+            Outcome::OverOutputLimit {
+                reply_bytes,
+                limit_bytes,
+                transaction_applied,
+            } => {
+                return Err(End::OutputLimit {
+                    bytes: reply_bytes,
+                    limit: limit_bytes,
+                    transaction_applied,
+                });
+            }
+        }
+        Ok(Took::Produced(0))
+    }
+
+    /// Runs a command that may wait: answered in line if it is done at
+    /// once, else it waits while the connection watches its client.
+    fn run_blocking(&mut self, command: Blocking) -> Took {
+        let on_shutdown = command.shutdown_reply();
+        // A large read tells the budget what it gathers as it goes, not
+        // only once it is done.
+        let share = Arc::clone(&self.share);
+        let progress: ReadProgress = Arc::new(move |bytes| share.set_reading(bytes));
+        let mut run = command.run(Some(progress));
+        // Most reads are done at once: answer them in line, so a pipeline
+        // of reads is not a wait (and a write) each.
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        if let Poll::Ready(reply) = run.as_mut().poll(&mut cx) {
+            return Took::Produced(self.encode(&reply));
+        }
+        debug_assert!(self.blocked.is_none(), "one waiting command at a time");
+        self.blocked = Some(Blocked {
+            run,
+            on_shutdown,
+            _counted: BlockedCount::new(&self.ctx),
+        });
+        Took::Stop(Stop::Wait)
     }
 
     /// Waits for something to do: an answer, the socket, shutdown, eviction.
@@ -513,7 +532,11 @@ impl Connection {
         });
         self.pending_bytes += bytes;
         self.pending_reads += usize::from(read);
+        // Reads and writes never wait in the queue together, and the queue
+        // never passes its bound (`--max-pipeline`: a request runs only
+        // below it).
         debug_assert!(self.pending_reads == 0 || self.pending_reads == self.pending.len());
+        debug_assert!(self.pending.len() <= self.ctx.config.max_pipeline);
     }
 
     fn answered(&mut self, answer: Answered) {
@@ -525,8 +548,8 @@ impl Connection {
             Answered::Reply(reply) => reply,
             Answered::Write(Ok(n), _) => Reply::Integer(i64::try_from(n).unwrap_or(i64::MAX)),
             Answered::Write(Err(e), stream) => {
-                commands::note_error(&self.ctx, &self.session.tag(), &stream, &e);
-                commands::error_reply(&e)
+                note_error(&self.ctx, &self.session.tag(), &stream, &e);
+                error_reply(&e)
             }
         };
         self.encode(&reply);
@@ -717,15 +740,10 @@ impl Connection {
     /// Logs why the connection ended, when that is news.
     fn ended(mut self, end: End) -> std::io::Result<()> {
         let s = &self.session;
-        let name = s
-            .name
-            .as_deref()
-            .map(crate::logging::name_field)
-            .unwrap_or_default();
-        let stats = &self.ctx.stats;
+        let name = self.client_name();
         match end {
-            End::Closed => Ok(()),
-            End::Io(e) => Err(e),
+            End::Closed => {}
+            End::Io(e) => return Err(e),
             End::Killed => {
                 tracing::info!(
                     event = "client_killed",
@@ -734,10 +752,12 @@ impl Connection {
                     client_name = %name,
                     "client closed by CLIENT KILL"
                 );
-                Ok(())
             }
             End::Http => {
-                stats.http_requests_refused.fetch_add(1, Ordering::Relaxed);
+                self.ctx
+                    .stats
+                    .http_requests_refused
+                    .fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(
                     event = "http_request",
                     client_id = s.id,
@@ -745,58 +765,13 @@ impl Connection {
                     "possible cross-protocol attack: a request that looks like HTTP \
                      (POST, GET /, Host:) on the Redis port; connection closed"
                 );
-                Ok(())
             }
-            End::QueryLimit { bytes, limit } => {
-                stats
-                    .query_buffer_limit_disconnections
-                    .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(
-                    event = "client_dropped",
-                    reason = "query_buffer_limit",
-                    client_id = s.id,
-                    client_addr = %s.peer,
-                    client_name = %name,
-                    query_bytes = bytes,
-                    limit_bytes = limit,
-                    authenticated = s.authenticated,
-                    "client closed: its query buffer passed the limit (--max-query-buffer; \
-                     1 MiB before AUTH)"
-                );
-                Reply::Error(format!(
-                    "ERR Protocol error: the query buffer holds {bytes} bytes, over the limit \
-                     of {limit}"
-                ))
-                .encode_output(s.proto, &mut self.output);
-                let _ = self.stream.try_write_vectored(&self.output.slices(64));
-                Ok(())
-            }
+            End::QueryLimit { bytes, limit } => self.over_query_limit(&name, bytes, limit),
             End::OutputLimit {
                 bytes,
                 limit,
                 transaction_applied,
-            } => {
-                // The replies before the one over the limit, if the socket
-                // takes them now; nothing waits for a client that does not
-                // read.
-                let _ = self.stream.try_write_vectored(&self.output.slices(64));
-                stats
-                    .output_buffer_limit_disconnections
-                    .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(
-                    event = "client_dropped",
-                    reason = "output_buffer_limit",
-                    client_id = s.id,
-                    client_addr = %s.peer,
-                    client_name = %name,
-                    output_bytes = bytes,
-                    limit_bytes = limit,
-                    transaction_applied,
-                    "client closed: replies not yet read passed the limit \
-                     (--client-output-buffer-limit)"
-                );
-                Ok(())
-            }
+            } => self.over_output_limit(&name, bytes, limit, transaction_applied),
             End::Evicted(why) => {
                 tracing::warn!(
                     event = "client_dropped",
@@ -810,9 +785,67 @@ impl Connection {
                     "client closed: all clients together held more than --maxmemory-clients, \
                      and this one held the most"
                 );
-                Ok(())
             }
         }
+        Ok(())
+    }
+
+    /// Drops a client past `--max-query-buffer`, telling it why.
+    fn over_query_limit(&mut self, name: &str, bytes: usize, limit: usize) {
+        let s = &self.session;
+        self.ctx
+            .stats
+            .query_buffer_limit_disconnections
+            .fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            event = "client_dropped",
+            reason = "query_buffer_limit",
+            client_id = s.id,
+            client_addr = %s.peer,
+            client_name = %name,
+            query_bytes = bytes,
+            limit_bytes = limit,
+            authenticated = s.authenticated,
+            "client closed: its query buffer passed the limit (--max-query-buffer; \
+             1 MiB before AUTH)"
+        );
+        Reply::Error(format!(
+            "ERR Protocol error: the query buffer holds {bytes} bytes, over the limit \
+             of {limit}"
+        ))
+        .encode_output(s.proto, &mut self.output);
+        let _ = self.stream.try_write_vectored(&self.output.slices(64));
+    }
+
+    /// Drops a client whose unread replies passed
+    /// `--client-output-buffer-limit`.
+    fn over_output_limit(
+        &mut self,
+        name: &str,
+        bytes: usize,
+        limit: usize,
+        transaction_applied: bool,
+    ) {
+        // The replies before the one over the limit, if the socket takes
+        // them now; nothing waits for a client that does not read.
+        let _ = self.stream.try_write_vectored(&self.output.slices(64));
+        self.ctx
+            .stats
+            .output_buffer_limit_disconnections
+            .fetch_add(1, Ordering::Relaxed);
+        let s = &self.session;
+        tracing::warn!(
+            event = "client_dropped",
+            reason = "output_buffer_limit",
+            client_id = s.id,
+            client_addr = %s.peer,
+            client_name = %name,
+            output_bytes = bytes,
+            limit_bytes = limit,
+            transaction_applied,
+            "client closed: replies not yet read passed the limit \
+             (--client-output-buffer-limit)"
+        );
     }
 }
 

@@ -3,7 +3,7 @@
 use std::fmt::Write;
 use std::sync::atomic::Ordering;
 
-use crate::commands::Context;
+use crate::context::Context;
 
 /// Whether a metric only grows, or goes up and down.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,14 +38,26 @@ pub struct Metric {
 /// Every number, in one place for both formats.
 pub fn metrics(ctx: &Context) -> Vec<Metric> {
     let m = ctx.engine().metrics();
+    let parts: [fn(&Context, &fencelog::Metrics) -> Vec<Metric>; 10] = [
+        server_clients,
+        stats_1,
+        stats_2,
+        log_1,
+        log_2,
+        persistence_1,
+        persistence_2,
+        leases_1,
+        leases_2,
+        commit,
+    ];
+    parts.iter().flat_map(|part| part(ctx, &m)).collect()
+}
+
+/// The numbers of `server` and `clients`.
+fn server_clients(ctx: &Context, _m: &fencelog::Metrics) -> Vec<Metric> {
+    let queued = ctx.store.queued().unwrap_or_default();
     let s = &ctx.stats;
-    let w = &m.wal;
-    let uptime = s.started.elapsed().as_secs_f64();
-    let queued = ctx
-        .cluster
-        .as_ref()
-        .map(|c| c.node().queued())
-        .unwrap_or_default();
+    let uptime = ctx.stats.started.elapsed().as_secs_f64();
     vec![
         Metric {
             section: "server",
@@ -120,6 +132,13 @@ pub fn metrics(ctx: &Context) -> Vec<Metric> {
             kind: Kind::Gauge,
             value: queued.bytes as f64,
         },
+    ]
+}
+
+/// The numbers of `stats` (part 1 of 2).
+fn stats_1(ctx: &Context, _m: &fencelog::Metrics) -> Vec<Metric> {
+    let s = &ctx.stats;
+    vec![
         Metric {
             section: "stats",
             info: "evicted_clients",
@@ -176,14 +195,25 @@ pub fn metrics(ctx: &Context) -> Vec<Metric> {
             kind: Kind::Counter,
             value: s.commands.load(Ordering::Relaxed) as f64,
         },
-        Metric {
-            section: "stats",
-            info: "total_net_input_bytes",
-            prometheus: "fencelog_net_input_bytes_total",
-            help: "Bytes received from clients.",
-            kind: Kind::Counter,
-            value: s.bytes_in.load(Ordering::Relaxed) as f64,
-        },
+    ]
+}
+
+/// The numbers of `stats` (part 2 of 2).
+fn stats_2(ctx: &Context, _m: &fencelog::Metrics) -> Vec<Metric> {
+    let s = &ctx.stats;
+    vec![Metric {
+        section: "stats",
+        info: "total_net_input_bytes",
+        prometheus: "fencelog_net_input_bytes_total",
+        help: "Bytes received from clients.",
+        kind: Kind::Counter,
+        value: s.bytes_in.load(Ordering::Relaxed) as f64,
+    }]
+}
+
+/// The numbers of `log` (part 1 of 2).
+fn log_1(_ctx: &Context, m: &fencelog::Metrics) -> Vec<Metric> {
+    vec![
         Metric {
             section: "log",
             info: "streams",
@@ -240,6 +270,12 @@ pub fn metrics(ctx: &Context) -> Vec<Metric> {
             kind: Kind::Counter,
             value: m.idempotent_retries as f64,
         },
+    ]
+}
+
+/// The numbers of `log` (part 2 of 2).
+fn log_2(_ctx: &Context, m: &fencelog::Metrics) -> Vec<Metric> {
+    vec![
         Metric {
             section: "log",
             info: "fences",
@@ -280,6 +316,13 @@ pub fn metrics(ctx: &Context) -> Vec<Metric> {
             kind: Kind::Counter,
             value: m.records_read as f64,
         },
+    ]
+}
+
+/// The numbers of `persistence` (part 1 of 2).
+fn persistence_1(_ctx: &Context, m: &fencelog::Metrics) -> Vec<Metric> {
+    let w = &m.wal;
+    vec![
         Metric {
             section: "persistence",
             info: "segments",
@@ -336,6 +379,13 @@ pub fn metrics(ctx: &Context) -> Vec<Metric> {
             kind: Kind::InfoOnly,
             value: w.sync_micros.mean(),
         },
+    ]
+}
+
+/// The numbers of `persistence` (part 2 of 2).
+fn persistence_2(ctx: &Context, m: &fencelog::Metrics) -> Vec<Metric> {
+    let w = &m.wal;
+    vec![
         Metric {
             section: "persistence",
             info: "fsync_latency_p99_us",
@@ -392,6 +442,12 @@ pub fn metrics(ctx: &Context) -> Vec<Metric> {
             kind: Kind::Gauge,
             value: f64::from(u8::from(ctx.engine().has_failed())),
         },
+    ]
+}
+
+/// The numbers of `leases` (part 1 of 2).
+fn leases_1(_ctx: &Context, m: &fencelog::Metrics) -> Vec<Metric> {
+    vec![
         Metric {
             section: "leases",
             info: "leases_acquired",
@@ -448,6 +504,12 @@ pub fn metrics(ctx: &Context) -> Vec<Metric> {
             kind: Kind::Gauge,
             value: m.lease_waiting as f64,
         },
+    ]
+}
+
+/// The numbers of `leases` (part 2 of 2).
+fn leases_2(_ctx: &Context, m: &fencelog::Metrics) -> Vec<Metric> {
+    vec![
         Metric {
             section: "leases",
             info: "leases_held",
@@ -464,6 +526,13 @@ pub fn metrics(ctx: &Context) -> Vec<Metric> {
             kind: Kind::Gauge,
             value: m.last_lease_token as f64,
         },
+    ]
+}
+
+/// The numbers of `commit`.
+fn commit(_ctx: &Context, m: &fencelog::Metrics) -> Vec<Metric> {
+    let w = &m.wal;
+    vec![
         // Group commit as a client sees it. Last: the histogram line of
         // `INFO commit` follows these.
         Metric {
@@ -479,7 +548,7 @@ pub fn metrics(ctx: &Context) -> Vec<Metric> {
             info: "sync_thread_idle_seconds",
             prometheus: "fencelog_sync_thread_idle_seconds_total",
             help: "Time the log's sync thread waited for work; the rest it wrote, synced and \
-                   woke waiters.",
+               woke waiters.",
             kind: Kind::Counter,
             value: w.sync_idle_micros as f64 / 1e6,
         },
@@ -496,7 +565,7 @@ pub fn metrics(ctx: &Context) -> Vec<Metric> {
             info: "commit_latency_p99_us",
             prometheus: "",
             help: "99th percentile commit latency of a durable entry (bucket upper bound), \
-                   microseconds.",
+               microseconds.",
             kind: Kind::InfoOnly,
             value: w.commit_micros.quantile_upper_bound(0.99) as f64,
         },
@@ -544,49 +613,12 @@ pub fn info_text(ctx: &Context, sections: &[String]) -> String {
                 .any(|x| matches!(x.as_str(), "all" | "everything" | "default") || x == s)
     };
     let mut out = String::new();
-    let header = |out: &mut String, title: &str| {
-        if !out.is_empty() {
-            out.push_str("\r\n");
-        }
-        let _ = write!(out, "# {title}\r\n");
-    };
     let all = metrics(ctx);
     if wanted("server") {
         header(&mut out, "Server");
-        let _ = write!(
-            out,
-            "fencelog_version:{}\r\nredis_version:7.0.0\r\nredis_mode:standalone\r\nos:{} {}\r\n\
-             process_id:{}\r\ntcp_port:{}\r\nexecutable:{}\r\ndir:{}\r\n",
-            env!("CARGO_PKG_VERSION"),
-            std::env::consts::OS,
-            std::env::consts::ARCH,
-            std::process::id(),
-            ctx.config.addr.port(),
-            std::env::current_exe()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default(),
-            ctx.config.dir.display()
-        );
+        server_lines(ctx, &mut out);
     }
-    let mut current = "";
-    for metric in &all {
-        if !wanted(metric.section) {
-            continue;
-        }
-        if metric.section != current {
-            // The server section's header is written above, with the
-            // lines that are not numbers.
-            if metric.section != "server" {
-                let mut title = metric.section.to_string();
-                if let Some(first) = title.get_mut(..1) {
-                    first.make_ascii_uppercase();
-                }
-                header(&mut out, &title);
-            }
-            current = metric.section;
-        }
-        let _ = write!(out, "{}:{}\r\n", metric.info, number(metric.value));
-    }
+    metric_lines(&all, &wanted, &mut out);
     if wanted("commit") {
         out.push_str(&commit_histogram_line(
             &ctx.engine().metrics().wal.commit_micros,
@@ -596,7 +628,7 @@ pub fn info_text(ctx: &Context, sections: &[String]) -> String {
         // What redis-cli --stat and dashboards read; the resident set size
         // is what this process holds (the engine maps segments besides).
         header(&mut out, "Memory");
-        let rss = crate::metrics::resident_bytes().unwrap_or(0);
+        let rss = resident_bytes().unwrap_or(0);
         let _ = write!(
             out,
             "used_memory:{rss}\r\nused_memory_rss:{rss}\r\nmaxmemory:0\r\n"
@@ -604,8 +636,7 @@ pub fn info_text(ctx: &Context, sections: &[String]) -> String {
         // Cluster mode: the writes waiting in this leader's queue for an
         // entry (counted in their clients' memory, `mem_clients_normal`, while they wait;
         // the queue's own bound is the same budget).
-        if let Some(c) = &ctx.cluster {
-            let q = c.node().queued();
+        if let Some(q) = ctx.store.queued() {
             let _ = write!(
                 out,
                 "mem_cluster_queue:{}\r\nmem_cluster_queue_writes:{}\r\n\
@@ -625,4 +656,67 @@ pub fn info_text(ctx: &Context, sections: &[String]) -> String {
         let _ = write!(out, "db0:keys={},expires=0,avg_ttl=0\r\n", number(streams));
     }
     out
+}
+
+/// A `# Title` line, after a blank line unless it is the first.
+fn header(out: &mut String, title: &str) {
+    if !out.is_empty() {
+        out.push_str("\r\n");
+    }
+    let _ = write!(out, "# {title}\r\n");
+}
+
+/// The server section's lines that are not numbers.
+fn server_lines(ctx: &Context, out: &mut String) {
+    let _ = write!(
+        out,
+        "fencelog_version:{}\r\nredis_version:7.0.0\r\nredis_mode:standalone\r\nos:{} {}\r\n\
+         process_id:{}\r\ntcp_port:{}\r\nexecutable:{}\r\ndir:{}\r\n",
+        env!("CARGO_PKG_VERSION"),
+        std::env::consts::OS,
+        std::env::consts::ARCH,
+        std::process::id(),
+        ctx.config.addr.port(),
+        std::env::current_exe()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
+        ctx.config.dir.display()
+    );
+}
+
+/// The numbers of the sections wanted, each section under its header.
+fn metric_lines(all: &[Metric], wanted: &dyn Fn(&str) -> bool, out: &mut String) {
+    let mut current = "";
+    for metric in all {
+        if !wanted(metric.section) {
+            continue;
+        }
+        if metric.section != current {
+            // The server section's header is written above, with the
+            // lines that are not numbers.
+            if metric.section != "server" {
+                let mut title = metric.section.to_string();
+                if let Some(first) = title.get_mut(..1) {
+                    first.make_ascii_uppercase();
+                }
+                header(out, &title);
+            }
+            current = metric.section;
+        }
+        let _ = write!(out, "{}:{}\r\n", metric.info, number(metric.value));
+    }
+}
+
+/// This process' resident memory in bytes (`VmRSS`), where `/proc` has it.
+pub fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
 }

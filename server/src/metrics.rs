@@ -11,7 +11,7 @@
 use prometheus::proto::{Bucket, Counter, Gauge, Histogram, Metric, MetricFamily, MetricType};
 use prometheus::{Encoder, TextEncoder};
 
-use crate::commands::Context;
+use crate::context::Context;
 use crate::info::{self, Kind};
 
 /// The content type of [`exposition`]'s text.
@@ -90,18 +90,4 @@ fn histogram(h: &fencelog_wal::HistogramSnapshot, name: &str, help: &str) -> Met
     let mut metric = Metric::default();
     metric.set_histogram(hist);
     family(name, help, MetricType::HISTOGRAM, metric)
-}
-
-/// This process' resident memory in bytes (`VmRSS`), where `/proc` has it.
-pub fn resident_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kib * 1024)
 }

@@ -5,7 +5,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -13,61 +13,22 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::budget::ClientMemory;
-use crate::commands::Context;
+use crate::cluster::Cluster;
+use crate::cluster::route::Group;
 use crate::config::ServeConfig;
 use crate::connection;
+use crate::context::Context;
 use crate::shutdown::{self, Shutdown};
+use crate::store::Store;
 
 /// Counters of the server itself (the engine keeps its own).
-pub struct ServerStats {
-    pub connections_total: AtomicU64,
-    pub connections_now: AtomicU64,
-    pub connections_refused: AtomicU64,
-    pub commands: AtomicU64,
-    pub bytes_in: AtomicU64,
-    /// Transactions whose writes were submitted, and those rejected.
-    pub transactions: AtomicU64,
-    pub transactions_aborted: AtomicU64,
-    /// Clients disconnected past `--max-query-buffer`.
-    pub query_buffer_limit_disconnections: AtomicU64,
-    /// Clients disconnected past `--client-output-buffer-limit`.
-    pub output_buffer_limit_disconnections: AtomicU64,
-    /// Connections closed for looking like HTTP.
-    pub http_requests_refused: AtomicU64,
-    /// Connections waiting in `BLOCK` or `WAIT` now.
-    pub blocked_clients: AtomicU64,
-    pub started: std::time::Instant,
-}
-
-impl ServerStats {
-    /// All zero, started now.
-    pub fn new() -> Self {
-        ServerStats {
-            connections_total: AtomicU64::new(0),
-            connections_now: AtomicU64::new(0),
-            connections_refused: AtomicU64::new(0),
-            commands: AtomicU64::new(0),
-            bytes_in: AtomicU64::new(0),
-            transactions: AtomicU64::new(0),
-            transactions_aborted: AtomicU64::new(0),
-            query_buffer_limit_disconnections: AtomicU64::new(0),
-            output_buffer_limit_disconnections: AtomicU64::new(0),
-            http_requests_refused: AtomicU64::new(0),
-            blocked_clients: AtomicU64::new(0),
-            started: std::time::Instant::now(),
-        }
-    }
-}
-
-impl Default for ServerStats {
-    fn default() -> Self {
-        Self::new()
-    }
-}
+pub use crate::context::ServerStats;
 
 /// A server bound to its addresses, not yet serving.
 pub struct Server {
     ctx: Arc<Context>,
+    /// Cluster mode: this node's replica (`None`: a single node).
+    cluster: Option<Arc<Cluster>>,
     listener: TcpListener,
     metrics: Option<TcpListener>,
 }
@@ -96,16 +57,18 @@ impl Server {
         let created = first_missing_ancestor(&dir);
         if let Some(cluster) = config.cluster.clone() {
             let queue_bytes = config.maxmemory_clients_bytes as u64;
-            return match crate::cluster::Cluster::start(cluster, &config.dir, engine, queue_bytes)
-                .await
-            {
-                Ok(cluster) => Ok(Server::with(
-                    config,
-                    cluster.log(),
-                    Some(Arc::new(cluster)),
-                    listener,
-                    metrics,
-                )),
+            return match Cluster::start(cluster, &config.dir, engine, queue_bytes).await {
+                Ok(cluster) => {
+                    let cluster = Arc::new(cluster);
+                    let store = Arc::new(Group::new(Arc::clone(&cluster)));
+                    Ok(Server::with(
+                        config,
+                        store,
+                        Some(cluster),
+                        listener,
+                        metrics,
+                    ))
+                }
                 Err(e) => {
                     if let Some(created) = created {
                         let _ = std::fs::remove_dir_all(&created);
@@ -142,27 +105,27 @@ impl Server {
         if let Some(cut) = &report.cut {
             tracing::warn!(event = "recovery_cut", file = %cut.file.display(), position = cut.position, kind = ?cut.kind, reason = %cut.reason, bytes_cut = cut.bytes_cut, entries_cut = cut.entries_cut, token_floor = report.marks.floor, floor_raised = ?report.floor_raised, "recovery cut the log");
         }
-        Ok(Server::with(config, log, None, listener, metrics))
+        Ok(Server::with(config, Arc::new(log), None, listener, metrics))
     }
 
     fn with(
         config: ServeConfig,
-        log: fencelog::Log,
-        cluster: Option<Arc<crate::cluster::Cluster>>,
+        store: Arc<dyn Store>,
+        cluster: Option<Arc<Cluster>>,
         listener: TcpListener,
         metrics: Option<TcpListener>,
     ) -> Server {
         let clients = Arc::new(ClientMemory::new(config.maxmemory_clients_bytes));
         Server {
             ctx: Arc::new(Context {
-                log,
+                store,
                 config,
                 stats: ServerStats::new(),
                 clients,
                 registry: Arc::new(crate::clients::Registry::default()),
-                events: crate::commands::EventLimits::default(),
-                cluster,
+                events: crate::context::EventLimits::default(),
             }),
+            cluster,
             listener,
             metrics,
         }
@@ -181,28 +144,33 @@ impl Server {
     pub async fn run(self, stop: impl std::future::Future<Output = ()>) -> Result<(), String> {
         let Server {
             ctx,
+            cluster,
             listener,
             metrics,
         } = self;
         let (trigger, shutdown) = shutdown::channel();
         let permits = Arc::new(Semaphore::new(ctx.config.max_connections));
-        let mut connections = JoinSet::new();
-        // Refusals over the connection limit: short, but tasks all the same.
-        let mut refusals = JoinSet::new();
         let metrics_task = metrics.map(|metrics| {
             tokio::spawn(serve_metrics(Arc::clone(&ctx), metrics, shutdown.clone()))
         });
         tracing::info!(addr = %listener.local_addr().map_err(|e| e.to_string())?, "serving");
         // A node started empty with --cluster-join asks to be added, while
         // it serves (answering TRYAGAIN until it is).
-        let join = ctx
-            .cluster
+        let join = cluster
             .clone()
             .map(|c| tokio::spawn(async move { c.join().await }));
         // The other threads that serve connections (this one is the first).
         let workers: Vec<Worker> = (1..ctx.config.threads.max(1))
             .map(|i| Worker::start(i, shutdown.clone(), ctx.config.shutdown_grace))
             .collect::<Result<_, _>>()?;
+        let mut tasks = Tasks {
+            connections: JoinSet::new(),
+            workers,
+            // Refusals over the connection limit: short, but tasks all the same.
+            refusals: JoinSet::new(),
+            metrics: metrics_task,
+            join,
+        };
         tokio::pin!(stop);
         let mut next_id = 1u64;
         // Leases granted here whose ttl ran out: logged once a second.
@@ -221,74 +189,119 @@ impl Server {
                         }
                     };
                     let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
-                        ctx.stats.connections_refused.fetch_add(1, Ordering::Relaxed);
-                        if let Some(suppressed) = ctx.events.refused.admit() {
-                            tracing::warn!(
-                                event = "connection_refused",
-                                client_addr = %peer,
-                                max_connections = ctx.config.max_connections,
-                                suppressed,
-                                "connection refused: --max-connections reached"
-                            );
-                        }
-                        refusals.spawn(refuse(stream));
+                        note_refused(&ctx, peer);
+                        tasks.refusals.spawn(refuse(stream));
                         continue;
                     };
-                    let id = next_id;
-                    next_id += 1;
-                    ctx.stats.connections_total.fetch_add(1, Ordering::Relaxed);
-                    ctx.stats.connections_now.fetch_add(1, Ordering::Relaxed);
                     let open = OpenConnection { ctx: Arc::clone(&ctx), _permit: permit };
-                    // Round robin over the threads: this one is thread 0.
-                    let thread = (id % (workers.len() as u64 + 1)) as usize;
-                    if thread == 0 {
-                        connections.spawn(serve_connection(open, stream, peer, id, shutdown.clone()));
-                    } else {
-                        workers[thread - 1].hand_over(open, stream, peer, id);
-                    }
+                    tasks.serve(open, stream, peer, next_id, &shutdown);
+                    next_id += 1;
                 }
-                Some(_) = connections.join_next(), if !connections.is_empty() => {}
-                Some(_) = refusals.join_next(), if !refusals.is_empty() => {}
-                _ = lease_sweep.tick() => crate::commands::sweep_expired_leases(&ctx),
+                Some(_) = tasks.connections.join_next(), if !tasks.connections.is_empty() => {}
+                Some(_) = tasks.refusals.join_next(), if !tasks.refusals.is_empty() => {}
+                _ = lease_sweep.tick() => crate::context::sweep_expired_leases(&ctx),
                 () = &mut stop => break,
             }
         }
         tracing::info!("shutting down: answering what was decided");
         drop(listener);
         trigger.fire();
-        let grace = ctx.config.shutdown_grace;
-        drain(&mut connections, grace).await;
-        // The other threads did the same with theirs (the same grace).
-        for worker in workers {
-            worker.join().await;
-        }
-        refusals.abort_all();
-        while refusals.join_next().await.is_some() {}
-        if let Some(task) = metrics_task {
-            // It aborts and waits for its own scrapes before it returns.
-            let _ = task.await;
-        }
-        if let Some(join) = join {
-            join.abort();
-            let _ = join.await;
-        }
-        if let Some(cluster) = &ctx.cluster {
-            cluster.shutdown().await;
-        }
-        // The last handle: dropping it syncs what was submitted and stops
-        // the log's threads. Off the runtime: it blocks.
-        let ctx = Arc::try_unwrap(ctx).map_err(|ctx| {
-            format!(
-                "internal error: {} tasks still hold the server's context after every task \
-                 was awaited",
-                Arc::strong_count(&ctx) - 1
-            )
-        })?;
-        tokio::task::spawn_blocking(move || drop(ctx))
-            .await
-            .map_err(|e| e.to_string())?;
+        shut_down(ctx, cluster, tasks).await?;
         tracing::info!("stopped");
         Ok(())
+    }
+}
+
+/// The tasks a server waits for when it shuts down.
+struct Tasks {
+    connections: JoinSet<()>,
+    workers: Vec<Worker>,
+    refusals: JoinSet<()>,
+    metrics: Option<tokio::task::JoinHandle<()>>,
+    join: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Tasks {
+    /// Serves an accepted connection on one of the threads, round robin
+    /// (this one is thread 0).
+    fn serve(
+        &mut self,
+        open: OpenConnection,
+        stream: TcpStream,
+        peer: SocketAddr,
+        id: u64,
+        shutdown: &Shutdown,
+    ) {
+        let stats = &open.ctx.stats;
+        stats.connections_total.fetch_add(1, Ordering::Relaxed);
+        stats.connections_now.fetch_add(1, Ordering::Relaxed);
+        let thread = (id % (self.workers.len() as u64 + 1)) as usize;
+        if thread == 0 {
+            let task = serve_connection(open, stream, peer, id, shutdown.clone());
+            self.connections.spawn(task);
+        } else {
+            self.workers[thread - 1].hand_over(open, stream, peer, id);
+        }
+    }
+}
+
+/// The shutdown once the listener is gone and the signal fired: the
+/// connections answer what was decided (for up to the grace period), every
+/// task is awaited, the cluster stops, and the log is closed (synced).
+async fn shut_down(
+    ctx: Arc<Context>,
+    cluster: Option<Arc<Cluster>>,
+    mut tasks: Tasks,
+) -> Result<(), String> {
+    let grace = ctx.config.shutdown_grace;
+    drain(&mut tasks.connections, grace).await;
+    // The other threads did the same with theirs (the same grace).
+    for worker in tasks.workers {
+        worker.join().await;
+    }
+    tasks.refusals.abort_all();
+    while tasks.refusals.join_next().await.is_some() {}
+    if let Some(task) = tasks.metrics {
+        // It aborts and waits for its own scrapes before it returns.
+        let _ = task.await;
+    }
+    if let Some(join) = tasks.join {
+        join.abort();
+        let _ = join.await;
+    }
+    if let Some(cluster) = &cluster {
+        cluster.shutdown().await;
+    }
+    // The store holds the cluster too: the context's is the last.
+    drop(cluster);
+    // The last handle: dropping it syncs what was submitted and stops
+    // the log's threads. Off the runtime: it blocks.
+    let ctx = Arc::try_unwrap(ctx).map_err(|ctx| {
+        format!(
+            "internal error: {} tasks still hold the server's context after every task \
+             was awaited",
+            Arc::strong_count(&ctx) - 1
+        )
+    })?;
+    tokio::task::spawn_blocking(move || drop(ctx))
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// A connection refused over `--max-connections`: counted, and logged
+/// (rate-limited).
+fn note_refused(ctx: &Context, peer: SocketAddr) {
+    ctx.stats
+        .connections_refused
+        .fetch_add(1, Ordering::Relaxed);
+    if let Some(suppressed) = ctx.events.refused.admit() {
+        tracing::warn!(
+            event = "connection_refused",
+            client_addr = %peer,
+            max_connections = ctx.config.max_connections,
+            suppressed,
+            "connection refused: --max-connections reached"
+        );
     }
 }
 

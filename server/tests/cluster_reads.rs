@@ -164,7 +164,10 @@ fn a_follower_moves_each_pipelined_read() {
     // TRYAGAIN (it knows no leader yet).
     let deadline = Instant::now() + Duration::from_secs(10);
     while !matches!(c.cmd(&read).unwrap(), Reply::Error(e) if e.starts_with("MOVED")) {
-        assert!(Instant::now() < deadline, "the follower never learned the leader");
+        assert!(
+            Instant::now() < deadline,
+            "the follower never learned the leader"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let replies = c.pipeline(&vec![read; 20]).unwrap();

@@ -1,4 +1,5 @@
-//! Data commands in cluster mode.
+//! The replicated group as a [`Store`]: what the commands run against in
+//! cluster mode.
 //!
 //! - Writes (`LOG.APPEND`, …, and `EXEC`'s entry) are proposed to Raft in
 //!   the order a connection sends them and answered once a majority holds
@@ -12,7 +13,8 @@
 //!   again when a release or the leader's tick frees a lease, or when the
 //!   holder's time runs out, not on a timer.
 //! - Reads (`LOG.READ`, `LOG.STAT`, `LOG.STREAMS`, `DBSIZE`) first confirm
-//!   leadership with a quorum (Raft's ReadIndex): a deposed leader never
+//!   leadership with a quorum (Raft's ReadIndex, a round joined when the
+//!   read arrives, so pipelined reads share it): a deposed leader never
 //!   answers a read that misses a committed write.
 //!
 //! A node that is not the leader answers `-MOVED slot host:port` (the
@@ -25,17 +27,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use fencelog::{Error, TxOp};
-use fencelog_cluster::{ClusterError, Response, WireCommand, WireTxOp};
+use fencelog::{AcquireOptions, Error, LeaseInfo, Log, Token, TxOp};
+use fencelog_cluster::{ClusterError, Proposal, Response, WireCommand, WireError, WireTxOp};
 
 use super::Cluster;
 use super::slots::key_slot;
-use crate::commands::{self, Blocking, ClientTag, Context, Outcome};
-use crate::connection::Session;
 use crate::protocol::Reply;
-
-/// A write's answer to come.
-pub type ReplyFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Reply> + Send>>;
+use crate::store::{
+    Barrier, BoxFuture, Failure, Granted, LeaseArgs, LeaseState, Pending, Store, Ticket, Written,
+};
 
 /// How long a proposed write may wait for its answer: longer means the
 /// node is cut off from its quorum, and the client is told the outcome is
@@ -48,106 +48,16 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// is given only for a write that really went out.
 const QUEUE_DEADLINE: Duration = Duration::from_millis(9_500);
 
-/// Runs `cmd` if cluster mode answers it differently (`None`: the
-/// standalone handler runs, against the cluster's engine).
-pub(crate) async fn run(
-    ctx: &Arc<Context>,
-    c: &Arc<Cluster>,
-    session: &mut Session,
-    cmd: &str,
-    args: &[Bytes],
-) -> Option<Outcome> {
-    let a = &args[1..];
-    if let Some(parsed) = commands::parse_write(cmd, a) {
-        return Some(match parsed {
-            Ok(op) => {
-                let key = commands::op_stream(&op).clone();
-                if let Some(stale) = stale_now(ctx, c, session, &op) {
-                    return Some(stale);
-                }
-                propose(ctx, c, session.tag(), key, WireCommand::from_op(&op)).await
-            }
-            Err(reply) => Outcome::Reply(reply),
-        });
-    }
-    match cmd {
-        "LEASE.ACQUIRE" => Some(acquire(ctx, c, session, cmd, a).await),
-        "LEASE.RENEW" | "LEASE.RELEASE" => Some(renew_or_release(ctx, c, session, cmd, a).await),
-        "LEASE.INFO" => {
-            if a.len() != 1 {
-                return Some(commands::wrong_arity(cmd));
-            }
-            Some(lease_info(c, a[0].clone()))
-        }
-        _ if commands::READS.contains(&cmd) => read(ctx, c, session, args).await,
-        "CLUSTER" => Some(Outcome::Reply(super::slots::cluster(c, a).await)),
-        // Cluster clients send these; reads always go to the leader here.
-        "READONLY" | "READWRITE" | "ASKING" if a.is_empty() => Some(Outcome::Reply(Reply::ok())),
-        _ => None,
-    }
+/// This node's replica of the group, as commands see it.
+pub struct Group {
+    cluster: Arc<Cluster>,
 }
 
-/// A read (`LOG.READ`, `LOG.STAT`, `LOG.STREAMS`, `DBSIZE`) after a
-/// ReadIndex round that starts now. A read that may wait (`BLOCK`) waits
-/// for its round here, then runs as on one node (`None`); any other is
-/// answered later, in the connection's order, so a connection's pipelined
-/// reads share one round instead of a round trip apiece.
-async fn read(
-    ctx: &Arc<Context>,
-    c: &Arc<Cluster>,
-    session: &Session,
-    args: &[Bytes],
-) -> Option<Outcome> {
-    let key = args.get(1).cloned().unwrap_or_default();
-    let round = c.node().read_round();
-    if commands::pipelining(session, args, true) != commands::Pipelining::Read {
-        return match round.await {
-            Ok(()) => None,
-            Err(e) => Some(Outcome::Reply(redirect(c, &key, &e))),
-        };
+impl Group {
+    /// The store of `cluster`.
+    pub fn new(cluster: Arc<Cluster>) -> Group {
+        Group { cluster }
     }
-    let (ctx, c, args) = (Arc::clone(ctx), Arc::clone(c), args.to_vec());
-    Some(Outcome::Replicated(Box::pin(async move {
-        if let Err(e) = round.await {
-            return redirect(&c, &key, &e);
-        }
-        let name = commands::upper(&args[0]);
-        let engine = ctx.engine();
-        match commands::stream_read(&ctx, &engine, name.as_str(), &args[1..]) {
-            Some(Outcome::Reply(reply)) => reply,
-            Some(Outcome::Blocking(read)) => read.run(engine.into_owned()).await,
-            // Every read answers one of those two ways.
-            _ => Reply::Error(format!(
-                "ERR internal: {} did not answer as a read",
-                name.as_str()
-            )),
-        }
-    })))
-}
-
-/// A stale write answered without the log: a stream's highest token only
-/// grows, and what this replica applied is committed, so a token below it
-/// is rejected now and by every later decision (on any node, leader or
-/// not, deposed or not). `LOG.APPENDAT` is left to the log: its exact
-/// retry is answered with the original offset even after a newer token.
-fn stale_now(ctx: &Context, c: &Cluster, session: &Session, op: &TxOp) -> Option<Outcome> {
-    let (stream, token) = match op {
-        TxOp::Append { stream, token, .. }
-        | TxOp::Fence { stream, token }
-        | TxOp::Trim { stream, token, .. }
-        | TxOp::Delete { stream, token } => (stream, token.get()),
-        _ => return None,
-    };
-    let highest = c.log().highest_token(stream).ok()?;
-    if token >= highest {
-        return None;
-    }
-    let e = Error::Stale {
-        presented: token,
-        highest,
-    };
-    commands::note_error(ctx, &session.tag(), stream, &e);
-    Some(Outcome::Reply(commands::error_reply(&e)))
 }
 
 /// Where to send the client, or why its command failed.
@@ -173,28 +83,58 @@ pub(crate) fn redirect(c: &Cluster, key: &[u8], e: &ClusterError) -> Reply {
     }
 }
 
-/// The answer of an applied entry, as the standalone server words it.
-fn answer(ctx: &Context, client: &ClientTag, key: &[u8], r: Response) -> Reply {
+/// A command that failed here, as a [`Failure`].
+fn elsewhere(c: &Cluster, key: &[u8], e: &ClusterError) -> Failure {
+    Failure::Elsewhere(redirect(c, key, e))
+}
+
+/// An applied entry's answer as the type the command expects: `want`
+/// picks it; a rejection is the engine's error; any other answer is
+/// worded as it is (none is expected).
+fn expect<T>(r: Response, want: impl FnOnce(&Response) -> Option<T>) -> Result<T, Failure> {
+    if let Some(t) = want(&r) {
+        return Ok(t);
+    }
     let int = |n: u64| Reply::Integer(i64::try_from(n).unwrap_or(i64::MAX));
-    match r {
+    Err(Failure::Elsewhere(match r {
+        Response::Rejected(e) => return Err(Failure::Refused(e.to_engine())),
         Response::Value(v) => int(v),
         Response::Values(v) => Reply::Array(v.into_iter().map(int).collect()),
         Response::Grant { token, ttl_ms } => Reply::Array(vec![int(token), int(ttl_ms)]),
         Response::Released(r) => Reply::Integer(i64::from(r)),
         Response::Done => Reply::ok(),
-        Response::Rejected(e) => {
-            let e = e.to_engine();
-            commands::note_error(ctx, client, key, &e);
-            commands::error_reply(&e)
-        }
+    }))
+}
+
+/// The answer of a write or a renewal: a number.
+fn value(r: Response) -> Result<u64, Failure> {
+    expect(r, |r| match r {
+        Response::Value(v) => Some(*v),
+        _ => None,
+    })
+}
+
+/// The answer of a transaction: a number per op.
+fn values(r: Response) -> Result<Vec<u64>, Failure> {
+    match r {
+        Response::Values(v) => Ok(v),
+        Response::Rejected(e) => Err(Failure::Refused(e.to_engine())),
+        other => Err(Failure::Elsewhere(Reply::Error(format!(
+            "ERR internal: a transaction answered {other:?}"
+        )))),
     }
 }
 
+/// The answer of a release: whether it released.
+fn released(r: Response) -> Result<bool, Failure> {
+    expect(r, |r| match r {
+        Response::Released(r) => Some(*r),
+        _ => None,
+    })
+}
+
 /// Waits for a proposal's outcome, at most [`WRITE_TIMEOUT`].
-async fn settle(
-    c: &Cluster,
-    proposal: fencelog_cluster::Proposal,
-) -> Result<Response, ClusterError> {
+async fn settle(c: &Cluster, proposal: Proposal) -> Result<Response, ClusterError> {
     match tokio::time::timeout(WRITE_TIMEOUT, proposal).await {
         Ok(r) => r,
         Err(_) => Err(ClusterError::Uncertain(format!(
@@ -205,182 +145,243 @@ async fn settle(
     }
 }
 
-/// Proposes a write now (keeping the connection's order) and answers it
-/// once applied.
-async fn propose(
-    ctx: &Arc<Context>,
-    c: &Arc<Cluster>,
-    client: ClientTag,
-    key: Bytes,
-    cmd: WireCommand,
-) -> Outcome {
-    match c.node().propose(cmd, Instant::now() + QUEUE_DEADLINE).await {
-        Ok(proposal) => {
-            let (ctx, c) = (Arc::clone(ctx), Arc::clone(c));
-            Outcome::Replicated(Box::pin(async move {
-                match settle(&c, proposal).await {
-                    Ok(r) => answer(&ctx, &client, &key, r),
-                    Err(e) => redirect(&c, &key, &e),
-                }
-            }))
+impl Group {
+    /// Proposes `cmd` now (keeping the caller's order); the answer comes
+    /// once applied, as `want` takes it.
+    async fn propose<T: Send + 'static>(
+        &self,
+        key: Bytes,
+        cmd: WireCommand,
+        want: fn(Response) -> Result<T, Failure>,
+    ) -> Result<Pending<T>, Failure> {
+        let c = &self.cluster;
+        match c.node().propose(cmd, Instant::now() + QUEUE_DEADLINE).await {
+            Ok(proposal) => {
+                let c = Arc::clone(c);
+                Ok(Box::pin(async move {
+                    match settle(&c, proposal).await {
+                        Ok(r) => want(r),
+                        Err(e) => Err(elsewhere(&c, &key, &e)),
+                    }
+                }))
+            }
+            Err(e) => Err(elsewhere(c, &key, &e)),
         }
-        Err(e) => Outcome::Reply(redirect(c, &key, &e)),
     }
 }
 
-/// Proposes and waits (the lease commands, one at a time).
-async fn write(c: &Cluster, cmd: WireCommand) -> Result<Response, ClusterError> {
-    let proposal = c
-        .node()
-        .propose(cmd, Instant::now() + QUEUE_DEADLINE)
-        .await?;
-    settle(c, proposal).await
+/// A proposal's answer to come, or its failure now, as a ticket.
+fn in_order<T>(proposed: Result<Pending<T>, Failure>) -> Ticket<T> {
+    match proposed {
+        Ok(answer) => Ticket::InOrder(answer),
+        Err(f) => Ticket::Ready(Err(f)),
+    }
 }
 
-/// `LEASE.ACQUIRE`: parsed as on one node; with `WAIT`, tried again while
-/// the lease is held, until the wait runs out.
-async fn acquire(
-    ctx: &Arc<Context>,
-    c: &Arc<Cluster>,
-    session: &Session,
-    cmd: &str,
-    a: &[Bytes],
-) -> Outcome {
-    let Outcome::Blocking(Blocking::Acquire {
-        name,
-        owner,
-        ttl,
-        opts,
-        ..
-    }) = commands::acquire(cmd, a, ctx, session)
-    else {
-        // A parse error: its answer.
-        return commands::acquire(cmd, a, ctx, session);
-    };
-    let (ctx, c) = (Arc::clone(ctx), Arc::clone(c));
-    let client = session.tag();
+impl Store for Group {
+    fn log(&self) -> Log {
+        self.cluster.log()
+    }
+
+    fn orders_rounds(&self) -> bool {
+        true
+    }
+
+    /// A stream's highest token only grows, and what this replica applied
+    /// is committed, so a token below it is rejected now and by every
+    /// later decision (on any node, leader or not, deposed or not).
+    /// `LOG.APPENDAT` is left to the log: its exact retry is answered with
+    /// the original offset even after a newer token.
+    fn refuse_now(&self, op: &TxOp) -> Option<Error> {
+        if let TxOp::AppendAt { .. } = op {
+            return None;
+        }
+        let (stream, token) = (op.stream(), op.token().get());
+        let highest = self.cluster.log().highest_token(stream).ok()?;
+        (token < highest).then_some(Error::Stale {
+            presented: token,
+            highest,
+        })
+    }
+
+    fn write(&self, op: TxOp) -> BoxFuture<'_, Result<Written, Failure>> {
+        Box::pin(async move {
+            let key = op.stream().clone();
+            let answer = self.propose(key, WireCommand::from_op(&op), value).await?;
+            Ok(Written::Applied(answer))
+        })
+    }
+
+    fn transact(&self, ops: Vec<TxOp>) -> BoxFuture<'_, Result<Vec<u64>, Failure>> {
+        Box::pin(async move {
+            let key = ops
+                .first()
+                .map(|op| op.stream().clone())
+                .unwrap_or_default();
+            let wire = WireCommand::Transact(ops.iter().map(WireTxOp::from_engine).collect());
+            self.propose(key, wire, values).await?.await
+        })
+    }
+
+    fn read(&self, key: &[u8], here: bool) -> BoxFuture<'_, Result<Barrier, Failure>> {
+        // Joined now, when the read arrives: pipelined reads share a round.
+        let round = self.cluster.node().read_round();
+        let (c, key) = (Arc::clone(&self.cluster), Bytes::copy_from_slice(key));
+        let after: Pending<Log> = Box::pin(async move {
+            match round.await {
+                Ok(()) => Ok(c.log()),
+                Err(e) => Err(elsewhere(&c, &key, &e)),
+            }
+        });
+        Box::pin(async move {
+            if here {
+                after.await.map(Barrier::Now)
+            } else {
+                Ok(Barrier::After(after))
+            }
+        })
+    }
+
+    fn acquire(
+        &self,
+        lease: LeaseArgs,
+        ttl: Duration,
+        opts: AcquireOptions,
+    ) -> BoxFuture<'_, Ticket<Granted>> {
+        Box::pin(async move {
+            let wire = WireCommand::Acquire {
+                name: lease.name.to_vec(),
+                owner: lease.owner.to_vec(),
+                ttl_ms: ttl.as_millis() as u64,
+                fence: opts.fence,
+            };
+            // The first try is proposed now, in the connection's order:
+            // pipelined acquisitions share entries like any write (one
+            // entry each made a flood of them cost an fsync apiece).
+            let c = Arc::clone(&self.cluster);
+            let first = c
+                .node()
+                .propose(wire.clone(), Instant::now() + QUEUE_DEADLINE)
+                .await;
+            Ticket::InOrder(Box::pin(acquire_until(c, lease.name, wire, opts, first)))
+        })
+    }
+
+    fn renew(&self, lease: LeaseArgs, token: Token, ttl_ms: u64) -> BoxFuture<'_, Ticket<u64>> {
+        Box::pin(async move {
+            let wire = WireCommand::Renew {
+                name: lease.name.to_vec(),
+                owner: lease.owner.to_vec(),
+                token: token.get(),
+                ttl_ms,
+            };
+            in_order(self.propose(lease.name, wire, value).await)
+        })
+    }
+
+    fn release(&self, lease: LeaseArgs, token: Token) -> BoxFuture<'_, Ticket<bool>> {
+        Box::pin(async move {
+            let wire = WireCommand::Release {
+                name: lease.name.to_vec(),
+                owner: lease.owner.to_vec(),
+                token: token.get(),
+            };
+            in_order(self.propose(lease.name, wire, released).await)
+        })
+    }
+
+    /// A read. After a ReadIndex (this node leads and has applied every
+    /// committed entry), the lease as applied here, its time left on the
+    /// group's clock as this leader carries it on. Nothing is written and
+    /// nothing changes: an expiry the log has not seen is only shown,
+    /// never decided, here.
+    fn lease_info(&self, name: Bytes) -> Ticket<Option<LeaseInfo>> {
+        let c = Arc::clone(&self.cluster);
+        Ticket::InOrder(Box::pin(async move {
+            if let Err(e) = c.node().linearizable().await {
+                return Err(elsewhere(&c, &name, &e));
+            }
+            let Some(now) = c.node().group_now_ms() else {
+                let e = ClusterError::NotLeader { leader: None };
+                return Err(elsewhere(&c, &name, &e));
+            };
+            Ok(c.log().lease_info_at(&name, now)?)
+        }))
+    }
+
+    fn lease_state(&self, name: &[u8]) -> LeaseState {
+        let Some(now) = self.cluster.node().group_now_ms() else {
+            return LeaseState::Unknown;
+        };
+        match self.cluster.log().lease_info_at(name, now) {
+            Ok(info) => LeaseState::of(info),
+            Err(_) => LeaseState::Unknown,
+        }
+    }
+
+    fn cluster(&self, args: &[Bytes]) -> BoxFuture<'_, Reply> {
+        let args = args.to_vec();
+        Box::pin(async move { super::slots::cluster(&self.cluster, &args).await })
+    }
+
+    /// Cluster clients send these; reads always go to the leader here.
+    fn cluster_client(&self) -> Reply {
+        Reply::ok()
+    }
+
+    fn queued(&self) -> Option<fencelog_cluster::Queued> {
+        Some(self.cluster.node().queued())
+    }
+}
+
+/// `LEASE.ACQUIRE` in a group: the first try as proposed; with `WAIT`,
+/// tried again while the lease is held, until the wait runs out.
+async fn acquire_until(
+    c: Arc<Cluster>,
+    name: Bytes,
+    wire: WireCommand,
+    opts: AcquireOptions,
+    first: Result<Proposal, ClusterError>,
+) -> Result<Granted, Failure> {
     let deadline = opts.wait.and_then(|w| Instant::now().checked_add(w));
     let waits = opts.wait.is_some();
-    let wire = WireCommand::Acquire {
-        name: name.to_vec(),
-        owner: owner.to_vec(),
-        ttl_ms: ttl.as_millis() as u64,
-        fence: opts.fence,
-    };
-    // The first try is proposed now, in the connection's order: pipelined
-    // acquisitions share entries like any write (one entry each made a
-    // flood of them cost an fsync apiece).
-    let first = c
-        .node()
-        .propose(wire.clone(), Instant::now() + QUEUE_DEADLINE)
-        .await;
-    Outcome::Replicated(Box::pin(async move {
-        let mut next = Some(first);
-        loop {
-            let outcome = match next.take() {
-                Some(Ok(proposal)) => settle(&c, proposal).await,
-                Some(Err(e)) => Err(e),
-                None => write(&c, wire.clone()).await,
-            };
-            match outcome {
-                Ok(Response::Rejected(fencelog_cluster::WireError::Held { remaining_ms }))
-                    if waits && deadline.is_none_or(|d| Instant::now() < d) =>
-                {
-                    // Asked again when a release or the leader's tick frees
-                    // a lease here, or once the holder's time has run out:
-                    // one write per change, not one per waiter every few ms.
-                    let mut pause = Duration::from_millis(remaining_ms.max(1));
-                    if let Some(d) = deadline {
-                        pause = pause.min(d.saturating_duration_since(Instant::now()));
-                    }
-                    c.log().lease_freed(pause).await;
+    let mut next = Some(first);
+    loop {
+        let outcome = match next.take() {
+            Some(Ok(proposal)) => settle(&c, proposal).await,
+            Some(Err(e)) => Err(e),
+            None => match c
+                .node()
+                .propose(wire.clone(), Instant::now() + QUEUE_DEADLINE)
+                .await
+            {
+                Ok(proposal) => settle(&c, proposal).await,
+                Err(e) => Err(e),
+            },
+        };
+        match outcome {
+            Ok(Response::Rejected(WireError::Held { remaining_ms }))
+                if waits && deadline.is_none_or(|d| Instant::now() < d) =>
+            {
+                // Asked again when a release or the leader's tick frees
+                // a lease here, or once the holder's time has run out:
+                // one write per change, not one per waiter every few ms.
+                let mut pause = Duration::from_millis(remaining_ms.max(1));
+                if let Some(d) = deadline {
+                    pause = pause.min(d.saturating_duration_since(Instant::now()));
                 }
-                Ok(r) => return answer(&ctx, &client, &name, r),
-                Err(e) => return redirect(&c, &name, &e),
+                c.log().lease_freed(pause).await;
             }
+            Ok(r) => {
+                return expect(r, |r| match r {
+                    Response::Grant { token, ttl_ms } => Some(Granted {
+                        token: *token,
+                        ttl_ms: *ttl_ms,
+                    }),
+                    _ => None,
+                });
+            }
+            Err(e) => return Err(elsewhere(&c, &name, &e)),
         }
-    }))
-}
-
-/// `LEASE.RENEW name owner token ttl_ms` and `LEASE.RELEASE name owner
-/// token`, through the log.
-async fn renew_or_release(
-    ctx: &Arc<Context>,
-    c: &Arc<Cluster>,
-    session: &Session,
-    cmd: &str,
-    a: &[Bytes],
-) -> Outcome {
-    let renew = cmd == "LEASE.RENEW";
-    let wire = if renew {
-        let (token, ttl_ms) = match commands::parse_renew(cmd, a) {
-            Ok(parsed) => parsed,
-            Err(o) => return o,
-        };
-        WireCommand::Renew {
-            name: a[0].to_vec(),
-            owner: a[1].to_vec(),
-            token: token.get(),
-            ttl_ms,
-        }
-    } else {
-        let token = match commands::parse_release(cmd, a) {
-            Ok(t) => t,
-            Err(o) => return o,
-        };
-        WireCommand::Release {
-            name: a[0].to_vec(),
-            owner: a[1].to_vec(),
-            token: token.get(),
-        }
-    };
-    propose(ctx, c, session.tag(), a[0].clone(), wire).await
-}
-
-/// `LEASE.INFO name`: a read. After a ReadIndex (this node leads and has
-/// applied every committed entry), the lease as applied here, its time
-/// left on the group's clock as this leader carries it on. Nothing is
-/// written and nothing changes: an expiry the log has not seen is only
-/// shown, never decided, here.
-fn lease_info(c: &Arc<Cluster>, name: Bytes) -> Outcome {
-    let c = Arc::clone(c);
-    Outcome::Replicated(Box::pin(async move {
-        if let Err(e) = c.node().linearizable().await {
-            return redirect(&c, &name, &e);
-        }
-        let Some(now) = c.node().group_now_ms() else {
-            return redirect(&c, &name, &ClusterError::NotLeader { leader: None });
-        };
-        match c.log().lease_info_at(&name, now) {
-            Ok(Some(info)) => Reply::Array(vec![
-                Reply::Bulk(info.owner),
-                Reply::Integer(i64::try_from(info.token.get()).unwrap_or(i64::MAX)),
-                Reply::Integer(info.remaining.as_millis() as i64),
-            ]),
-            Ok(None) => Reply::Null,
-            Err(e) => commands::error_reply(&e),
-        }
-    }))
-}
-
-/// `EXEC`'s writes as one replicated entry: their answers, the engine's
-/// rejection (`Error::Aborted`), or the reply for a node that cannot take
-/// them (MOVED, TRYAGAIN, UNCERTAIN).
-pub(crate) async fn transact(
-    c: &Cluster,
-    ops: Vec<TxOp>,
-) -> Result<Result<Vec<u64>, Error>, Reply> {
-    let key = ops
-        .first()
-        .map(|op| commands::op_stream(op).clone())
-        .unwrap_or_default();
-    let wire = WireCommand::Transact(ops.iter().map(WireTxOp::from_engine).collect());
-    match write(c, wire).await {
-        Ok(Response::Values(v)) => Ok(Ok(v)),
-        Ok(Response::Rejected(e)) => Ok(Err(e.to_engine())),
-        Ok(other) => Err(Reply::Error(format!(
-            "ERR internal: a transaction answered {other:?}"
-        ))),
-        Err(e) => Err(redirect(c, &key, &e)),
     }
 }

@@ -1,0 +1,448 @@
+//! The stream commands: `LOG.APPEND`, `LOG.APPENDAT`, `LOG.FENCE`,
+//! `LOG.TRIM`, `LOG.DELETE` (writes: each parsed into the engine's
+//! [`TxOp`], the same op a transaction queues) and `LOG.READ`, `LOG.STAT`,
+//! `LOG.STREAMS` (reads, once the store lets them look).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use fencelog::{Log, ReadOptions, TxOp};
+
+use super::parse::{err, not_integer, parse_token, parse_u64, upper, wait_ms, wrong_arity};
+use crate::command_table::*;
+use crate::context::{ClientTag, Context, failure_reply, note_error};
+use crate::outcome::{Blocking, Outcome, ReadProgress, error_reply, number};
+use crate::protocol::Reply;
+use crate::store::{Barrier, Store, Written};
+
+/// The stream commands' specs, in the order `docs/COMMANDS.md` lists them.
+pub static SPECS: &[CommandSpec] = &[
+    cmd(
+        "LOG.APPEND",
+        -4,
+        &["write", "denyoom"],
+        ONE_KEY,
+        &["@write", "@stream"],
+        "log",
+        "Appends records to a stream if the token is not below its highest; answers the first record's offset",
+        "O(N) in the payload bytes",
+        &[key("stream"), integer("token"), multiple(string("payload"))],
+    ),
+    cmd(
+        "LOG.APPENDAT",
+        -5,
+        &["write", "denyoom"],
+        ONE_KEY,
+        &["@write", "@stream"],
+        "log",
+        "Appends records only at the expected offset (an exact retry answers the original offset); answers the first offset",
+        "O(N) in the payload bytes",
+        &[
+            key("stream"),
+            integer("token"),
+            integer("expected_offset"),
+            multiple(string("payload")),
+        ],
+    ),
+    cmd(
+        "LOG.FENCE",
+        3,
+        &["write", "fast"],
+        ONE_KEY,
+        &["@write", "@stream", "@fast"],
+        "log",
+        "Raises a stream's highest token without writing a record; answers the highest token",
+        "O(1)",
+        &[key("stream"), integer("token")],
+    ),
+    cmd(
+        "LOG.READ",
+        -3,
+        &["readonly", "blocking"],
+        ONE_KEY,
+        &["@read", "@stream", "@blocking"],
+        "log",
+        "Reads durable records from an offset on: [offset, token, payload] each",
+        "O(N) in the records answered",
+        &[
+            key("stream"),
+            integer("from"),
+            optional(token("COUNT", integer("count"))),
+            optional(token("BLOCK", integer("milliseconds"))),
+        ],
+    ),
+    cmd(
+        "LOG.TRIM",
+        4,
+        &["write", "fast"],
+        ONE_KEY,
+        &["@write", "@stream", "@fast"],
+        "log",
+        "Makes the records below an offset unreadable and their space reclaimable; answers the new start offset",
+        "O(1)",
+        &[key("stream"), integer("token"), integer("before")],
+    ),
+    cmd(
+        "LOG.DELETE",
+        3,
+        &["write", "fast"],
+        ONE_KEY,
+        &["@write", "@stream", "@fast"],
+        "log",
+        "Removes every record of a stream; its highest token and next offset stay forever. Answers the records removed",
+        "O(1)",
+        &[key("stream"), integer("token")],
+    ),
+    cmd(
+        "LOG.STAT",
+        2,
+        &["readonly", "fast"],
+        ONE_KEY,
+        &["@read", "@stream", "@fast"],
+        "log",
+        "A stream's highest token, next offset, start offset, records and bytes",
+        "O(1)",
+        &[key("stream")],
+    ),
+    cmd(
+        "LOG.STREAMS",
+        -1,
+        &["readonly"],
+        NO_KEYS,
+        &["@read", "@stream", "@slow"],
+        "log",
+        "The names of the streams that hold records or a token, in byte order, a page at a time (at most 10000)",
+        "O(log(N) + M) with M the names answered",
+        &[
+            optional(token("AFTER", string("name"))),
+            optional(token("COUNT", integer("count"))),
+        ],
+    ),
+];
+
+/// The commands that change streams: what a transaction puts in its entry.
+pub const WRITES: &[&str] = &[
+    "LOG.APPEND",
+    "LOG.APPENDAT",
+    "LOG.FENCE",
+    "LOG.TRIM",
+    "LOG.DELETE",
+];
+
+/// The commands that read streams' state (with `DBSIZE`): in a group each
+/// is answered after a round that confirms leadership.
+pub const READS: &[&str] = &["LOG.READ", "LOG.STAT", "LOG.STREAMS", "DBSIZE"];
+
+/// A write command parsed into the op it is; `None` for any other command.
+/// The error is the command's answer (arity, a token of 0, not a number).
+pub fn parse_write(cmd: &str, a: &[Bytes]) -> Option<Result<TxOp, Reply>> {
+    let parsed = match cmd {
+        "LOG.APPEND" if a.len() < 3 => Err(wrong_arity(cmd)),
+        "LOG.APPEND" => parse_token(&a[1]).map(|token| TxOp::Append {
+            stream: a[0].clone(),
+            token,
+            payloads: a[2..].to_vec(),
+        }),
+        "LOG.APPENDAT" if a.len() < 4 => Err(wrong_arity(cmd)),
+        "LOG.APPENDAT" => parse_token(&a[1]).and_then(|token| {
+            Ok(TxOp::AppendAt {
+                stream: a[0].clone(),
+                token,
+                expected_offset: parse_u64(&a[2]).ok_or_else(not_integer)?,
+                payloads: a[3..].to_vec(),
+            })
+        }),
+        "LOG.FENCE" if a.len() != 2 => Err(wrong_arity(cmd)),
+        "LOG.FENCE" => parse_token(&a[1]).map(|token| TxOp::Fence {
+            stream: a[0].clone(),
+            token,
+        }),
+        "LOG.TRIM" if a.len() != 3 => Err(wrong_arity(cmd)),
+        "LOG.TRIM" => parse_token(&a[1]).and_then(|token| {
+            Ok(TxOp::Trim {
+                stream: a[0].clone(),
+                token,
+                before: parse_u64(&a[2]).ok_or_else(not_integer)?,
+            })
+        }),
+        "LOG.DELETE" if a.len() != 2 => Err(wrong_arity(cmd)),
+        "LOG.DELETE" => parse_token(&a[1]).map(|token| TxOp::Delete {
+            stream: a[0].clone(),
+            token,
+        }),
+        _ => return None,
+    };
+    Some(parsed.map_err(|o| match o {
+        Outcome::Reply(r) => r,
+        _ => Reply::Error("ERR syntax error".into()),
+    }))
+}
+
+/// Takes a parsed write: refused at once if the store can tell it is
+/// stale, else taken now and answered once durable (or applied).
+pub async fn write(ctx: &Arc<Context>, client: ClientTag, op: TxOp) -> Outcome {
+    let stream = op.stream().clone();
+    if let Some(e) = ctx.store.refuse_now(&op) {
+        note_error(ctx, &client, &stream, &e);
+        return Outcome::Reply(error_reply(&e));
+    }
+    match ctx.store.write(op).await {
+        Ok(Written::Durable(later)) => Outcome::Later(later),
+        Ok(Written::Applied(answer)) => {
+            let ctx = Arc::clone(ctx);
+            Outcome::Pending(Box::pin(async move {
+                match answer.await {
+                    Ok(n) => number(n),
+                    Err(f) => failure_reply(&ctx, &client, &stream, f),
+                }
+            }))
+        }
+        Err(f) => Outcome::Reply(failure_reply(ctx, &client, &stream, f)),
+    }
+}
+
+/// Runs `read` once the store lets a read of `key` look at the engine:
+/// now, or (in a group) once its round is done, answered in order.
+/// `here`: a read that may block waits for its round in this call.
+pub async fn after_round(
+    store: &dyn Store,
+    key: &[u8],
+    here: bool,
+    read: impl FnOnce(Log) -> Outcome + Send + 'static,
+) -> Outcome {
+    match store.read(key, here).await {
+        Err(f) => Outcome::Reply(f.into_reply()),
+        Ok(Barrier::Now(log)) => read(log),
+        Ok(Barrier::After(round)) => Outcome::Pending(Box::pin(async move {
+            match round.await {
+                Ok(log) => read(log).into_reply().await,
+                Err(f) => f.into_reply(),
+            }
+        })),
+    }
+}
+
+/// The key a read is routed by: its first argument.
+fn read_key(a: &[Bytes]) -> Bytes {
+    a.first().cloned().unwrap_or_default()
+}
+
+/// `LOG.READ stream from [COUNT n] [BLOCK ms]`: in steps, so a large read
+/// yields to other connections; `BLOCK` waits (not inside `EXEC`).
+pub async fn read(ctx: &Arc<Context>, a: &[Bytes], waits: bool) -> Outcome {
+    // As the connection's pipelining rule sees it: a read that may block
+    // is not pipelined, and waits for its round first.
+    let here = a.iter().any(|x| x.eq_ignore_ascii_case(b"BLOCK"));
+    let (a, max_bytes) = (a.to_vec(), ctx.config.max_read_bytes);
+    after_round(&*ctx.store, &read_key(&a), here, move |log| {
+        read_parsed(log, &a, max_bytes, waits)
+    })
+    .await
+}
+
+fn read_parsed(log: Log, a: &[Bytes], max_bytes: u64, waits: bool) -> Outcome {
+    if a.len() < 2 {
+        return wrong_arity("LOG.READ");
+    }
+    let Some(from) = parse_u64(&a[1]) else {
+        return not_integer();
+    };
+    let mut opts = ReadOptions {
+        max_records: 100,
+        max_bytes,
+        wait: Duration::ZERO,
+    };
+    let mut rest = &a[2..];
+    while let [opt, value, tail @ ..] = rest {
+        let Some(n) = parse_u64(value) else {
+            return not_integer();
+        };
+        match upper(opt).as_str() {
+            "COUNT" if n >= 1 => opts.max_records = u32::try_from(n).unwrap_or(u32::MAX),
+            "COUNT" => return err("ERR COUNT must be at least 1"),
+            "BLOCK" if waits => opts.wait = wait_ms(n),
+            "BLOCK" => {}
+            _ => return err("ERR syntax error"),
+        }
+        rest = tail;
+    }
+    if !rest.is_empty() {
+        return err("ERR syntax error");
+    }
+    // A read that waits answers what a timeout answers (nothing new) if
+    // the server shuts down meanwhile.
+    let on_shutdown = (!opts.wait.is_zero()).then(|| Reply::Array(Vec::new()));
+    let stream = a[0].clone();
+    Outcome::Blocking(Blocking::new(on_shutdown, move |progress| {
+        Box::pin(async move {
+            match stepped_read(&log, &stream, from, opts, progress.as_ref()).await {
+                Ok(records) => records_reply(records),
+                Err(e) => error_reply(&e),
+            }
+        })
+    }))
+}
+
+/// Payload bytes one step of a read takes from the engine before it lets
+/// other connections run: a 16 MiB read is 16 steps, not one long stall.
+pub const READ_STEP_BYTES: u64 = 1 << 20;
+
+/// Reads like [`Log::read_with_async`], in steps of at most
+/// [`READ_STEP_BYTES`], yielding between steps; `progress` is told the
+/// payload bytes gathered so far. Records are immutable once durable, so the steps answer what
+/// one read would, or a prefix of it (a trim between steps ends the read
+/// early: a read answers at most, and the client pages on).
+async fn stepped_read(
+    log: &Log,
+    stream: &[u8],
+    from: u64,
+    opts: ReadOptions,
+    progress: Option<&ReadProgress>,
+) -> fencelog::Result<Vec<fencelog::Record>> {
+    let first = ReadOptions {
+        max_bytes: opts.max_bytes.min(READ_STEP_BYTES),
+        ..opts
+    };
+    let mut records = log.read_with_async(stream, from, &first).await?;
+    let mut bytes: u64 = records.iter().map(|r| r.payload.len() as u64).sum();
+    let mut step_bytes = bytes;
+    // A step that came back at least half full stopped at its byte limit,
+    // most likely: there may be more. Otherwise the stream ended there.
+    while step_bytes >= READ_STEP_BYTES / 2
+        && (records.len() as u64) < u64::from(opts.max_records)
+        && bytes < opts.max_bytes
+    {
+        let Some(next_offset) = records.last().map(|r| r.offset + 1) else {
+            break;
+        };
+        if let Some(p) = progress {
+            p(usize::try_from(bytes).unwrap_or(usize::MAX));
+        }
+        tokio::task::yield_now().await;
+        let step = ReadOptions {
+            max_records: opts.max_records - records.len() as u32,
+            max_bytes: (opts.max_bytes - bytes).min(READ_STEP_BYTES),
+            wait: Duration::ZERO,
+        };
+        // An error past the first step (a trim meanwhile) ends the read with
+        // what it has; the next read from there answers the error.
+        let Ok(more) = log.read_with(stream, next_offset, &step) else {
+            break;
+        };
+        step_bytes = 0;
+        for record in more {
+            let len = record.payload.len() as u64;
+            // Only the first record of a read may be over the byte limit.
+            if bytes + len > opts.max_bytes {
+                step_bytes = 0;
+                break;
+            }
+            // Offsets are contiguous and never reused: a step goes on
+            // where the one before it stopped.
+            debug_assert!(records.last().is_none_or(|r| r.offset < record.offset));
+            bytes += len;
+            step_bytes += len;
+            records.push(record);
+        }
+    }
+    debug_assert!(records.len() <= opts.max_records as usize);
+    if let Some(p) = progress {
+        // The records go to the reply, which the connection counts.
+        p(0);
+    }
+    Ok(records)
+}
+
+fn records_reply(records: Vec<fencelog::Record>) -> Reply {
+    Reply::Array(
+        records
+            .into_iter()
+            .map(|r| {
+                Reply::Array(vec![
+                    number(r.offset),
+                    number(r.token.get()),
+                    Reply::Bulk(r.payload),
+                ])
+            })
+            .collect(),
+    )
+}
+
+/// `LOG.STAT stream`
+pub async fn stat(ctx: &Arc<Context>, a: &[Bytes]) -> Outcome {
+    let a = a.to_vec();
+    after_round(&*ctx.store, &read_key(&a), false, move |log| {
+        if a.len() != 1 {
+            return wrong_arity("LOG.STAT");
+        }
+        Outcome::Reply(match log.stat(&a[0]) {
+            Ok(st) => Reply::Map(vec![
+                (Reply::text("highest_token"), number(st.highest_token)),
+                (Reply::text("next_offset"), number(st.next_offset)),
+                (Reply::text("start_offset"), number(st.start_offset)),
+                (Reply::text("records"), number(st.records)),
+                (Reply::text("bytes"), number(st.bytes)),
+            ]),
+            Err(e) => error_reply(&e),
+        })
+    })
+    .await
+}
+
+/// The most names one `LOG.STREAMS` answers: a request's work is a page,
+/// whatever the number of streams (a million streams listed at once kept a
+/// server thread busy for 0.7 s and made a 21 MB reply).
+pub const MAX_STREAMS_PAGE: u64 = 10_000;
+
+/// `LOG.STREAMS [AFTER name] [COUNT n]`: names in byte order, strictly
+/// after `name`. Without `COUNT`, every such name, unless there are more
+/// than [`MAX_STREAMS_PAGE`]: then an error that says how to page, not a
+/// list cut short without a word.
+pub async fn streams(ctx: &Arc<Context>, a: &[Bytes]) -> Outcome {
+    let a = a.to_vec();
+    after_round(&*ctx.store, &read_key(&a), false, move |log| {
+        streams_page(&a, &log)
+    })
+    .await
+}
+
+fn streams_page(a: &[Bytes], log: &Log) -> Outcome {
+    let mut after: Option<&[u8]> = None;
+    let mut count: Option<u64> = None;
+    let mut rest = a;
+    while let [opt, value, tail @ ..] = rest {
+        match upper(opt).as_str() {
+            "AFTER" => after = Some(value),
+            "COUNT" => match parse_u64(value) {
+                Some(n @ 1..=MAX_STREAMS_PAGE) => count = Some(n),
+                Some(_) => {
+                    return err(format!(
+                        "ERR COUNT must be between 1 and {MAX_STREAMS_PAGE}"
+                    ));
+                }
+                None => return not_integer(),
+            },
+            _ => return err("ERR syntax error"),
+        }
+        rest = tail;
+    }
+    if !rest.is_empty() {
+        return err("ERR syntax error");
+    }
+    // Without COUNT, one name more than a page tells whether the list
+    // would be cut: the index answers that, no count of every stream.
+    let page = count.unwrap_or(MAX_STREAMS_PAGE + 1);
+    let names = log.streams_after(after, usize::try_from(page).unwrap_or(usize::MAX));
+    debug_assert!(names.len() as u64 <= page);
+    if names.len() as u64 > MAX_STREAMS_PAGE {
+        // The error path only: the count comes from the engine's state.
+        let streams = log.metrics().streams;
+        return err(format!(
+            "ERR {streams} streams, more than one LOG.STREAMS lists \
+             ({MAX_STREAMS_PAGE}): page with LOG.STREAMS COUNT n, then AFTER the last \
+             name"
+        ));
+    }
+    Outcome::Reply(Reply::Array(names.into_iter().map(Reply::Bulk).collect()))
+}

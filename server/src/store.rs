@@ -1,0 +1,305 @@
+//! The one interface commands run against: a [`Store`]. Two implement
+//! it: a single node's [`fencelog::Log`] (below), and a replicated group
+//! (`cluster/route.rs`: writes proposed through Raft, reads after a
+//! ReadIndex round). A command parses its arguments, calls the store and
+//! words the answer; it never knows which of the two it talks to.
+//!
+//! How an answer comes is the store's to say ([`Written`], [`Ticket`],
+//! [`Barrier`]): a local write is decided now and answered once durable; a
+//! replicated one is proposed now and answered once applied; a local read
+//! is answered now, a replicated one once its round is done. The
+//! connection keeps every answer in request order.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use fencelog::{AcquireOptions, Error, LeaseInfo, Log, Token, TxOp};
+
+use crate::outcome::error_reply;
+pub use crate::outcome::{BoxFuture, Later};
+use crate::protocol::Reply;
+
+/// An answer to come, or why there is none.
+pub type Pending<T> = BoxFuture<'static, Result<T, Failure>>;
+
+/// Why a command did not get its answer.
+#[derive(Debug)]
+pub enum Failure {
+    /// The engine decided against it (STALE, MISMATCH, HELD, an I/O
+    /// failure, …): worded by `outcome::error_reply`.
+    Refused(Error),
+    /// It was not decided here: the reply says where to go or what is
+    /// known (`MOVED`, `TRYAGAIN`, `UNCERTAIN`, `CLUSTERDOWN`).
+    Elsewhere(Reply),
+}
+
+impl Failure {
+    /// Its reply (a refusal worded as the engine's errors are).
+    pub fn into_reply(self) -> Reply {
+        match self {
+            Failure::Refused(e) => error_reply(&e),
+            Failure::Elsewhere(reply) => reply,
+        }
+    }
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Failure {
+        Failure::Refused(e)
+    }
+}
+
+/// A write the store took: its answer comes later, in the caller's order.
+pub enum Written {
+    /// Decided here; answered once durable.
+    Durable(Later),
+    /// Proposed; answered once applied.
+    Applied(Pending<u64>),
+}
+
+/// How a command other than a stream write is answered.
+pub enum Ticket<T> {
+    /// Now.
+    Ready(Result<T, Failure>),
+    /// Later, in the connection's order (taken in that order now).
+    InOrder(Pending<T>),
+    /// When polled, and it may wait long (`WAIT`): the connection runs it
+    /// while it watches the client, so a client that leaves takes nothing.
+    Waits(Pending<T>),
+}
+
+/// When a read may look at the engine.
+pub enum Barrier {
+    /// Now: the engine's state is the truth.
+    Now(Log),
+    /// Once a round that confirms leadership is done (joined when the read
+    /// arrived: pipelined reads share one round); answered in order.
+    After(Pending<Log>),
+}
+
+/// A lease as this node's state shows it now (the `lease_expired` event).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseState {
+    /// Held under `token` for `remaining` more.
+    Live { token: u64, remaining: Duration },
+    /// Free, or held under another token.
+    Free,
+    /// This node cannot tell (it does not lead the group now).
+    Unknown,
+}
+
+impl LeaseState {
+    /// The state of a lease this node's engine shows (`None`: free).
+    pub fn of(info: Option<LeaseInfo>) -> LeaseState {
+        match info {
+            Some(info) => LeaseState::Live {
+                token: info.token.get(),
+                remaining: info.remaining,
+            },
+            None => LeaseState::Free,
+        }
+    }
+}
+
+/// A lease granted: its token and ttl.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Granted {
+    pub token: u64,
+    pub ttl_ms: u64,
+}
+
+/// What a lease command asks.
+#[derive(Debug, Clone)]
+pub struct LeaseArgs {
+    pub name: Bytes,
+    pub owner: Bytes,
+}
+
+/// The operations every command needs, in either mode.
+pub trait Store: Send + Sync {
+    /// The engine whose state reads show (in a group, this replica's
+    /// current one: a snapshot installed replaces it).
+    fn log(&self) -> Log;
+
+    /// Whether reads wait for a round and lease writes are proposed in
+    /// order, so that both may pipeline (the connection's rule, `cmd::
+    /// pipelining`).
+    fn orders_rounds(&self) -> bool;
+
+    /// A write's refusal known at once, without deciding it: a token below
+    /// a highest that only grows. `None`: the write must be decided.
+    fn refuse_now(&self, op: &TxOp) -> Option<Error>;
+
+    /// Takes a write now, in the caller's order.
+    fn write(&self, op: TxOp) -> BoxFuture<'_, Result<Written, Failure>>;
+
+    /// A transaction's writes as one entry, all or none; a rejection is
+    /// `Error::Aborted` naming the op.
+    fn transact(&self, ops: Vec<TxOp>) -> BoxFuture<'_, Result<Vec<u64>, Failure>>;
+
+    /// When a read of `key` may look at the engine. `here`: wait for the
+    /// round in this call (a read that may block waits for its round first).
+    fn read(&self, key: &[u8], here: bool) -> BoxFuture<'_, Result<Barrier, Failure>>;
+
+    /// `LEASE.ACQUIRE`.
+    fn acquire(
+        &self,
+        lease: LeaseArgs,
+        ttl: Duration,
+        opts: AcquireOptions,
+    ) -> BoxFuture<'_, Ticket<Granted>>;
+
+    /// `LEASE.RENEW`: the new ttl in ms.
+    fn renew(&self, lease: LeaseArgs, token: Token, ttl_ms: u64) -> BoxFuture<'_, Ticket<u64>>;
+
+    /// `LEASE.RELEASE`: whether it released.
+    fn release(&self, lease: LeaseArgs, token: Token) -> BoxFuture<'_, Ticket<bool>>;
+
+    /// `LEASE.INFO`.
+    fn lease_info(&self, name: Bytes) -> Ticket<Option<LeaseInfo>>;
+
+    /// A lease as this node's state shows it now.
+    fn lease_state(&self, name: &[u8]) -> LeaseState;
+
+    /// `CLUSTER …` (`args` after the name).
+    fn cluster(&self, args: &[Bytes]) -> BoxFuture<'_, Reply>;
+
+    /// `READONLY`, `READWRITE`, `ASKING` without arguments.
+    fn cluster_client(&self) -> Reply;
+
+    /// The writes waiting in a group leader's proposal queue (`None` on a
+    /// single node: it has no such queue).
+    fn queued(&self) -> Option<fencelog_cluster::Queued> {
+        None
+    }
+}
+
+/// The answer of a node without cluster support, in Redis' words.
+pub const CLUSTER_DISABLED: &str = "ERR This instance has cluster support disabled";
+
+/// A single node: the engine decides, and its state is the truth.
+impl Store for Log {
+    fn log(&self) -> Log {
+        self.clone()
+    }
+
+    fn orders_rounds(&self) -> bool {
+        false
+    }
+
+    fn refuse_now(&self, op: &TxOp) -> Option<Error> {
+        // A stale append is refused before anything is queued: the most
+        // frequent refusal there is. The others meet the same check in
+        // their decision.
+        let TxOp::Append {
+            stream,
+            token,
+            payloads,
+        } = op
+        else {
+            return None;
+        };
+        match self.check_append(stream, *token, payloads) {
+            Err(e @ Error::Stale { .. }) => Some(e),
+            _ => None,
+        }
+    }
+
+    fn write(&self, op: TxOp) -> BoxFuture<'_, Result<Written, Failure>> {
+        Box::pin(async move {
+            let later = match op {
+                TxOp::Append {
+                    stream,
+                    token,
+                    payloads,
+                } => Later::Integer(self.append_deferred(&stream, token, payloads).await?),
+                TxOp::AppendAt {
+                    stream,
+                    token,
+                    expected_offset,
+                    payloads,
+                } => Later::Integer(
+                    self.append_at_deferred(&stream, token, expected_offset, payloads)
+                        .await?,
+                ),
+                TxOp::Fence { stream, token } => {
+                    Later::Token(self.fence_deferred(&stream, token).await?)
+                }
+                TxOp::Trim {
+                    stream,
+                    token,
+                    before,
+                } => Later::Integer(self.trim_deferred(&stream, token, before).await?),
+                TxOp::Delete { stream, token } => {
+                    Later::Integer(self.delete_deferred(&stream, token).await?)
+                }
+            };
+            Ok(Written::Durable(later))
+        })
+    }
+
+    fn transact(&self, ops: Vec<TxOp>) -> BoxFuture<'_, Result<Vec<u64>, Failure>> {
+        Box::pin(async move { Ok(self.transact_deferred(ops).await?.await?) })
+    }
+
+    fn read(&self, _key: &[u8], _here: bool) -> BoxFuture<'_, Result<Barrier, Failure>> {
+        Box::pin(std::future::ready(Ok(Barrier::Now(self.clone()))))
+    }
+
+    fn acquire(
+        &self,
+        lease: LeaseArgs,
+        ttl: Duration,
+        opts: AcquireOptions,
+    ) -> BoxFuture<'_, Ticket<Granted>> {
+        // Decided when the connection polls it: the connection watches the
+        // client while it waits, and dropping it takes nothing.
+        let log = self.clone();
+        Box::pin(std::future::ready(Ticket::Waits(Box::pin(async move {
+            let g = log
+                .acquire_async(&lease.name, &lease.owner, ttl, opts)
+                .await?;
+            Ok(Granted {
+                token: g.token.get(),
+                ttl_ms: g.ttl.as_millis() as u64,
+            })
+        }))))
+    }
+
+    fn renew(&self, lease: LeaseArgs, token: Token, ttl_ms: u64) -> BoxFuture<'_, Ticket<u64>> {
+        Box::pin(async move {
+            let ttl = Duration::from_millis(ttl_ms);
+            let renewed = self
+                .renew_async(&lease.name, &lease.owner, token, ttl)
+                .await;
+            Ticket::Ready(
+                renewed
+                    .map(|ttl| ttl.as_millis() as u64)
+                    .map_err(Failure::from),
+            )
+        })
+    }
+
+    fn release(&self, lease: LeaseArgs, token: Token) -> BoxFuture<'_, Ticket<bool>> {
+        Box::pin(async move {
+            let released = self.release_async(&lease.name, &lease.owner, token).await;
+            Ticket::Ready(released.map_err(Failure::from))
+        })
+    }
+
+    fn lease_info(&self, name: Bytes) -> Ticket<Option<LeaseInfo>> {
+        Ticket::Ready(Log::lease_info(self, &name).map_err(Failure::from))
+    }
+
+    fn lease_state(&self, name: &[u8]) -> LeaseState {
+        LeaseState::of(Log::lease_info(self, name).ok().flatten())
+    }
+
+    fn cluster(&self, _args: &[Bytes]) -> BoxFuture<'_, Reply> {
+        Box::pin(std::future::ready(Reply::Error(CLUSTER_DISABLED.into())))
+    }
+
+    fn cluster_client(&self) -> Reply {
+        Reply::Error(CLUSTER_DISABLED.into())
+    }
+}
