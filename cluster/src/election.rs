@@ -19,7 +19,11 @@
 //!   followers from electing another.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// tokio's clock: the same as the OS monotonic clock, but for a runtime
+// whose time is paused (the deterministic simulation).
+use tokio::time::Instant;
 
 use openraft::raft::VoteRequest;
 use openraft::{LogId, ServerState, Vote};
@@ -58,18 +62,39 @@ pub(crate) struct Election {
     /// Campaigns wait `silence` plus up to this much more, at random, so
     /// that two nodes rarely campaign at once.
     spread: Duration,
+    /// The random spread's source when seeded (a simulation), else the
+    /// OS's.
+    seeded: Option<Mutex<u64>>,
 }
 
 impl Election {
     /// The timing of a node whose election timeout is `min_ms..=max_ms`.
-    pub(crate) fn new(min_ms: u64, max_ms: u64) -> Arc<Election> {
+    /// With `seed`, the random spread is drawn from it (the same seed, the
+    /// same draws) instead of the OS.
+    pub(crate) fn new(min_ms: u64, max_ms: u64, seed: Option<u64>) -> Arc<Election> {
         let now = Instant::now();
         Arc::new(Election {
             contact: Mutex::new(now),
             next_campaign: Mutex::new(now),
             silence: Duration::from_millis(max_ms),
             spread: Duration::from_millis(max_ms.saturating_sub(min_ms).max(1)),
+            seeded: seed.map(Mutex::new),
         })
+    }
+
+    fn random(&self) -> u64 {
+        match &self.seeded {
+            Some(state) => {
+                // SplitMix64.
+                let mut s = state.lock();
+                *s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+                let mut z = *s;
+                z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+                z ^ (z >> 31)
+            }
+            None => rand_seed(),
+        }
     }
 
     /// A leader's message arrived (an AppendEntries or a snapshot it
@@ -107,7 +132,7 @@ impl Election {
     /// A random wait before the next campaign.
     fn schedule_next(&self) {
         let jitter = self.spread.as_millis().max(1) as u64;
-        let extra = Duration::from_millis(rand_seed() % jitter);
+        let extra = Duration::from_millis(self.random() % jitter);
         *self.next_campaign.lock() = Instant::now() + self.silence + extra;
     }
 }

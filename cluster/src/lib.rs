@@ -39,7 +39,11 @@ pub mod state_machine;
 pub mod types;
 
 pub use codec::FormatError;
-pub use network::{ClusterSecret, PeerError};
-pub use node::{ClusterError, Node, NodeConfig, Proposal, Status, wait_for_leader};
+pub use network::{
+    ClusterSecret, PeerEndpoint, PeerError, PeerReply, PeerRequest, Transport, TransportFuture,
+};
+pub use node::{
+    ClusterError, Hooks, LocalClock, Node, NodeConfig, Proposal, Status, wait_for_leader,
+};
 pub use openraft::ChangeMembers;
 pub use types::{Member, NodeId, Request, Response, Responses, WireCommand, WireError, WireTxOp};

@@ -175,6 +175,20 @@ impl StateMachine {
         base: &Options,
         min_entry_bytes: u32,
     ) -> Result<StateMachine, fencelog::Error> {
+        Self::open_on(None, dir, base, min_entry_bytes)
+    }
+
+    /// As [`StateMachine::open`], with the engine's log on `storage` if
+    /// given (deterministic simulation: the simulated disk). Only the
+    /// engine's log goes there: the generation pointer (`sm/CURRENT`) and
+    /// the snapshot store stay on real files under `dir`, and snapshots
+    /// (built from and installed into real files) do not work on it.
+    pub fn open_on(
+        storage: Option<Arc<dyn fencelog_wal::Storage>>,
+        dir: &Path,
+        base: &Options,
+        min_entry_bytes: u32,
+    ) -> Result<StateMachine, fencelog::Error> {
         let sm = dir.join("sm");
         std::fs::create_dir_all(&sm).map_err(io_error("create", &sm))?;
         let current = sm.join("CURRENT");
@@ -196,7 +210,17 @@ impl StateMachine {
             }
         }
         let opts = engine_options(base, min_entry_bytes);
-        let log = Log::open(generation_dir(dir, generation), opts.clone())?;
+        let log = match storage {
+            None => Log::open(generation_dir(dir, generation), opts.clone())?,
+            // A replica's leases follow the clock its entries carry: the
+            // clock given here is not used.
+            Some(storage) => Log::open_on(
+                storage,
+                Arc::new(fencelog::MonotonicClock::default()),
+                &generation_dir(dir, generation),
+                opts.clone(),
+            )?,
+        };
         let snap = dir.join("snap");
         let snaps =
             Store::open(snap.clone()).map_err(io_error("open the snapshot directory", &snap))?;

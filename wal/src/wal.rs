@@ -1404,10 +1404,7 @@ impl<S: Sequencer> Shared<S> {
         let Some((current, _)) = &fs.current else {
             return;
         };
-        if self.opts.inline_io
-            || fs.next_requested
-            || fs.written_to < self.opts.segment_bytes / 2
-        {
+        if self.opts.inline_io || fs.next_requested || fs.written_to < self.opts.segment_bytes / 2 {
             return;
         }
         fs.next_requested = true;
