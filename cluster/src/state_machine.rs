@@ -54,6 +54,8 @@ pub struct StateMachine {
     snaps: Arc<Store>,
     /// The file a snapshot is being received into.
     incoming: Option<PathBuf>,
+    /// On a given storage (a simulation): no blocking threads.
+    inline_io: bool,
 }
 
 fn sm_err(e: impl std::fmt::Display) -> StorageError<NodeId> {
@@ -210,6 +212,7 @@ impl StateMachine {
             }
         }
         let opts = engine_options(base, min_entry_bytes);
+        let inline_io = storage.is_some();
         let log = match storage {
             None => Log::open(generation_dir(dir, generation), opts.clone())?,
             // A replica's leases follow the clock its entries carry: the
@@ -235,6 +238,7 @@ impl StateMachine {
             turn: Arc::new(tokio::sync::Mutex::new(())),
             snaps: Arc::new(snaps),
             incoming: None,
+            inline_io,
         })
     }
 
@@ -491,7 +495,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         &mut self,
     ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
         let snaps = Arc::clone(&self.snaps);
-        match blocking(move || snaps.current()).await? {
+        let current = if self.inline_io {
+            // Simulated: no thread (a small read of real files).
+            snaps.current().map_err(sm_err)?
+        } else {
+            blocking(move || snaps.current()).await?
+        };
+        match current {
             Some(saved) => open_snapshot(saved).await.map(Some),
             None => Ok(None),
         }
