@@ -108,18 +108,21 @@ impl Election {
     }
 
     /// The answer to a pre-vote: yes only if this node has no leader
-    /// either, the candidate would raise the term, and its log is at least
-    /// as long as this node's.
+    /// either and the candidate's log is at least as long as this node's.
     pub(crate) fn grant(&self, raft: &Raft, log: &LogStore, req: &PreVoteRequest) -> bool {
-        let (state, term) = {
-            let m = raft.metrics();
-            let m = m.borrow();
-            (m.state, m.current_term)
-        };
+        let state = raft.metrics().borrow().state;
         if state == ServerState::Leader || self.silent_for() < self.silence {
             return false;
         }
-        let grant = req.term > term && req.last_log_id >= log.last_log_id();
+        // Not only for a candidate whose term would pass this node's: one
+        // behind in terms but ahead in log must be able to stand (it loses
+        // its first real election, learns the term from the refusals, and
+        // wins the next). Otherwise, with one voter unable to vote (a
+        // replaced disk not yet re-added), a node with the longer log and
+        // an older term and one with a newer term and a shorter log refuse
+        // each other for ever: no leader, and no re-add (found by the
+        // simulation, `fencelog-sim`). Real votes still decide.
+        let grant = req.last_log_id >= log.last_log_id();
         if grant {
             // The candidate gets a timeout to win before this node stands
             // itself: two nodes campaigning at once made the first leader
