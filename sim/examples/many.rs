@@ -7,6 +7,9 @@ fn main() {
         let r = fencelog_sim::run(fencelog_sim::Config::random(s));
         ops += r.ops;
         acked += r.appends_acked;
+        if std::env::var("HASHES").is_ok() {
+            println!("{s} {:016x} {}", r.trace_hash, r.trace_events);
+        }
         if !r.violations.is_empty() {
             bad += 1;
             println!(

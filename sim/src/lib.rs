@@ -83,6 +83,9 @@ impl Rng {
 pub struct Trace(Arc<Mutex<TraceInner>>);
 
 struct TraceInner {
+    /// The run's temporary directory, written `<dir>` in the trace (its
+    /// name is random: error messages that name a file would differ).
+    root: String,
     hash: u64,
     lines: Option<Vec<String>>,
     count: u64,
@@ -90,8 +93,9 @@ struct TraceInner {
 }
 
 impl Trace {
-    fn new(keep: bool) -> Trace {
+    fn new(keep: bool, root: &std::path::Path) -> Trace {
         Trace(Arc::new(Mutex::new(TraceInner {
+            root: root.display().to_string(),
             hash: 0xcbf2_9ce4_8422_2325,
             lines: keep.then(Vec::new),
             count: 0,
@@ -104,6 +108,9 @@ impl Trace {
         let mut t = self.0.lock();
         let mut line = String::new();
         let _ = write!(line, "{} {what}", t.start.elapsed().as_micros());
+        if !t.root.is_empty() && line.contains(&t.root) {
+            line = line.replace(&t.root, "<dir>");
+        }
         for b in line.bytes().chain([b'\n']) {
             t.hash ^= u64::from(b);
             t.hash = t.hash.wrapping_mul(0x0100_0000_01b3);
@@ -264,8 +271,8 @@ fn member(id: NodeId, incarnation: u64) -> Member {
 
 impl World {
     fn new(cfg: Config) -> World {
-        let trace = Trace::new(cfg.keep_trace);
         let root = tempfile::tempdir().expect("a temporary directory");
+        let trace = Trace::new(cfg.keep_trace, root.path());
         let machines = (1..=cfg.nodes)
             .map(|id| {
                 let dir = root.path().join(format!("n{id}"));
