@@ -814,4 +814,58 @@ mod tests {
         ];
         assert_eq!(check_lease_exclusion(&h, 400).len(), 1);
     }
+    #[test]
+    fn an_accepted_renewal_extends_the_lease_and_a_refused_one_does_not() {
+        let ms = 1_000_000u64;
+        let grant = |owner: &str, t: u64, sent: u64, done: u64| Event {
+            client: 0,
+            op: Op::Acquire {
+                name: "job".into(),
+                owner: owner.into(),
+            },
+            invoked: sent * ms,
+            completed: done * ms,
+            outcome: Outcome::Granted(t),
+        };
+        let renew = |sent: u64, outcome| Event {
+            client: 0,
+            op: Op::Renew {
+                name: "job".into(),
+                owner: "a".into(),
+                token: 1,
+            },
+            invoked: sent * ms,
+            completed: (sent + 5) * ms,
+            outcome,
+        };
+        // a holds token 1 from 0 ms (ttl 400) and renews at 300 ms: its
+        // lease runs to 700 ms, so b's grant answered at 450 ms overlaps.
+        let h = [
+            grant("a", 1, 0, 10),
+            renew(300, Outcome::Renewed),
+            grant("b", 2, 420, 450),
+        ];
+        assert_eq!(
+            check_lease_exclusion(&h, 400),
+            vec![Violation::LeaseOverlap {
+                name: "job".into(),
+                earlier: 1,
+                later: 2,
+                overlap_ms: 250
+            }]
+        );
+        // A refused renewal (LOST) extends nothing.
+        let h = [
+            grant("a", 1, 0, 10),
+            renew(300, Outcome::Refused("LOST".into())),
+            grant("b", 2, 420, 450),
+        ];
+        assert!(check_lease_exclusion(&h, 400).is_empty());
+        // Renewals are no grants: the stream and token checks pass them by.
+        let f = BTreeMap::new();
+        assert_eq!(
+            check(&[grant("a", 1, 0, 10), renew(300, Outcome::Renewed)], &f),
+            vec![]
+        );
+    }
 }
