@@ -614,10 +614,16 @@ impl World {
                     self.trace.note(format_args!("remove {id} {}", ok(&out)));
                     tokio::time::sleep(Duration::from_millis(self.rng.below(1_000))).await;
                     if let Some(l) = self.leader() {
-                        let back = tokio::time::timeout(
-                            Duration::from_secs(10),
-                            l.change_members(ChangeMembers::AddVoterIds(BTreeSet::from([id]))),
-                        )
+                        // Removed from the members altogether: back as a
+                        // learner (it catches up), then a voter.
+                        let back = tokio::time::timeout(Duration::from_secs(10), async {
+                            let inc = l.probe(id, &member(id, 0).raft_addr).await?;
+                            if !l.status().members.contains_key(&id) {
+                                l.add_learner(id, member(id, inc)).await?;
+                            }
+                            l.change_members(ChangeMembers::AddVoterIds(BTreeSet::from([id])))
+                                .await
+                        })
                         .await;
                         self.trace.note(format_args!("add back {id} {}", ok(&back)));
                     }
