@@ -764,15 +764,27 @@ impl World {
         }
     }
 
-    /// Reads every stream in full from the leader.
+    /// Reads every stream in full from the leader (again, for up to 20 s,
+    /// if leadership moves meanwhile).
     async fn final_streams(&mut self) -> Option<BTreeMap<String, Vec<Record>>> {
-        let leader = self.wait_leader(Duration::from_secs(10)).await?;
-        leader.linearizable().await.ok()?;
-        let mut out = BTreeMap::new();
-        for s in STREAMS {
-            out.insert(s.to_string(), read_all(&leader, s, 0).ok()?);
+        let until = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < until {
+            let read = async {
+                let leader = self.wait_leader(Duration::from_secs(10)).await?;
+                leader.linearizable().await.ok()?;
+                let mut out = BTreeMap::new();
+                for s in STREAMS {
+                    out.insert(s.to_string(), read_all(&leader, s, 0).ok()?);
+                }
+                Some(out)
+            };
+            if let Some(out) = read.await {
+                return Some(out);
+            }
+            self.trace.note(format_args!("final read failed: again"));
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        Some(out)
+        None
     }
 
     async fn stop_all(&mut self) {
