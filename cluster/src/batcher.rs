@@ -80,12 +80,19 @@ struct Queued {
 #[derive(Default)]
 pub(crate) struct GroupClock {
     anchor: Mutex<Option<Anchor>>,
+    /// This node's monotonic clock if not the OS's (a simulation's, with
+    /// skew and pauses): see [`crate::node::Hooks::local_clock`].
+    local: Option<crate::node::LocalClock>,
 }
 
 #[derive(Clone, Copy)]
 struct Anchor {
     term: u64,
-    at: Instant,
+    /// tokio's clock: the OS monotonic clock, but for a runtime whose time
+    /// is paused (the deterministic simulation).
+    at: tokio::time::Instant,
+    /// The local clock's reading then, if it has one.
+    local_at: Duration,
     base_ms: u64,
 }
 
@@ -94,7 +101,13 @@ impl GroupClock {
     /// over.
     pub(crate) fn now_ms(&self, term: u64) -> Option<u64> {
         let a = (*self.anchor.lock())?;
-        (a.term == term).then(|| a.base_ms + a.at.elapsed().as_millis() as u64)
+        (a.term == term).then(|| {
+            let elapsed = match &self.local {
+                Some(local) => local().saturating_sub(a.local_at),
+                None => a.at.elapsed(),
+            };
+            a.base_ms + elapsed.as_millis() as u64
+        })
     }
 
     fn anchor(&self, term: u64, base_ms: u64) -> u64 {
@@ -102,7 +115,8 @@ impl GroupClock {
         let base_ms = base_ms.max(1);
         *self.anchor.lock() = Some(Anchor {
             term,
-            at: Instant::now(),
+            at: tokio::time::Instant::now(),
+            local_at: self.local.as_ref().map_or(Duration::ZERO, |l| l()),
             base_ms,
         });
         base_ms
@@ -142,9 +156,13 @@ impl Batcher {
         engine: Engine,
         max_bytes: u64,
         max_queued_bytes: u64,
+        local: Option<crate::node::LocalClock>,
     ) -> Batcher {
         let (tx, rx) = mpsc::channel(MAX_QUEUED);
-        let clock = Arc::new(GroupClock::default());
+        let clock = Arc::new(GroupClock {
+            anchor: Mutex::default(),
+            local,
+        });
         let counts = Arc::new(Counts {
             writes: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
@@ -360,7 +378,7 @@ async fn run(
 /// and the digest every [`CHECK_EVERY`]. Both go through the queue, so
 /// they are stamped and ordered like any write.
 async fn watch(raft: Raft, engine: Engine, batcher: Batcher) {
-    let mut checked = Instant::now();
+    let mut checked = tokio::time::Instant::now();
     // The Raft index of the last position a digest was sent for.
     let mut last_checked = 0;
     let mut tick: Option<oneshot::Receiver<Result<Response, ClusterError>>> = None;
@@ -398,7 +416,7 @@ async fn watch(raft: Raft, engine: Engine, batcher: Batcher) {
             tick = batcher.queue(WireCommand::Tick, 16, deadline).ok();
         }
         if checked.elapsed() >= CHECK_EVERY {
-            checked = Instant::now();
+            checked = tokio::time::Instant::now();
             let (applied, digest) = log.digest();
             // Not for a position only the last check itself moved past:
             // an idle group sends none.

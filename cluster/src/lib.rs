@@ -40,7 +40,12 @@ pub mod state_machine;
 pub mod types;
 
 pub use codec::FormatError;
-pub use network::{ClusterSecret, PeerError};
-pub use node::{ClusterError, Health, Node, NodeConfig, Proposal, Queued, Status, wait_for_leader};
+pub use network::{
+    ClusterSecret, PeerEndpoint, PeerError, PeerReply, PeerRequest, Transport, TransportFuture,
+};
+pub use node::{
+    ClusterError, Health, Hooks, LocalClock, Node, NodeConfig, Proposal, Queued, Status,
+    wait_for_leader,
+};
 pub use openraft::ChangeMembers;
 pub use types::{Member, NodeId, Request, Response, Responses, WireCommand, WireError, WireTxOp};

@@ -400,11 +400,27 @@ impl LogStore {
         dir: &Path,
         segment_bytes: u64,
     ) -> Result<LogStore, WalError> {
-        let opts = WalOptions {
+        Self::open_with(storage, dir, segment_bytes, false)
+    }
+
+    /// As [`LogStore::open_on`]; with `inline_io` (deterministic
+    /// simulation only) the log has no threads of its own and no
+    /// preallocation (`WalOptions::inline_io`).
+    pub(crate) fn open_with(
+        storage: Arc<dyn fencelog_wal::Storage>,
+        dir: &Path,
+        segment_bytes: u64,
+        inline_io: bool,
+    ) -> Result<LogStore, WalError> {
+        let mut opts = WalOptions {
             segment_bytes,
             max_entry_bytes: opts_max_entry(segment_bytes),
             ..WalOptions::default()
         };
+        if inline_io {
+            opts.inline_io = true;
+            opts.preallocation = fencelog_wal::Preallocation::None;
+        }
         let (wal, report) = Wal::open(storage, dir, opts, build)?;
         if let Some(cut) = &report.cut {
             // Raft assumes what it acknowledged stays: a cut here is a

@@ -870,6 +870,8 @@ pub struct Network {
     auth: PeerAuth,
     pool: Arc<parking_lot::Mutex<HashMap<NodeId, Slot>>>,
     warn: Arc<WarnLimit>,
+    /// Instead of TCP, if set (deterministic simulation).
+    transport: Option<Arc<dyn Transport>>,
 }
 
 impl Network {
@@ -880,6 +882,15 @@ impl Network {
             auth,
             pool: Default::default(),
             warn: Default::default(),
+            transport: None,
+        }
+    }
+
+    /// The network of node `auth.id` over `transport` instead of TCP.
+    pub fn over(auth: PeerAuth, transport: Arc<dyn Transport>) -> Network {
+        Network {
+            transport: Some(transport),
+            ..Network::new(auth, None)
         }
     }
 
@@ -924,6 +935,17 @@ impl Network {
         addr: &str,
         timeout: Duration,
     ) -> Result<u64, PeerError> {
+        if let Some(t) = &self.transport {
+            let probe = t.probe(self.auth.id, target);
+            return tokio::time::timeout(timeout, probe)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(PeerError::Timeout {
+                        what: format!("a probe of node {target}"),
+                        ms: timeout.as_millis(),
+                    })
+                });
+        }
         let work = async {
             let mut stream = connect(addr, self.source)
                 .await
@@ -1030,6 +1052,17 @@ impl Client {
     /// Sends `rpc` over the pooled connection (dialing it if there is
     /// none) and waits for its answer, all within `timeout`.
     async fn call(&mut self, rpc: &Rpc, timeout: Duration) -> Result<RpcReply, PeerError> {
+        if let Some(t) = &self.network.transport {
+            let req = PeerRequest::encode(rpc)?;
+            let call = t.call(self.network.auth.id, self.target, self.incarnation, req);
+            return match tokio::time::timeout(timeout, call).await {
+                Ok(reply) => reply?.decode(),
+                Err(_) => Err(PeerError::Timeout {
+                    what: format!("an answer from node {}", self.target),
+                    ms: timeout.as_millis(),
+                }),
+            };
+        }
         let work = async {
             let mut slot = self.slot.lock().await;
             // Taken out while in use: if this is cancelled (its timeout) or
@@ -1217,21 +1250,8 @@ pub(crate) async fn serve(
             // with its own): a fresh (or replaced) disk listed by a
             // membership from before incarnations must take nothing from
             // it either. A probe just closes here.
-            if expected_of_us == 0 {
-                let (me, mine) = (auth.id, auth.incarnation);
-                let unchecked = raft
-                    .with_raft_state(move |st| {
-                        st.membership_state
-                            .effective()
-                            .membership()
-                            .get_node(&me)
-                            .is_some_and(|m| m.incarnation == 0 || m.incarnation == mine)
-                    })
-                    .await
-                    .unwrap_or(false);
-                if !unchecked {
-                    return;
-                }
+            if expected_of_us == 0 && !admitted(&raft, &auth).await {
+                return;
             }
             loop {
                 let rpc: Rpc = match read_frame(&mut stream, &mut recv).await {
@@ -1245,35 +1265,191 @@ pub(crate) async fn serve(
                         return;
                     }
                 };
-                let reply = match rpc {
-                    Rpc::Append(r) => {
-                        let answer = raft.append_entries(r).await;
-                        // A leader this node follows (not one it refused
-                        // for an older term) is alive.
-                        if answer
-                            .as_ref()
-                            .is_ok_and(|a| !matches!(a, AppendEntriesResponse::HigherVote(_)))
-                        {
-                            election.heard_from_leader();
-                        }
-                        RpcReply::Append(answer)
-                    }
-                    Rpc::Vote(r) => RpcReply::Vote(raft.vote(r).await),
-                    Rpc::Snapshot(r) => {
-                        let answer = raft.install_snapshot(r).await;
-                        if answer.is_ok() {
-                            election.heard_from_leader();
-                        }
-                        RpcReply::Snapshot(answer)
-                    }
-                    Rpc::PreVote(r) => RpcReply::PreVote(election.grant(&raft, &log, &r)),
-                };
+                let reply = answer(&raft, &election, &log, rpc).await;
                 if let Err(e) = write_frame(&mut stream, &mut send, &reply).await {
                     tracing::debug!(%peer, error = %e, "a peer went away");
                     return;
                 }
             }
         });
+    }
+}
+
+/// Whether a dialer that expects no particular incarnation of this node
+/// is answered: only if this node knows itself admitted (its own
+/// membership lists it, with no incarnation or with its own).
+async fn admitted(raft: &Raft, auth: &PeerAuth) -> bool {
+    let (me, mine) = (auth.id, auth.incarnation);
+    raft.with_raft_state(move |st| {
+        st.membership_state
+            .effective()
+            .membership()
+            .get_node(&me)
+            .is_some_and(|m| m.incarnation == 0 || m.incarnation == mine)
+    })
+    .await
+    .unwrap_or(false)
+}
+
+/// This node's answer to one authenticated peer message.
+async fn answer(
+    raft: &Raft,
+    election: &crate::election::Election,
+    log: &crate::log_store::LogStore,
+    rpc: Rpc,
+) -> RpcReply {
+    match rpc {
+        Rpc::Append(r) => {
+            let answer = raft.append_entries(r).await;
+            // A leader this node follows (not one it refused for an older
+            // term) is alive.
+            if answer
+                .as_ref()
+                .is_ok_and(|a| !matches!(a, AppendEntriesResponse::HigherVote(_)))
+            {
+                election.heard_from_leader();
+            }
+            RpcReply::Append(answer)
+        }
+        Rpc::Vote(r) => RpcReply::Vote(raft.vote(r).await),
+        Rpc::Snapshot(r) => {
+            let answer = raft.install_snapshot(r).await;
+            if answer.is_ok() {
+                election.heard_from_leader();
+            }
+            RpcReply::Snapshot(answer)
+        }
+        Rpc::PreVote(r) => RpcReply::PreVote(election.grant(raft, log, &r)),
+    }
+}
+
+/// A peer message as a [`Transport`] carries it: the bytes of one frame's
+/// body (what the TCP protocol would send, without framing and MAC).
+pub struct PeerRequest {
+    body: Vec<u8>,
+    kind: &'static str,
+}
+
+impl PeerRequest {
+    fn encode(rpc: &Rpc) -> Result<PeerRequest, PeerError> {
+        use bincode::Options;
+        let kind = match rpc {
+            Rpc::Append(r) if r.entries.is_empty() => "heartbeat",
+            Rpc::Append(_) => "append",
+            Rpc::Vote(_) => "vote",
+            Rpc::Snapshot(_) => "snapshot",
+            Rpc::PreVote(_) => "prevote",
+        };
+        let body = codec()
+            .serialize(rpc)
+            .map_err(|source| PeerError::Encode { source })?;
+        Ok(PeerRequest { body, kind })
+    }
+
+    /// What it asks: `heartbeat`, `append`, `vote`, `snapshot` or
+    /// `prevote`.
+    pub fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    /// Its encoded length.
+    pub fn len(&self) -> usize {
+        self.body.len()
+    }
+
+    /// Whether it is empty (never: a message has a variant).
+    pub fn is_empty(&self) -> bool {
+        self.body.is_empty()
+    }
+}
+
+/// A peer's answer to a [`PeerRequest`], encoded.
+pub struct PeerReply {
+    body: Vec<u8>,
+}
+
+impl PeerReply {
+    fn decode(self) -> Result<RpcReply, PeerError> {
+        use bincode::Options;
+        let len = self.body.len();
+        codec()
+            .deserialize(&self.body)
+            .map_err(|source| PeerError::Decode { len, source })
+    }
+}
+
+/// A future a [`Transport`] answers.
+pub type TransportFuture<T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, PeerError>> + Send>>;
+
+/// How a node reaches its peers instead of TCP: the hook of the
+/// deterministic simulation (`fencelog-sim`), which delivers each message
+/// to the target's [`PeerEndpoint`] (or drops, delays, reorders it). Peer
+/// authentication is TCP's; a transport is trusted.
+pub trait Transport: Send + Sync + 'static {
+    /// Delivers `req` from node `from` to node `to`, which the sender's
+    /// membership lists as incarnation `expected` (0: any), and answers
+    /// the reply (an error: unreachable).
+    fn call(
+        &self,
+        from: NodeId,
+        to: NodeId,
+        expected: u64,
+        req: PeerRequest,
+    ) -> TransportFuture<PeerReply>;
+
+    /// The incarnation node `to` has now (see [`Network::probe`]).
+    fn probe(&self, from: NodeId, to: NodeId) -> TransportFuture<u64>;
+}
+
+/// The receiving end of a node for a [`Transport`]: what its TCP listener
+/// does with each authenticated message, the same checks included.
+#[derive(Clone)]
+pub struct PeerEndpoint {
+    pub(crate) raft: Raft,
+    pub(crate) auth: PeerAuth,
+    pub(crate) election: Arc<crate::election::Election>,
+    pub(crate) log: crate::log_store::LogStore,
+}
+
+impl PeerEndpoint {
+    /// This node's incarnation.
+    pub fn incarnation(&self) -> u64 {
+        self.auth.incarnation
+    }
+
+    /// Answers `req` from a dialer that expects incarnation
+    /// `expected_of_us` of this node (0: any), as the TCP listener would:
+    /// refused if this node is another incarnation; with 0, unanswered
+    /// (an error) unless this node knows itself admitted.
+    pub async fn answer(
+        &self,
+        expected_of_us: u64,
+        req: PeerRequest,
+    ) -> Result<PeerReply, PeerError> {
+        use bincode::Options;
+        if expected_of_us != 0 && expected_of_us != self.auth.incarnation {
+            return Err(PeerError::Incarnation {
+                node: self.auth.id,
+                expected: expected_of_us,
+                found: self.auth.incarnation,
+            });
+        }
+        if expected_of_us == 0 && !admitted(&self.raft, &self.auth).await {
+            return Err(PeerError::io("reading a frame")(std::io::Error::new(
+                std::io::ErrorKind::ConnectionReset,
+                "not admitted: the connection is closed",
+            )));
+        }
+        let len = req.body.len();
+        let rpc: Rpc = codec()
+            .deserialize(&req.body)
+            .map_err(|source| PeerError::Decode { len, source })?;
+        let reply = answer(&self.raft, &self.election, &self.log, rpc).await;
+        let body = codec()
+            .serialize(&reply)
+            .map_err(|source| PeerError::Encode { source })?;
+        Ok(PeerReply { body })
     }
 }
 

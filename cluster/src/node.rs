@@ -71,6 +71,36 @@ impl NodeConfig {
     }
 }
 
+/// A node's monotonic clock as a reading since any fixed origin (see
+/// [`Hooks::local_clock`]).
+pub type LocalClock = Arc<dyn Fn() -> Duration + Send + Sync>;
+
+/// What a node can be given instead of the real thing: the hooks of the
+/// deterministic simulation (`fencelog-sim`), used with
+/// [`Node::start_on_current_runtime`]. Every field's `None` (the default)
+/// is the production behaviour. Not for production: the simulated
+/// storage and transport keep nothing on a real disk or network.
+#[derive(Clone, Default)]
+pub struct Hooks {
+    /// The storage of the Raft log and of the replica engine's log (the
+    /// simulated disk), which then run with inline I/O
+    /// (`WalOptions::inline_io`: no sync, allocator or collector threads)
+    /// and no preallocation. The incarnation file, the generation pointer
+    /// and the snapshot store stay on real files in the node's directory;
+    /// snapshots do not work on it (set `snapshot_every_entries` high).
+    pub storage: Option<Arc<dyn fencelog_wal::Storage>>,
+    /// The peer transport instead of TCP: no peer listener is bound, and
+    /// peers reach this node through [`Node::peer_endpoint`].
+    pub transport: Option<Arc<dyn network::Transport>>,
+    /// The seed of the election's random spread instead of the OS.
+    pub election_seed: Option<u64>,
+    /// The incarnation a fresh data directory gets, instead of a random one.
+    pub fresh_incarnation: Option<u64>,
+    /// This node's monotonic clock as the group's clock reads it while it
+    /// leads (skew, pauses), instead of tokio's.
+    pub local_clock: Option<LocalClock>,
+}
+
 /// Why a node could not start or act.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -196,6 +226,8 @@ pub struct Node {
     /// When each peer last answered this node.
     answers: Arc<crate::health::PeerAnswers>,
     listener: parking_lot::Mutex<Option<JoinHandle<()>>>,
+    /// What peers over a [`network::Transport`] reach.
+    endpoint: network::PeerEndpoint,
     /// Stops Raft's runtime, and its thread.
     runtime: parking_lot::Mutex<
         Option<(
@@ -216,24 +248,33 @@ struct Parts {
     batcher: Batcher,
     election: Arc<crate::election::Election>,
     answers: Arc<crate::health::PeerAnswers>,
-    listener: JoinHandle<()>,
+    listener: Option<JoinHandle<()>>,
+    endpoint: network::PeerEndpoint,
 }
 
 /// Opens the logs and starts Raft and the peer listener on the runtime
 /// this runs on.
-async fn start_here(cfg: NodeConfig) -> Result<Parts, ClusterError> {
+async fn start_here(cfg: NodeConfig, hooks: Hooks) -> Result<Parts, ClusterError> {
     let raft_dir = cfg.dir.join("raft");
     let segment = cfg.raft_segment_bytes;
-    let log_store = tokio::task::spawn_blocking(move || LogStore::open(&raft_dir, segment))
-        .await
-        .map_err(|e| ClusterError::Raft(e.to_string()))??;
+    let log_store = match hooks.storage.clone() {
+        None => tokio::task::spawn_blocking(move || LogStore::open(&raft_dir, segment))
+            .await
+            .map_err(|e| ClusterError::Raft(e.to_string()))??,
+        // Simulated: no thread, the caller's task does the (in-memory) I/O.
+        Some(storage) => LogStore::open_with(storage, &raft_dir, segment, true)?,
+    };
+    let fresh = || match hooks.fresh_incarnation {
+        Some(n) => Ok(n),
+        None => crate::incarnation::fresh(),
+    };
     // The directory's incarnation: made (durably) when it is first
     // initialized, before Raft writes anything. A Raft log with state and
     // no incarnation is checked below, once the membership is known.
     let (incarnation, unrecorded) = match crate::incarnation::read(&cfg.dir)? {
         Some(n) => (n, false),
         None if !log_store.has_state() => {
-            let n = crate::incarnation::fresh()?;
+            let n = fresh()?;
             crate::incarnation::write(&cfg.dir, n)?;
             tracing::info!(
                 event = "cluster_incarnation",
@@ -242,7 +283,7 @@ async fn start_here(cfg: NodeConfig) -> Result<Parts, ClusterError> {
             );
             (n, false)
         }
-        None => (crate::incarnation::fresh()?, true),
+        None => (fresh()?, true),
     };
     let max_request = log_store.max_request_bytes() as u64;
     let log_store_view = log_store.clone();
@@ -250,10 +291,19 @@ async fn start_here(cfg: NodeConfig) -> Result<Parts, ClusterError> {
     let engine_opts = cfg.engine.clone();
     // Everything one Raft entry can hold, wrapped, fits one engine entry.
     let min_entry = u32::try_from(max_request + (64 << 10)).unwrap_or(u32::MAX);
-    let sm =
-        tokio::task::spawn_blocking(move || StateMachine::open(&sm_dir, &engine_opts, min_entry))
-            .await
-            .map_err(|e| ClusterError::Raft(e.to_string()))??;
+    let sm = match hooks.storage.clone() {
+        None => tokio::task::spawn_blocking(move || {
+            StateMachine::open(&sm_dir, &engine_opts, min_entry)
+        })
+        .await
+        .map_err(|e| ClusterError::Raft(e.to_string()))??,
+        Some(storage) => {
+            let mut opts = engine_opts;
+            opts.wal.inline_io = true;
+            opts.wal.preallocation = fencelog_wal::Preallocation::None;
+            StateMachine::open_on(Some(storage), &sm_dir, &opts, min_entry)?
+        }
+    };
     let engine = sm.engine();
     let config = Config {
         cluster_name: "fencelog".into(),
@@ -270,14 +320,15 @@ async fn start_here(cfg: NodeConfig) -> Result<Parts, ClusterError> {
     .validate()
     .map_err(|e| ClusterError::Raft(e.to_string()))?;
     let source = Some(cfg.raft_listen.ip()).filter(|ip| !ip.is_unspecified());
-    let network = Network::new(
-        network::PeerAuth {
-            id: cfg.id,
-            incarnation,
-            secret: cfg.cluster_secret.clone(),
-        },
-        source,
-    );
+    let auth = network::PeerAuth {
+        id: cfg.id,
+        incarnation,
+        secret: cfg.cluster_secret.clone(),
+    };
+    let network = match hooks.transport.clone() {
+        None => Network::new(auth, source),
+        Some(t) => Network::over(auth, t),
+    };
     let auth = network.auth();
     // The pre-votes share the pooled connections.
     let network_for_elections = network.clone();
@@ -327,21 +378,34 @@ async fn start_here(cfg: NodeConfig) -> Result<Parts, ClusterError> {
             "a data directory from before incarnations: it has one now (the group checks it once it re-adds this node)"
         );
     }
-    let listener = TcpListener::bind(cfg.raft_listen)
-        .await
-        .map_err(|e| ClusterError::Io {
-            what: format!("listen for peers on {}", cfg.raft_listen),
-            source: e,
-        })?;
-    let election =
-        crate::election::Election::new(cfg.election_timeout_ms.0, cfg.election_timeout_ms.1);
-    let listener = tokio::spawn(network::serve(
-        listener,
-        raft.clone(),
-        auth,
-        Arc::clone(&election),
-        log_store_view.clone(),
-    ));
+    let election = crate::election::Election::new(
+        cfg.election_timeout_ms.0,
+        cfg.election_timeout_ms.1,
+        hooks.election_seed,
+    );
+    let endpoint = network::PeerEndpoint {
+        raft: raft.clone(),
+        auth: auth.clone(),
+        election: Arc::clone(&election),
+        log: log_store_view.clone(),
+    };
+    let listener = if hooks.transport.is_some() {
+        None
+    } else {
+        let listener = TcpListener::bind(cfg.raft_listen)
+            .await
+            .map_err(|e| ClusterError::Io {
+                what: format!("listen for peers on {}", cfg.raft_listen),
+                source: e,
+            })?;
+        Some(tokio::spawn(network::serve(
+            listener,
+            raft.clone(),
+            auth,
+            Arc::clone(&election),
+            log_store_view.clone(),
+        )))
+    };
     tokio::spawn(crate::election::drive(
         Arc::clone(&election),
         raft.clone(),
@@ -356,8 +420,10 @@ async fn start_here(cfg: NodeConfig) -> Result<Parts, ClusterError> {
         engine.clone(),
         max_request / 2,
         cfg.max_queued_bytes,
+        hooks.local_clock.clone(),
     );
     Ok(Parts {
+        endpoint,
         incarnation,
         network,
         batcher,
@@ -470,7 +536,7 @@ impl Node {
                     }
                 };
                 rt.block_on(async move {
-                    let started = start_here(cfg).await;
+                    let started = start_here(cfg, Hooks::default()).await;
                     let ok = started.is_ok();
                     let _ = started_tx.send(started);
                     if ok {
@@ -508,9 +574,44 @@ impl Node {
             reads: Arc::default(),
             election: parts.election,
             answers: parts.answers,
-            listener: parking_lot::Mutex::new(Some(parts.listener)),
+            listener: parking_lot::Mutex::new(parts.listener),
+            endpoint: parts.endpoint,
             runtime: parking_lot::Mutex::new(Some((stop_tx, thread))),
         })
+    }
+
+    /// Opens the node's logs and starts Raft on the runtime this is called
+    /// on (no thread of its own), with `hooks` in place of the real disk,
+    /// network, randomness and clock where given: the deterministic
+    /// simulation runs every node of a group on one current-thread runtime
+    /// with paused time. [`Node::start`] is the production path.
+    pub async fn start_on_current_runtime(
+        cfg: NodeConfig,
+        hooks: Hooks,
+    ) -> Result<Node, ClusterError> {
+        let id = cfg.id;
+        let parts = start_here(cfg, hooks).await?;
+        Ok(Node {
+            id,
+            incarnation: parts.incarnation,
+            network: parts.network,
+            raft: parts.raft,
+            engine: parts.engine,
+            log_store: parts.log_store,
+            max_request: parts.max_request,
+            batcher: parts.batcher,
+            reads: Arc::default(),
+            election: parts.election,
+            answers: parts.answers,
+            listener: parking_lot::Mutex::new(parts.listener),
+            endpoint: parts.endpoint,
+            runtime: parking_lot::Mutex::new(None),
+        })
+    }
+
+    /// What a [`network::Transport`] delivers this node's peer messages to.
+    pub fn peer_endpoint(&self) -> network::PeerEndpoint {
+        self.endpoint.clone()
     }
 
     /// Makes a new cluster of `members` (run once, on one node of a fresh

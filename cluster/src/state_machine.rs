@@ -54,6 +54,8 @@ pub struct StateMachine {
     snaps: Arc<Store>,
     /// The file a snapshot is being received into.
     incoming: Option<PathBuf>,
+    /// On a given storage (a simulation): no blocking threads.
+    inline_io: bool,
 }
 
 fn sm_err(e: impl std::fmt::Display) -> StorageError<NodeId> {
@@ -182,6 +184,20 @@ impl StateMachine {
         base: &Options,
         min_entry_bytes: u32,
     ) -> Result<StateMachine, fencelog::Error> {
+        Self::open_on(None, dir, base, min_entry_bytes)
+    }
+
+    /// As [`StateMachine::open`], with the engine's log on `storage` if
+    /// given (deterministic simulation: the simulated disk). Only the
+    /// engine's log goes there: the generation pointer (`sm/CURRENT`) and
+    /// the snapshot store stay on real files under `dir`, and snapshots
+    /// (built from and installed into real files) do not work on it.
+    pub fn open_on(
+        storage: Option<Arc<dyn fencelog_wal::Storage>>,
+        dir: &Path,
+        base: &Options,
+        min_entry_bytes: u32,
+    ) -> Result<StateMachine, fencelog::Error> {
         let sm = dir.join("sm");
         std::fs::create_dir_all(&sm).map_err(io_error("create", &sm))?;
         let current = sm.join("CURRENT");
@@ -203,7 +219,18 @@ impl StateMachine {
             }
         }
         let opts = engine_options(base, min_entry_bytes);
-        let log = Log::open(generation_dir(dir, generation), opts.clone())?;
+        let inline_io = storage.is_some();
+        let log = match storage {
+            None => Log::open(generation_dir(dir, generation), opts.clone())?,
+            // A replica's leases follow the clock its entries carry: the
+            // clock given here is not used.
+            Some(storage) => Log::open_on(
+                storage,
+                Arc::new(fencelog::MonotonicClock::default()),
+                &generation_dir(dir, generation),
+                opts.clone(),
+            )?,
+        };
         let snap = dir.join("snap");
         let snaps =
             Store::open(snap.clone()).map_err(io_error("open the snapshot directory", &snap))?;
@@ -218,6 +245,7 @@ impl StateMachine {
             turn: Arc::new(tokio::sync::Mutex::new(())),
             snaps: Arc::new(snaps),
             incoming: None,
+            inline_io,
         })
     }
 
@@ -482,7 +510,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         &mut self,
     ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
         let snaps = Arc::clone(&self.snaps);
-        match blocking(move || snaps.current()).await? {
+        let current = if self.inline_io {
+            // Simulated: no thread (a small read of real files).
+            snaps.current().map_err(sm_err)?
+        } else {
+            blocking(move || snaps.current()).await?
+        };
+        match current {
             Some(saved) => open_snapshot(saved).await.map(Some),
             None => Ok(None),
         }

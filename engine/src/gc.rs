@@ -113,6 +113,7 @@ impl Gc {
             .uncounted
             .store(uncounted.len() as u64, Ordering::Relaxed);
         let _ = handle.tx.send(Msg::Count(uncounted));
+        let inline_io = wal.options().inline_io;
         let mut collector = Collector {
             wal,
             locator,
@@ -122,6 +123,18 @@ impl Gc {
             dead: BTreeSet::new(),
             stats: Arc::clone(&stats),
         };
+        // A log with inline I/O (deterministic simulation: no thread may
+        // touch the storage on its own time) runs no collector: its inbox
+        // is dropped, so messages to it and barriers answer at once, and
+        // no segment is ever removed.
+        if inline_io {
+            drop(inbox);
+            return Ok(Gc {
+                handle,
+                thread: None,
+                stats,
+            });
+        }
         let thread = std::thread::Builder::new()
             .name("fencelog-gc".into())
             .spawn(move || collector.run(inbox.rx))?;

@@ -60,6 +60,15 @@ pub enum Op {
         /// Who asks (a holder that acquires again gets its token again).
         owner: String,
     },
+    /// `LEASE.RENEW name owner token ttl` (the ttl of the acquisitions).
+    Renew {
+        /// The lease.
+        name: String,
+        /// Its holder.
+        owner: String,
+        /// The token of its grant.
+        token: u64,
+    },
 }
 
 /// A record as a read answers it.
@@ -84,6 +93,8 @@ pub enum Outcome {
     Records(Vec<Record>),
     /// A lease's token.
     Granted(u64),
+    /// A renewal accepted: the lease lasts its ttl from then on.
+    Renewed,
     /// A refusal that changed nothing (STALE, HELD, MOVED, TRYAGAIN, …).
     Refused(String),
     /// No answer, or one that leaves the effect unknown (a timeout, a
@@ -202,11 +213,11 @@ impl fmt::Display for Violation {
     }
 }
 
-/// Lease exclusion, judged against real time: every grant in `history`
-/// was asked for with `ttl_ms` (and none released or renewed), so the
+/// Lease exclusion, judged against real time: every grant and renewal in
+/// `history` was asked for with `ttl_ms` (and none released), so the
 /// lease of token `t` lasts at least until the last request answered `t`
-/// was sent, plus `ttl_ms`. A grant of a larger token to another owner
-/// answered before then overlaps it.
+/// (or renewing `t`, accepted) was sent, plus `ttl_ms`. A grant of a
+/// larger token to another owner answered before then overlaps it.
 pub fn check_lease_exclusion(history: &[Event], ttl_ms: u64) -> Vec<Violation> {
     let ttl_ns = ttl_ms.saturating_mul(1_000_000);
     // Per lease: per token, its owner and the last request it answered.
@@ -221,6 +232,18 @@ pub fn check_lease_exclusion(history: &[Event], ttl_ms: u64) -> Vec<Violation> {
                 .or_insert((owner.as_str(), e.invoked));
             entry.1 = entry.1.max(e.invoked);
             answered.push((name.as_str(), *t, owner.as_str(), e.completed));
+        }
+    }
+    // An accepted renewal extends its grant's lease: its ttl runs at the
+    // earliest from when it was sent.
+    for e in history {
+        if let (Op::Renew { name, owner, token }, Outcome::Renewed) = (&e.op, &e.outcome) {
+            let entry = leases
+                .entry(name.as_str())
+                .or_default()
+                .entry(*token)
+                .or_insert((owner.as_str(), e.invoked));
+            entry.1 = entry.1.max(e.invoked);
         }
     }
     let mut v = Vec::new();
@@ -790,5 +813,59 @@ mod tests {
             grant("b", 2, 420, 450),
         ];
         assert_eq!(check_lease_exclusion(&h, 400).len(), 1);
+    }
+    #[test]
+    fn an_accepted_renewal_extends_the_lease_and_a_refused_one_does_not() {
+        let ms = 1_000_000u64;
+        let grant = |owner: &str, t: u64, sent: u64, done: u64| Event {
+            client: 0,
+            op: Op::Acquire {
+                name: "job".into(),
+                owner: owner.into(),
+            },
+            invoked: sent * ms,
+            completed: done * ms,
+            outcome: Outcome::Granted(t),
+        };
+        let renew = |sent: u64, outcome| Event {
+            client: 0,
+            op: Op::Renew {
+                name: "job".into(),
+                owner: "a".into(),
+                token: 1,
+            },
+            invoked: sent * ms,
+            completed: (sent + 5) * ms,
+            outcome,
+        };
+        // a holds token 1 from 0 ms (ttl 400) and renews at 300 ms: its
+        // lease runs to 700 ms, so b's grant answered at 450 ms overlaps.
+        let h = [
+            grant("a", 1, 0, 10),
+            renew(300, Outcome::Renewed),
+            grant("b", 2, 420, 450),
+        ];
+        assert_eq!(
+            check_lease_exclusion(&h, 400),
+            vec![Violation::LeaseOverlap {
+                name: "job".into(),
+                earlier: 1,
+                later: 2,
+                overlap_ms: 250
+            }]
+        );
+        // A refused renewal (LOST) extends nothing.
+        let h = [
+            grant("a", 1, 0, 10),
+            renew(300, Outcome::Refused("LOST".into())),
+            grant("b", 2, 420, 450),
+        ];
+        assert!(check_lease_exclusion(&h, 400).is_empty());
+        // Renewals are no grants: the stream and token checks pass them by.
+        let f = BTreeMap::new();
+        assert_eq!(
+            check(&[grant("a", 1, 0, 10), renew(300, Outcome::Renewed)], &f),
+            vec![]
+        );
     }
 }

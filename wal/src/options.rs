@@ -76,6 +76,14 @@ pub struct WalOptions {
     /// cut everything past the last completed sync is a torn tail, cut,
     /// whatever order its writes reached the disk in.
     pub sync_every_batch: bool,
+    /// For deterministic simulation only (with the simulated storage):
+    /// no sync thread and no segment allocator; the submitter that decides
+    /// an entry writes and syncs its batch itself before it returns, and
+    /// new segments are created when they are needed. Every file operation
+    /// then happens on the caller's thread, in an order the caller alone
+    /// decides. Default false (it gives up group commit and the
+    /// preallocation ahead of need).
+    pub inline_io: bool,
 }
 
 impl Default for WalOptions {
@@ -89,6 +97,7 @@ impl Default for WalOptions {
             max_open_segments: 64,
             footer_cache_bytes: 32 << 20,
             sync_every_batch: true,
+            inline_io: false,
         }
     }
 }

@@ -727,26 +727,39 @@ impl<S: Sequencer> Wal<S> {
             stats,
             _lock: lock,
         });
-        let thread_shared = Arc::clone(&shared);
-        let sync_thread = std::thread::Builder::new()
-            .name("fencelog-wal-sync".into())
-            .spawn(move || {
-                thread_shared.maybe_request_next(&mut thread_shared.flush.lock());
-                thread_shared.run_sync_thread()
-            })
-            .map_err(|e| WalError::io("spawn the sync thread for", dir, e))?;
-        let alloc_shared = Arc::clone(&shared);
-        let allocator = std::thread::Builder::new()
-            .name("fencelog-wal-alloc".into())
-            .spawn(move || alloc_shared.run_allocator())
-            .map_err(|e| WalError::io("spawn the segment allocator for", dir, e))?;
+        // With `inline_io` no thread at all: the submitters flush.
+        let (sync_thread, allocator) = if shared.opts.inline_io {
+            (None, None)
+        } else {
+            let thread_shared = Arc::clone(&shared);
+            let sync_thread = std::thread::Builder::new()
+                .name("fencelog-wal-sync".into())
+                .spawn(move || {
+                    thread_shared.maybe_request_next(&mut thread_shared.flush.lock());
+                    thread_shared.run_sync_thread()
+                })
+                .map_err(|e| WalError::io("spawn the sync thread for", dir, e))?;
+            let alloc_shared = Arc::clone(&shared);
+            let allocator = std::thread::Builder::new()
+                .name("fencelog-wal-alloc".into())
+                .spawn(move || alloc_shared.run_allocator())
+                .map_err(|e| WalError::io("spawn the segment allocator for", dir, e))?;
+            (Some(sync_thread), Some(allocator))
+        };
         let wal = Wal {
             shared,
-            sync_thread: Some(sync_thread),
-            allocator: Some(allocator),
+            sync_thread,
+            allocator,
         };
         // Whatever recovery queued (a seal, a new segment's checkpoint) is
         // durable before the log is handed out.
+        if wal.shared.opts.inline_io {
+            let mut fs = wal.shared.flush.lock();
+            if wal.shared.flush_pending(&mut fs) == Flushed::Failed {
+                drop(fs);
+                return Err(wal.failed_error());
+            }
+        }
         let ticket = {
             let mut locked = wal.shared.locked.lock();
             let lsn = locked.next_lsn - 1;
@@ -1182,6 +1195,14 @@ impl<S: Sequencer> Shared<S> {
             self.fail_with(Arc::new(io::Error::other(why)));
             return result;
         }
+        if self.opts.inline_io {
+            // No sync thread: this submitter writes and syncs the batch
+            // (a failure is latched and answered by the entry's ticket).
+            drop(locked);
+            let mut fs = self.flush.lock();
+            let _ = self.flush_pending(&mut fs);
+            return result;
+        }
         self.wake_sync_thread(&mut locked);
         result
     }
@@ -1383,7 +1404,7 @@ impl<S: Sequencer> Shared<S> {
         let Some((current, _)) = &fs.current else {
             return;
         };
-        if fs.next_requested || fs.written_to < self.opts.segment_bytes / 2 {
+        if self.opts.inline_io || fs.next_requested || fs.written_to < self.opts.segment_bytes / 2 {
             return;
         }
         fs.next_requested = true;
