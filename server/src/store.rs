@@ -130,6 +130,11 @@ pub trait Store: Send + Sync {
     /// a highest that only grows. `None`: the write must be decided.
     fn refuse_now(&self, op: &TxOp) -> Option<Error>;
 
+    /// [`Store::refuse_now`] for an append still in its arguments: a stale
+    /// append, the most frequent refusal there is, is answered before any
+    /// op is built from it (no copy of its payloads, no future).
+    fn refuse_append(&self, stream: &[u8], token: Token, payloads: &[Bytes]) -> Option<Error>;
+
     /// Takes a write now, in the caller's order.
     fn write(&self, op: TxOp) -> BoxFuture<'_, Result<Written, Failure>>;
 
@@ -199,7 +204,11 @@ impl Store for Log {
         else {
             return None;
         };
-        match self.check_append(stream, *token, payloads) {
+        Store::refuse_append(self, stream, *token, payloads)
+    }
+
+    fn refuse_append(&self, stream: &[u8], token: Token, payloads: &[Bytes]) -> Option<Error> {
+        match self.check_append(stream, token, payloads) {
             Err(e @ Error::Stale { .. }) => Some(e),
             _ => None,
         }

@@ -204,6 +204,14 @@ impl Store for Group {
         })
     }
 
+    fn refuse_append(&self, stream: &[u8], token: Token, _payloads: &[Bytes]) -> Option<Error> {
+        let highest = self.cluster.log().highest_token(stream).ok()?;
+        (token.get() < highest).then_some(Error::Stale {
+            presented: token.get(),
+            highest,
+        })
+    }
+
     fn write(&self, op: TxOp) -> BoxFuture<'_, Result<Written, Failure>> {
         Box::pin(async move {
             let key = op.stream().clone();

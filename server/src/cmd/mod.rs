@@ -111,6 +111,11 @@ async fn run_named(
     cmd: &str,
 ) -> Outcome {
     let a = &args[1..];
+    if cmd == "LOG.APPEND"
+        && let Some(refused) = streams::refuse_stale_append(ctx, session, a)
+    {
+        return refused;
+    }
     if let Some(parsed) = streams::parse_write(cmd, a) {
         return match parsed {
             Ok(op) => streams::write(ctx, session.tag(), op).await,

@@ -14,6 +14,7 @@ use crate::command_table::*;
 use crate::context::{ClientTag, Context, failure_reply, note_error};
 use crate::outcome::{Blocking, Outcome, ReadProgress, error_reply, number};
 use crate::protocol::Reply;
+use crate::session::Session;
 use crate::store::{Barrier, Store, Written};
 
 /// The stream commands' specs, in the order `docs/COMMANDS.md` lists them.
@@ -177,6 +178,21 @@ pub fn parse_write(cmd: &str, a: &[Bytes]) -> Option<Result<TxOp, Reply>> {
         Outcome::Reply(r) => r,
         _ => Reply::Error("ERR syntax error".into()),
     }))
+}
+
+/// A stale `LOG.APPEND` refused from its arguments, before it is built
+/// into an op; `None` for anything else (it runs as parsed).
+pub fn refuse_stale_append(ctx: &Context, session: &Session, a: &[Bytes]) -> Option<Outcome> {
+    let [stream, token, payloads @ ..] = a else {
+        return None;
+    };
+    if payloads.is_empty() {
+        return None;
+    }
+    let token = parse_u64(token).and_then(|t| fencelog::Token::new(t).ok())?;
+    let e = ctx.store.refuse_append(stream, token, payloads)?;
+    note_error(ctx, &session.tag(), stream, &e);
+    Some(Outcome::Reply(error_reply(&e)))
 }
 
 /// Takes a parsed write: refused at once if the store can tell it is
