@@ -54,6 +54,16 @@ pub struct Group {
 }
 
 impl Group {
+    /// `token` below the highest this replica applied to `stream`: refused
+    /// now and by every later decision (the highest only grows).
+    fn stale(&self, stream: &[u8], token: Token) -> Option<Error> {
+        let highest = self.cluster.log().highest_token(stream).ok()?;
+        (token.get() < highest).then_some(Error::Stale {
+            presented: token.get(),
+            highest,
+        })
+    }
+
     /// The store of `cluster`.
     pub fn new(cluster: Arc<Cluster>) -> Group {
         Group { cluster }
@@ -193,23 +203,15 @@ impl Store for Group {
     /// `LOG.APPENDAT` is left to the log: its exact retry is answered with
     /// the original offset even after a newer token.
     fn refuse_now(&self, op: &TxOp) -> Option<Error> {
-        if let TxOp::AppendAt { .. } = op {
-            return None;
+        match op {
+            // Asked from its arguments already (`refuse_append`).
+            TxOp::Append { .. } | TxOp::AppendAt { .. } => None,
+            _ => self.stale(op.stream(), op.token()),
         }
-        let (stream, token) = (op.stream(), op.token().get());
-        let highest = self.cluster.log().highest_token(stream).ok()?;
-        (token < highest).then_some(Error::Stale {
-            presented: token,
-            highest,
-        })
     }
 
     fn refuse_append(&self, stream: &[u8], token: Token, _payloads: &[Bytes]) -> Option<Error> {
-        let highest = self.cluster.log().highest_token(stream).ok()?;
-        (token.get() < highest).then_some(Error::Stale {
-            presented: token.get(),
-            highest,
-        })
+        self.stale(stream, token)
     }
 
     fn write(&self, op: TxOp) -> BoxFuture<'_, Result<Written, Failure>> {
