@@ -229,13 +229,14 @@ pub struct Node {
     /// What peers over a [`network::Transport`] reach.
     endpoint: network::PeerEndpoint,
     /// Stops Raft's runtime, and its thread.
-    runtime: parking_lot::Mutex<
-        Option<(
-            tokio::sync::oneshot::Sender<()>,
-            std::thread::JoinHandle<()>,
-        )>,
-    >,
+    runtime: parking_lot::Mutex<Option<RuntimeHandle>>,
 }
+
+/// A node's own Raft thread: what stops its runtime, and the thread.
+type RuntimeHandle = (
+    tokio::sync::oneshot::Sender<()>,
+    std::thread::JoinHandle<()>,
+);
 
 /// What starting on the Raft runtime hands back.
 struct Parts {
@@ -562,22 +563,7 @@ impl Node {
                 ));
             }
         };
-        Ok(Node {
-            id,
-            incarnation: parts.incarnation,
-            network: parts.network,
-            raft: parts.raft,
-            engine: parts.engine,
-            log_store: parts.log_store,
-            max_request: parts.max_request,
-            batcher: parts.batcher,
-            reads: Arc::default(),
-            election: parts.election,
-            answers: parts.answers,
-            listener: parking_lot::Mutex::new(parts.listener),
-            endpoint: parts.endpoint,
-            runtime: parking_lot::Mutex::new(Some((stop_tx, thread))),
-        })
+        Ok(Node::assemble(id, parts, Some((stop_tx, thread))))
     }
 
     /// Opens the node's logs and starts Raft on the runtime this is called
@@ -591,7 +577,13 @@ impl Node {
     ) -> Result<Node, ClusterError> {
         let id = cfg.id;
         let parts = start_here(cfg, hooks).await?;
-        Ok(Node {
+        Ok(Node::assemble(id, parts, None))
+    }
+
+    /// The node of `parts`; `runtime`: the thread and runtime it runs on,
+    /// if its own.
+    fn assemble(id: NodeId, parts: Parts, runtime: Option<RuntimeHandle>) -> Node {
+        Node {
             id,
             incarnation: parts.incarnation,
             network: parts.network,
@@ -605,8 +597,8 @@ impl Node {
             answers: parts.answers,
             listener: parking_lot::Mutex::new(parts.listener),
             endpoint: parts.endpoint,
-            runtime: parking_lot::Mutex::new(None),
-        })
+            runtime: parking_lot::Mutex::new(runtime),
+        }
     }
 
     /// What a [`network::Transport`] delivers this node's peer messages to.
