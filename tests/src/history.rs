@@ -779,19 +779,26 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_grant_to_another_owner_inside_the_ttl_is_an_overlap() {
-        let ms = 1_000_000u64;
-        let grant = |owner: &str, t: u64, sent: u64, done: u64| Event {
+    /// A millisecond of the histories below, in their nanoseconds.
+    const MS: u64 = 1_000_000;
+
+    /// `owner` granted lease "job" with token `t`: sent at `sent` ms,
+    /// answered at `done` ms.
+    fn grant(owner: &str, t: u64, sent: u64, done: u64) -> Event {
+        Event {
             client: 0,
             op: Op::Acquire {
                 name: "job".into(),
                 owner: owner.into(),
             },
-            invoked: sent * ms,
-            completed: done * ms,
+            invoked: sent * MS,
+            completed: done * MS,
             outcome: Outcome::Granted(t),
-        };
+        }
+    }
+
+    #[test]
+    fn a_grant_to_another_owner_inside_the_ttl_is_an_overlap() {
         // a holds token 1 from 0 ms (ttl 400): b's grant answered at 300 ms
         // overlaps; one answered at 450 ms does not.
         let h = [grant("a", 1, 0, 10), grant("b", 2, 250, 300)];
@@ -816,17 +823,7 @@ mod tests {
     }
     #[test]
     fn an_accepted_renewal_extends_the_lease_and_a_refused_one_does_not() {
-        let ms = 1_000_000u64;
-        let grant = |owner: &str, t: u64, sent: u64, done: u64| Event {
-            client: 0,
-            op: Op::Acquire {
-                name: "job".into(),
-                owner: owner.into(),
-            },
-            invoked: sent * ms,
-            completed: done * ms,
-            outcome: Outcome::Granted(t),
-        };
+        let ms = MS;
         let renew = |sent: u64, outcome| Event {
             client: 0,
             op: Op::Renew {
