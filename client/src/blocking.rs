@@ -5,6 +5,9 @@
 //! goes on renewing while the caller's thread does other work. Do not call
 //! these from inside an async runtime: `block_on` there panics (it would
 //! stall the runtime's thread). Dropping them anywhere is fine.
+//!
+//! [`Pipeline`] is the exception: a std socket and no runtime at all, for
+//! a thread per connection.
 
 use std::ops::Deref;
 use std::sync::Arc;
@@ -13,6 +16,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::runtime::Runtime;
 
+pub use crate::blocking_pipeline::Pipeline;
 pub use crate::{Config, Error, Grant, LeaseInfo, LeaseLoss, LeaseOptions, Record, StreamStat};
 
 /// The facade's runtime. Shut down without waiting when the last client,

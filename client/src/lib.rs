@@ -20,7 +20,9 @@
 //! replies in order, scalars without an allocation each (`fencelog bench`
 //! drives the server with it).
 //!
-//! [`blocking::Client`] is the same client for code without async.
+//! [`blocking::Client`] is the same client for code without async;
+//! [`blocking::Pipeline`] a pipeline on a std socket, for a thread per
+//! connection.
 //!
 //! # Examples
 //!
@@ -51,6 +53,7 @@
 #![warn(missing_docs)]
 
 pub mod blocking;
+mod blocking_pipeline;
 mod client;
 mod conn;
 mod error;

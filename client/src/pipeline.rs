@@ -260,34 +260,54 @@ async fn read_one<R: AsyncRead + Unpin, T>(
     // Every turn consumes a reply or reads at least one byte or fails; the
     // parser refuses a reply over its limits, so the buffer stays bounded.
     loop {
+        if let Some(t) = take_reply(buf, parser, &mut pushes, f)? {
+            return Ok(t);
+        }
+        buf.reserve(READ_CHUNK_BYTES);
+        if rd.read_buf(buf).await? == 0 {
+            return Err(closed());
+        }
+    }
+}
+
+/// Hands the reply at the front of `buf` to `f` and consumes it, skipping
+/// RESP3 pushes (counted in `pushes`); `None` while its end has not
+/// arrived. Shared by the async and the blocking pipeline, which differ
+/// only in how they read more bytes.
+pub(crate) fn take_reply<T>(
+    buf: &mut BytesMut,
+    parser: &mut Parser,
+    pushes: &mut usize,
+    f: &mut impl FnMut(Reply<'_>) -> T,
+) -> Result<Option<T>, Error> {
+    loop {
         match parser.peek(buf)? {
             Peek::Scalar(reply, used) => {
                 let t = f(reply);
                 buf.advance(used);
-                return Ok(t);
+                return Ok(Some(t));
             }
-            Peek::Other => {
-                if let Some(v) = parser.parse(buf)? {
-                    if let Value::Push(_) = v {
-                        pushes += 1;
-                        if pushes > MAX_PUSHES_SKIPPED {
-                            return Err(Error::Protocol(format!(
-                                "more than {MAX_PUSHES_SKIPPED} pushes before a reply"
-                            )));
-                        }
-                        continue;
+            Peek::Other => match parser.parse(buf)? {
+                Some(Value::Push(_)) => {
+                    *pushes += 1;
+                    if *pushes > MAX_PUSHES_SKIPPED {
+                        return Err(Error::Protocol(format!(
+                            "more than {MAX_PUSHES_SKIPPED} pushes before a reply"
+                        )));
                     }
-                    return Ok(f(Reply::Other(Box::new(v))));
                 }
-            }
-            Peek::Incomplete => {}
-        }
-        buf.reserve(READ_CHUNK_BYTES);
-        if rd.read_buf(buf).await? == 0 {
-            return Err(Error::Io(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                "the server closed the connection",
-            )));
+                Some(v) => return Ok(Some(f(Reply::Other(Box::new(v))))),
+                None => return Ok(None),
+            },
+            Peek::Incomplete => return Ok(None),
         }
     }
+}
+
+/// The error of a connection the server closed while a reply was owed.
+pub(crate) fn closed() -> Error {
+    Error::Io(std::io::Error::new(
+        std::io::ErrorKind::UnexpectedEof,
+        "the server closed the connection",
+    ))
 }

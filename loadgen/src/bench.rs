@@ -131,9 +131,23 @@ pub struct BenchArgs {
     /// rejection is).
     #[arg(long, value_enum, default_value = "lua")]
     pub redis_commands: RedisCommands,
+    /// Against a server (and Redis): how the clients run. `events`: every
+    /// connection a task on one tokio runtime. `threads`: one OS thread per
+    /// connection on a blocking socket, as many client processes would.
+    #[arg(long, value_enum, default_value = "events")]
+    pub driver: Driver,
     /// --history in process: the segment size (sizes like 1MiB or 65536).
     #[arg(long, default_value = "1MiB", value_parser = crate::history::parse_size, value_name = "BYTES")]
     pub segment_bytes: u64,
+}
+
+/// How `fencelog bench` drives a server.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Driver {
+    /// One tokio runtime; each connection a task.
+    Events,
+    /// One OS thread per connection, blocking std sockets.
+    Threads,
 }
 
 /// What Redis runs under `--compare-redis`.
@@ -173,6 +187,10 @@ impl Workload {
 
 const MAX_CLIENTS: u32 = 4096;
 const MAX_PIPELINE: u32 = 4096;
+/// `--driver threads` writes a whole batch before it reads a reply, and the
+/// server stops reading a connection whose unread replies pass 64 KiB:
+/// this many replies (a STALE answer is under 100 bytes) stay below that.
+const MAX_THREADS_PIPELINE: u32 = 256;
 /// The token streams are fenced at before `reject` and `mixed`.
 const FENCE_TOKEN: u64 = 1_000_000;
 /// The token of `append`'s writes, and of every stale write.
@@ -240,6 +258,12 @@ fn check(args: &BenchArgs) -> Result<(), String> {
     }
     if args.timeout.is_zero() {
         return Err("--timeout must be above 0".into());
+    }
+    if args.driver == Driver::Threads && args.pipeline > MAX_THREADS_PIPELINE {
+        return Err(format!(
+            "--driver threads takes --pipeline up to {MAX_THREADS_PIPELINE}, not {}",
+            args.pipeline
+        ));
     }
     // "{prefix}:{run id}:{workload}:{index}" must stay a valid stream name.
     if args.stream_prefix.is_empty() || args.stream_prefix.len() > 200 {
@@ -408,6 +432,7 @@ impl Dialect {
 /// What every client of one workload shares.
 struct Plan {
     workload: Workload,
+    driver: Driver,
     clients: u32,
     pipeline: u32,
     streams: Vec<Bytes>,
@@ -441,6 +466,7 @@ impl Plan {
             .collect();
         Ok(Plan {
             workload,
+            driver: args.driver,
             clients: args.clients,
             pipeline: args.pipeline,
             streams: (0..streams)
@@ -607,24 +633,19 @@ async fn run_workload(target: &Target, plan: Arc<Plan>) -> Result<WorkloadResult
             } => fence_tcp(*addr, password.as_deref(), *dialect, &plan).await?,
         }
     }
-    let mut connections = Vec::new();
-    let mut monitor_conn = None;
-    if let Target::Tcp { addr, password, .. } = target {
-        let mut connecting = JoinSet::new();
-        for i in 0..plan.clients {
-            let password = password.clone();
-            let addr = *addr;
-            let timeout = plan.timeout;
-            connecting.spawn(async move { (i, connect(addr, password.as_deref(), timeout).await) });
+    let (clients, mut monitor_conn) = match target {
+        Target::InProcess(log) => (Clients::InProcess(log.clone()), None),
+        Target::Tcp { addr, password, .. } => {
+            let clients = match plan.driver {
+                Driver::Events => Clients::Events(connect_all(*addr, password, &plan).await?),
+                Driver::Threads => {
+                    Clients::Threads(threads::connect_all(*addr, password, &plan).await?)
+                }
+            };
+            let monitor = connect(*addr, password.as_deref(), plan.timeout).await?;
+            (clients, Some(monitor))
         }
-        let mut conns: Vec<Option<Pipeline>> = (0..plan.clients).map(|_| None).collect();
-        while let Some(joined) = connecting.join_next().await {
-            let (i, conn) = joined.map_err(|e| format!("a connecting task failed: {e}"))?;
-            conns[i as usize] = Some(conn?);
-        }
-        connections = conns.into_iter().flatten().collect();
-        monitor_conn = Some(connect(*addr, password.as_deref(), plan.timeout).await?);
-    }
+    };
 
     let start = Instant::now();
     let measure_start = start + plan.warmup;
@@ -658,42 +679,11 @@ async fn run_workload(target: &Target, plan: Arc<Plan>) -> Result<WorkloadResult
         }
     };
 
-    let mut clients = JoinSet::new();
-    match target {
-        Target::InProcess(log) => {
-            for i in 0..plan.clients {
-                let client = Client::new(&plan, i, window);
-                clients.spawn(in_process_client(log.clone(), Arc::clone(&plan), client, i));
-            }
-        }
-        Target::Tcp { dialect, .. } => {
-            for (i, conn) in (0..plan.clients).zip(connections) {
-                let client = Client::new(&plan, i, window);
-                let stream = plan.stream_of(i);
-                let valid = if plan.workload == Workload::Read {
-                    dialect.read(stream)
-                } else {
-                    dialect.append(stream, plan.valid.get(), &plan.payload)
-                };
-                let stale = dialect.stale(stream, plan.stale.get(), &plan.payload);
-                clients.spawn(tcp_client(
-                    conn,
-                    Arc::clone(&plan),
-                    client,
-                    *dialect,
-                    valid,
-                    stale,
-                ));
-            }
-        }
-    }
-    let mut stats = ClientStats::default();
-    while let Some(joined) = clients.join_next().await {
-        match joined {
-            Ok(s) => stats.merge(s),
-            Err(e) => stats.unexpected(format!("a client task failed: {e}")),
-        }
-    }
+    let dialect = match target {
+        Target::Tcp { dialect, .. } => *dialect,
+        Target::InProcess(_) => Dialect::Fencelog,
+    };
+    let stats = run_clients(clients, &plan, dialect, window).await;
     let _ = done_tx.send(());
     let group_commit = match monitor.await {
         Ok(Some((before, after))) => GroupCommit::between(&before, &after),
@@ -718,6 +708,83 @@ async fn run_workload(target: &Target, plan: Arc<Plan>) -> Result<WorkloadResult
         latency: stats.latency,
         group_commit,
     })
+}
+
+/// A workload's clients, connected before its window opens.
+enum Clients {
+    InProcess(Log),
+    Events(Vec<Pipeline>),
+    Threads(Vec<fencelog_client::blocking::Pipeline>),
+}
+
+/// Connects `plan.clients` pipelines at once (before the clock runs).
+async fn connect_all(
+    addr: SocketAddr,
+    password: &Option<String>,
+    plan: &Plan,
+) -> Result<Vec<Pipeline>, String> {
+    let mut connecting = JoinSet::new();
+    for i in 0..plan.clients {
+        let password = password.clone();
+        let timeout = plan.timeout;
+        connecting.spawn(async move { (i, connect(addr, password.as_deref(), timeout).await) });
+    }
+    let mut conns: Vec<Option<Pipeline>> = (0..plan.clients).map(|_| None).collect();
+    while let Some(joined) = connecting.join_next().await {
+        let (i, conn) = joined.map_err(|e| format!("a connecting task failed: {e}"))?;
+        conns[i as usize] = Some(conn?);
+    }
+    Ok(conns.into_iter().flatten().collect())
+}
+
+/// Runs every client of a workload to its end and adds up their counts.
+async fn run_clients(
+    clients: Clients,
+    plan: &Arc<Plan>,
+    dialect: Dialect,
+    window: Window,
+) -> ClientStats {
+    let mut tasks = JoinSet::new();
+    match clients {
+        Clients::InProcess(log) => {
+            for i in 0..plan.clients {
+                let client = Client::new(plan, i, window);
+                tasks.spawn(in_process_client(log.clone(), Arc::clone(plan), client, i));
+            }
+        }
+        Clients::Events(conns) => {
+            for (i, conn) in (0..plan.clients).zip(conns) {
+                let client = Client::new(plan, i, window);
+                let (valid, stale) = requests_of(plan, dialect, i);
+                let plan = Arc::clone(plan);
+                tasks.spawn(tcp_client(conn, plan, client, dialect, valid, stale));
+            }
+        }
+        Clients::Threads(conns) => return threads::run(conns, plan, dialect, window).await,
+    }
+    let mut stats = ClientStats::default();
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok(s) => stats.merge(s),
+            Err(e) => stats.unexpected(format!("a client task failed: {e}")),
+        }
+    }
+    stats
+}
+
+/// Client `i`'s two requests: the write meant to be accepted (a read for
+/// `read`), and the one meant to be refused.
+fn requests_of(plan: &Plan, dialect: Dialect, i: u32) -> (Request, Request) {
+    let stream = plan.stream_of(i);
+    let valid = if plan.workload == Workload::Read {
+        dialect.read(stream)
+    } else {
+        dialect.append(stream, plan.valid.get(), &plan.payload)
+    };
+    (
+        valid,
+        dialect.stale(stream, plan.stale.get(), &plan.payload),
+    )
 }
 
 async fn fence_in_process(log: &Log, plan: &Plan) -> Result<(), String> {
@@ -882,6 +949,17 @@ impl Client {
         })
     }
 
+    /// Decides a batch: for each of its `len` requests whether it carries
+    /// the stale token (into `kinds`), and queues `valid` or `stale`.
+    fn fill_batch(&mut self, len: u32, kinds: &mut Vec<bool>, mut queue: impl FnMut(bool)) {
+        kinds.clear();
+        for _ in 0..len {
+            let meant_stale = self.choose_stale();
+            kinds.push(meant_stale);
+            queue(meant_stale);
+        }
+    }
+
     /// Whether the next request carries the stale token.
     fn choose_stale(&mut self) -> bool {
         if self.stale_ratio <= 0.0 {
@@ -989,12 +1067,9 @@ async fn tcp_client(
 ) -> ClientStats {
     let mut kinds = Vec::with_capacity(plan.pipeline as usize);
     while let Some(batch) = c.next_batch() {
-        kinds.clear();
-        for _ in 0..batch.len {
-            let meant_stale = c.choose_stale();
-            kinds.push(meant_stale);
+        c.fill_batch(batch.len, &mut kinds, |meant_stale| {
             conn.queue_request(if meant_stale { &stale } else { &valid });
-        }
+        });
         let batch = Batch {
             sent: Instant::now(),
             ..batch
@@ -1400,6 +1475,7 @@ fn json_string(s: &str) -> String {
 
 mod compare;
 mod leader;
+mod threads;
 
 // ---------------------------------------------------------------------------
 // The table.

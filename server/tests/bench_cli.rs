@@ -97,3 +97,67 @@ fn prints_only_what_it_measured_and_compares_with_redis_in_the_same_run() {
     assert!(row.contains('x'), "a ratio: {table}");
     assert!(table.contains("redis CPU s/M"), "{table}");
 }
+
+#[test]
+fn the_threads_driver_counts_every_answer() {
+    //! `--driver threads` (a thread per connection on a blocking socket)
+    //! must send exactly the requests asked for and judge each answer as
+    //! the event-loop driver does: every append accepted, every stale
+    //! write refused.
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(dir.path(), &[]);
+    let out = Command::new(BIN)
+        .arg("bench")
+        .args(["--addr", &server.addr.to_string(), "--driver", "threads"])
+        .args(["--requests", "1003", "--clients", "4", "--pipeline", "8"])
+        .arg("--json")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let field = |line: &str, name: &str| -> u64 {
+        let at = line.find(&format!("\"{name}\":")).unwrap() + name.len() + 3;
+        line[at..]
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let lines: Vec<&str> = stdout.lines().filter(|l| l.starts_with('{')).collect();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    for line in lines {
+        assert_eq!(field(line, "requests"), 1003, "{line}");
+        assert_eq!(field(line, "unexpected_errors"), 0, "{line}");
+        let (accepted, stale) = (field(line, "accepted"), field(line, "stale"));
+        if line.contains("\"workload\":\"append\"") {
+            assert_eq!((accepted, stale), (1003, 0), "{line}");
+        } else {
+            assert_eq!((accepted, stale), (0, 1003), "{line}");
+        }
+    }
+    // The server counted the refusals itself.
+    let info = String::from_utf8_lossy(server.client().cmd(&["INFO", "log"]).bulk()).into_owned();
+    let stale: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("stale_rejections:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(stale >= 1003, "{info}");
+}
+
+#[test]
+fn the_threads_driver_refuses_a_pipeline_it_could_deadlock_on() {
+    let out = Command::new(BIN)
+        .args(["bench", "--driver", "threads", "--pipeline", "257"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--pipeline up to 256"));
+}

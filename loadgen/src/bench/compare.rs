@@ -41,6 +41,8 @@ struct Samples {
     p50_ns: Vec<f64>,
     p99_ns: Vec<f64>,
     cpu_secs_per_million: Vec<f64>,
+    /// The user part of `cpu_secs_per_million`.
+    user_secs_per_million: Vec<f64>,
     /// fencelog's group commit, from `INFO` before and after.
     entries_per_sync: Vec<f64>,
     sync_idle: Vec<f64>,
@@ -309,6 +311,7 @@ fn compare(args: &BenchArgs) -> Result<String, String> {
                         user + system
                     );
                     s.cpu_secs_per_million.push(user + system);
+                    s.user_secs_per_million.push(user);
                 }
                 if result.unexpected > 0 {
                     eprintln!(
@@ -335,9 +338,16 @@ fn compare(args: &BenchArgs) -> Result<String, String> {
     );
     let _ = writeln!(
         s,
-        "{} clients, pipeline {}, {}-byte records, median of {} alternating run(s); CPU: the \
-         server process' utime+stime per million requests",
-        args.clients, args.pipeline, args.payload_bytes, args.runs
+        "{} clients ({}), pipeline {}, {}-byte records, median of {} alternating run(s); CPU: \
+         the server process' utime+stime (user: utime) per million requests",
+        args.clients,
+        match args.driver {
+            Driver::Events => "one event loop",
+            Driver::Threads => "a thread each",
+        },
+        args.pipeline,
+        args.payload_bytes,
+        args.runs
     );
     let header = [
         "workload",
@@ -350,6 +360,8 @@ fn compare(args: &BenchArgs) -> Result<String, String> {
         "redis p99",
         "fencelog CPU s/M",
         "redis CPU s/M",
+        "fencelog user s/M",
+        "redis user s/M",
     ];
     let mut rows = vec![header.iter().map(|h| h.to_string()).collect::<Vec<_>>()];
     let mut failed = 0;
@@ -357,9 +369,9 @@ fn compare(args: &BenchArgs) -> Result<String, String> {
         let (f, r) = (&samples[0][w], &samples[1][w]);
         failed += f.unexpected + r.unexpected;
         let ops = |x: &Samples| median(&x.ops_per_sec).unwrap_or(0.0);
-        let cpu = |x: &Samples| {
-            median(&x.cpu_secs_per_million).map_or_else(|| "-".to_string(), |c| format!("{c:.2}"))
-        };
+        let per_m = |v: &[f64]| median(v).map_or_else(|| "-".to_string(), |c| format!("{c:.2}"));
+        let cpu = |x: &Samples| per_m(&x.cpu_secs_per_million);
+        let user = |x: &Samples| per_m(&x.user_secs_per_million);
         let p50 = |x: &Samples| fmt_ns(median(&x.p50_ns).unwrap_or(0.0) as u64);
         let p99 = |x: &Samples| fmt_ns(median(&x.p99_ns).unwrap_or(0.0) as u64);
         let ratio = if ops(r) > 0.0 {
@@ -378,6 +390,8 @@ fn compare(args: &BenchArgs) -> Result<String, String> {
             p99(r),
             cpu(f),
             cpu(r),
+            user(f),
+            user(r),
         ]);
     }
     let widths: Vec<usize> = (0..header.len())
