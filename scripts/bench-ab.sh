@@ -2,16 +2,26 @@
 # Two fencelog binaries (say, before and after a change) side by side:
 # each serves on its own port and data directory, and the same
 # `fencelog bench` load (50 connections, 100-byte records, 4 s) runs
-# against one then the other, alternating, for stale rejections and
-# durable appends at pipeline 1 and 16. Prints throughput and the server's
-# CPU seconds per million requests (utime + stime from /proc), the figure
-# that holds still on a shared machine.
+# against both, for stale rejections and durable appends at pipeline 1 and
+# 16. Which side goes first alternates from run to run (and from row to
+# row), so neither always meets the warmer machine or the larger data
+# directory. Prints throughput and the server's CPU seconds per million
+# requests, in all (utime + stime) and user alone, from /proc: the figures
+# that hold still on a shared machine.
 #
-#   scripts/bench-ab.sh OLD_BINARY NEW_BINARY [RUNS]
+#   scripts/bench-ab.sh [--driver events|threads] OLD_BINARY NEW_BINARY [RUNS]
 #
-# Ports 7801 (old) and 7802 (new) on 127.0.0.1; data under a temporary
+# --driver is the load generator's (`fencelog bench --driver`, default
+# events: one event loop; threads: one OS thread per connection). Ports
+# 7801 (old) and 7802 (new) on 127.0.0.1; data under a temporary
 # directory, removed afterwards. The load generator is NEW_BINARY's bench.
+# Two copies of one binary show the script's noise floor.
 set -euo pipefail
+driver=events
+if [ "${1:-}" = --driver ]; then
+    driver="$2"
+    shift 2
+fi
 old="$1"
 new="$2"
 runs="${3:-3}"
@@ -32,33 +42,43 @@ done
 . "$(dirname "$0")/cpu-ticks.sh"
 results="$work/results.txt"
 for run in $(seq 1 "$runs"); do
+    # A row's first side flips from run to run, and from row to row.
+    turn=$run
     for pipeline in 1 16; do
         for workload in reject append; do
-            for side in old new; do
+            if [ $((turn % 2)) -eq 0 ]; then sides="old new"; else sides="new old"; fi
+            turn=$((turn + 1))
+            for side in $sides; do
                 if [ "$side" = old ]; then pid=$old_pid port=7801; else pid=$new_pid port=7802; fi
                 before=$(cpu_ticks "$pid")
+                before_user=$(cpu_user_ticks "$pid")
                 "$new" bench --addr "127.0.0.1:$port" --clients 50 --pipeline "$pipeline" \
-                    --workload "$workload" --duration 4 --json >"$work/run.json" 2>/dev/null
+                    --workload "$workload" --duration 4 --driver "$driver" --json >"$work/run.json" 2>/dev/null
                 after=$(cpu_ticks "$pid")
-                echo "$run $side $pipeline $workload $((after - before)) $(tail -n 1 "$work/run.json")" >>"$results"
+                after_user=$(cpu_user_ticks "$pid")
+                echo "$run $side $pipeline $workload $((after - before)) $((after_user - before_user)) $(tail -n 1 "$work/run.json")" >>"$results"
             done
         done
     done
 done
-python3 - "$results" "$(getconf CLK_TCK)" <<'PY'
+python3 - "$results" "$(getconf CLK_TCK)" "$driver" <<'PY'
 import json, statistics, sys
 tck = int(sys.argv[2])
 rows = []
 for line in open(sys.argv[1]):
-    run, side, p, w, ticks, js = line.split(" ", 5)
+    run, side, p, w, ticks, user, js = line.split(" ", 6)
     r = json.loads(js)
-    cpu_per_m = int(ticks) / tck / max(r["requests"], 1) * 1e6
-    rows.append((side, int(p), w, r["ops_per_sec"], cpu_per_m))
-    print(f"run {run} {side:3} P{p:>2} {w:6} {r['ops_per_sec']:>10.0f} ops/s  {cpu_per_m:6.2f} CPU s/M")
-print("\nmedians:        ops/s old → new            CPU s per M old → new")
+    per_m = lambda t: int(t) / tck / max(r["requests"], 1) * 1e6
+    rows.append((side, int(p), w, r["ops_per_sec"], per_m(ticks), per_m(user)))
+    print(f"run {run} {side:3} P{p:>2} {w:6} {r['ops_per_sec']:>10.0f} ops/s  "
+          f"{per_m(ticks):6.2f} CPU s/M  {per_m(user):6.2f} user s/M")
+print(f"\nmedians, driver {sys.argv[3]}:")
+print("           ops/s old → new              CPU s per M old → new     user s per M old → new")
 for p in (1, 16):
     for w in ("reject", "append"):
         m = lambda side, i: statistics.median(x[i] for x in rows if x[0] == side and x[1] == p and x[2] == w)
-        print(f"P{p:>2} {w:6} {m('old', 3):>10.0f} → {m('new', 3):>8.0f} ({m('new', 3) / m('old', 3):.2f}x)"
-              f"   {m('old', 4):6.2f} → {m('new', 4):6.2f} ({m('new', 4) / m('old', 4):.2f}x)")
+        ratio = lambda i: m('new', i) / m('old', i) if m('old', i) else float('nan')
+        print(f"P{p:>2} {w:6} {m('old', 3):>10.0f} → {m('new', 3):>8.0f} ({ratio(3):.2f}x)"
+              f"   {m('old', 4):6.2f} → {m('new', 4):6.2f} ({ratio(4):.2f}x)"
+              f"   {m('old', 5):6.2f} → {m('new', 5):6.2f} ({ratio(5):.2f}x)")
 PY

@@ -10,3 +10,13 @@ cpu_ticks() {
     done
     echo "$total"
 }
+
+# cpu_user_ticks PID... prints the user part (utime, field 14) alone.
+cpu_user_ticks() {
+    local total=0 p f
+    for p in "$@"; do
+        read -ra f <<<"$(sed 's/^.*) //' "/proc/$p/stat")"
+        total=$((total + f[11]))
+    done
+    echo "$total"
+}
