@@ -190,14 +190,19 @@ impl Registered {
         self.info.killed.load(Ordering::Acquire)
     }
 
-    /// Resolves once `CLIENT KILL` closes this connection.
-    pub async fn killed(&self) {
-        loop {
-            let notified = self.info.kill.notified();
-            if self.is_killed() {
-                return;
+    /// Resolves once `CLIENT KILL` closes this connection. It holds the
+    /// client's record, not this registration, so a connection can keep
+    /// one across its waits instead of registering anew each time.
+    pub fn killed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let info = Arc::clone(&self.info);
+        async move {
+            loop {
+                let notified = info.kill.notified();
+                if info.killed.load(Ordering::Acquire) {
+                    return;
+                }
+                notified.await;
             }
-            notified.await;
         }
     }
 }

@@ -219,6 +219,7 @@ pub async fn serve(
         closing: false,
         shutdown,
         shutting_down: false,
+        interrupt: None,
         listed: None,
     };
     let end = conn.run().await;
@@ -245,6 +246,9 @@ struct Connection {
     closing: bool,
     shutdown: Shutdown,
     shutting_down: bool,
+    /// Eviction, kill and shutdown, waited for together (built at the
+    /// first wait, again after shutdown begins).
+    interrupt: Option<Interrupt>,
     /// What `CLIENT LIST` was last told: name, protocol, commands queued.
     listed: Option<(Option<Bytes>, u8, Option<usize>)>,
 }
@@ -482,11 +486,12 @@ impl Connection {
                     && self.unwritten() < OUTPUT_HIGH_WATER_BYTES
                     && self.pending.len() < self.ctx.config.max_pipeline));
         let want_write = self.unwritten() > 0;
+        if self.interrupt.is_none() {
+            self.interrupt = Some(self.interruptions());
+        }
         let event = tokio::select! {
             biased;
-            why = self.share.wait_evicted() => Event::Evicted(why),
-            () = killed(&self.session.registration) => Event::Killed,
-            () = self.shutdown.recv(), if !self.shutting_down => Event::Shutdown,
+            event = interrupted(&mut self.interrupt) => event,
             reply = next_answer(&mut self.pending), if !self.pending.is_empty() => Event::Answer(reply),
             reply = wait_blocked(&mut self.blocked), if self.blocked.is_some() => Event::Unblocked(reply),
             ready = self.stream.writable(), if want_write => Event::Writable(ready),
@@ -496,6 +501,8 @@ impl Connection {
             Event::Evicted(why) => Err(End::Evicted(why)),
             Event::Killed => Err(End::Killed),
             Event::Shutdown => {
+                // The next interruptions to wait for are eviction and kill.
+                self.interrupt = None;
                 self.begin_shutdown();
                 Ok(())
             }
@@ -553,6 +560,34 @@ impl Connection {
             }
         };
         self.encode(&reply);
+    }
+
+    /// The interruptions to wait for: eviction, `CLIENT KILL` and, until it
+    /// has begun, shutdown; in that order of precedence.
+    fn interruptions(&self) -> Interrupt {
+        let share = Arc::clone(&self.share);
+        let killed = self.session.registration.as_ref().map(|r| r.killed());
+        let mut shutdown = (!self.shutting_down).then(|| self.shutdown.clone());
+        Box::pin(async move {
+            let killed = async {
+                match killed {
+                    Some(k) => k.await,
+                    None => std::future::pending().await,
+                }
+            };
+            let shutdown = async {
+                match shutdown.as_mut() {
+                    Some(s) => s.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                why = share.wait_evicted() => Event::Evicted(why),
+                () = killed => Event::Killed,
+                () = shutdown => Event::Shutdown,
+            }
+        })
     }
 
     fn killed(&self) -> bool {
@@ -860,11 +895,17 @@ enum Event {
     Readable(std::io::Result<()>),
 }
 
-/// Resolves when `CLIENT KILL` closes the connection (never without a
-/// registration).
-async fn killed(registration: &Option<crate::clients::Registered>) {
-    match registration {
-        Some(r) => r.killed().await,
+/// What may end or change a connection from outside, as one future kept
+/// across its waits: each wait used to register with three `Notify`s
+/// (eviction, `CLIENT KILL`, shutdown, the last shared by every
+/// connection) and unregister after, a tenth of a stale rejection's user
+/// CPU at pipeline 1.
+type Interrupt = Pin<Box<dyn Future<Output = Event> + Send>>;
+
+/// The first interruption to come (never, without any).
+async fn interrupted(interrupt: &mut Option<Interrupt>) -> Event {
+    match interrupt {
+        Some(i) => i.await,
         None => std::future::pending().await,
     }
 }
