@@ -194,13 +194,20 @@ impl RequestParser {
             *span = (start, len);
             pos = stop + 2;
         }
-        let whole = buf.split_to(pos).freeze();
-        Some(
-            spans[..expected]
+        let mut whole = buf.split_to(pos).freeze();
+        let (&(last_start, last_len), first) = spans[..expected].split_last()?;
+        let mut args = Vec::with_capacity(expected);
+        args.extend(
+            first
                 .iter()
-                .map(|&(start, len)| whole.slice(start..start + len))
-                .collect(),
-        )
+                .map(|&(start, len)| whole.slice(start..start + len)),
+        );
+        // The last argument is the frame itself, cut down: one reference
+        // count taken and given back less per request.
+        whole.truncate(last_start + last_len);
+        whole.advance(last_start);
+        args.push(whole);
+        Some(args)
     }
 
     /// The length of a bulk string from its `$` line (without the `$`),
