@@ -42,6 +42,7 @@ use crate::protocol::{
 };
 use crate::session::{Multi, Session};
 use crate::shutdown::Shutdown;
+use crate::wake_gate::WakeGated;
 
 /// Requests one connection runs before it yields to the others.
 pub const REQUESTS_PER_TURN: usize = 64;
@@ -568,7 +569,7 @@ impl Connection {
         let share = Arc::clone(&self.share);
         let killed = self.session.registration.as_ref().map(|r| r.killed());
         let mut shutdown = (!self.shutting_down).then(|| self.shutdown.clone());
-        Box::pin(async move {
+        WakeGated::new(Box::pin(async move {
             let killed = async {
                 match killed {
                     Some(k) => k.await,
@@ -587,7 +588,7 @@ impl Connection {
                 () = killed => Event::Killed,
                 () = shutdown => Event::Shutdown,
             }
-        })
+        }))
     }
 
     fn killed(&self) -> bool {
@@ -899,13 +900,14 @@ enum Event {
 /// across its waits: each wait used to register with three `Notify`s
 /// (eviction, `CLIENT KILL`, shutdown, the last shared by every
 /// connection) and unregister after, a tenth of a stale rejection's user
-/// CPU at pipeline 1.
-type Interrupt = Pin<Box<dyn Future<Output = Event> + Send>>;
+/// CPU at pipeline 1. Gated: polled again only once one of them wakes it
+/// (a `Notified` takes a lock on every poll).
+type Interrupt = WakeGated<Event>;
 
 /// The first interruption to come (never, without any).
 async fn interrupted(interrupt: &mut Option<Interrupt>) -> Event {
     match interrupt {
-        Some(i) => i.await,
+        Some(i) => Pin::new(i).await,
         None => std::future::pending().await,
     }
 }

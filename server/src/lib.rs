@@ -35,3 +35,4 @@ pub mod session;
 pub mod shutdown;
 pub mod store;
 pub mod verify;
+pub mod wake_gate;
