@@ -8,8 +8,8 @@ use std::net::{TcpStream, ToSocketAddrs};
 use bytes::BytesMut;
 
 use crate::conn::READ_CHUNK_BYTES;
-use crate::pipeline::{Request, closed, take_reply};
-use crate::resp::{Parser, Reply, Value, encode_into};
+use crate::pipeline::{Outbox, Request, closed, take_reply};
+use crate::resp::{Parser, Reply, Value};
 use crate::{Config, Error};
 
 /// Bytes one read may take from the socket.
@@ -55,8 +55,7 @@ pub struct Pipeline {
     buf: BytesMut,
     parser: Parser,
     /// Requests queued, not yet sent.
-    out: Vec<u8>,
-    queued: usize,
+    out: Outbox,
     /// A call failed midway.
     interrupted: bool,
 }
@@ -97,8 +96,7 @@ impl Pipeline {
             addr: addr.to_string(),
             buf: BytesMut::with_capacity(READ_CHUNK_BYTES),
             parser: Parser::new(config.limits),
-            out: Vec::new(),
-            queued: 0,
+            out: Outbox::default(),
             interrupted: false,
         };
         if let Some(pw) = &config.password {
@@ -124,20 +122,18 @@ impl Pipeline {
 
     /// Requests queued and not yet sent.
     pub fn queued(&self) -> usize {
-        self.queued
+        self.out.count
     }
 
     /// Queues a request (encoded into the send buffer; nothing is sent).
     pub fn queue(&mut self, args: &[&[u8]]) {
-        encode_into(&mut self.out, args);
-        self.queued += 1;
+        self.out.push(args);
     }
 
     /// Queues a request encoded before.
     #[inline]
     pub fn queue_request(&mut self, request: &Request) {
-        self.out.extend_from_slice(request.as_bytes());
-        self.queued += 1;
+        self.out.push_request(request);
     }
 
     /// Sends every queued request in one write, then reads their replies;
@@ -150,8 +146,8 @@ impl Pipeline {
             )));
         }
         self.interrupted = true;
-        self.stream.write_all(&self.out)?;
-        for _ in 0..self.queued {
+        self.stream.write_all(&self.out.bytes)?;
+        for _ in 0..self.out.count {
             let mut pushes = 0;
             // Every turn consumes a reply or reads at least one byte or
             // fails; the parser bounds what a reply may buffer.
@@ -160,8 +156,7 @@ impl Pipeline {
                 self.read_more()?;
             }
         }
-        self.out.clear();
-        self.queued = 0;
+        self.out.sent();
         self.interrupted = false;
         Ok(())
     }

@@ -47,6 +47,35 @@ impl Request {
     }
 }
 
+/// Requests queued and not yet sent: their bytes, and how many.
+#[derive(Debug, Default)]
+pub(crate) struct Outbox {
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) count: usize,
+}
+
+impl Outbox {
+    /// Encodes a request behind the others.
+    pub(crate) fn push(&mut self, args: &[&[u8]]) {
+        encode_into(&mut self.bytes, args);
+        self.count += 1;
+    }
+
+    /// Adds a request encoded before.
+    #[inline]
+    pub(crate) fn push_request(&mut self, request: &Request) {
+        self.bytes.extend_from_slice(request.as_bytes());
+        self.count += 1;
+    }
+
+    /// Empties the box once its bytes were sent; answers how many
+    /// requests they held.
+    pub(crate) fn sent(&mut self) -> usize {
+        self.bytes.clear();
+        std::mem::take(&mut self.count)
+    }
+}
+
 /// One connection that sends many requests before reading their replies.
 ///
 /// [`Pipeline::queue`] (or [`Pipeline::queue_request`]) adds requests;
@@ -90,8 +119,7 @@ pub struct Pipeline {
     conn: Connection,
     addr: String,
     /// Requests queued, not yet sent.
-    out: Vec<u8>,
-    queued: usize,
+    out: Outbox,
     /// Requests sent whose replies have not been read.
     in_flight: usize,
     /// A call is under way, or one failed or was dropped midway.
@@ -108,8 +136,7 @@ impl Pipeline {
         Ok(Pipeline {
             conn,
             addr: addr.to_string(),
-            out: Vec::new(),
-            queued: 0,
+            out: Outbox::default(),
             in_flight: 0,
             interrupted: false,
         })
@@ -127,7 +154,7 @@ impl Pipeline {
 
     /// Requests queued and not yet sent.
     pub fn queued(&self) -> usize {
-        self.queued
+        self.out.count
     }
 
     /// Requests sent whose replies have not been read.
@@ -137,15 +164,13 @@ impl Pipeline {
 
     /// Queues a request (encoded into the send buffer; nothing is sent).
     pub fn queue(&mut self, args: &[&[u8]]) {
-        encode_into(&mut self.out, args);
-        self.queued += 1;
+        self.out.push(args);
     }
 
     /// Queues a request encoded before.
     #[inline]
     pub fn queue_request(&mut self, request: &Request) {
-        self.out.extend_from_slice(request.as_bytes());
-        self.queued += 1;
+        self.out.push_request(request);
     }
 
     fn begin(&mut self) -> Result<(), Error> {
@@ -163,9 +188,8 @@ impl Pipeline {
     /// ([`Pipeline::in_flight`]).
     pub async fn send(&mut self) -> Result<(), Error> {
         self.begin()?;
-        self.conn.stream.write_all(&self.out).await?;
-        self.out.clear();
-        self.in_flight += std::mem::take(&mut self.queued);
+        self.conn.stream.write_all(&self.out.bytes).await?;
+        self.in_flight += self.out.sent();
         self.interrupted = false;
         Ok(())
     }
@@ -205,7 +229,7 @@ impl Pipeline {
     /// `on_reply` gets each in order.
     pub async fn exchange(&mut self, mut on_reply: impl FnMut(Reply<'_>)) -> Result<(), Error> {
         self.begin()?;
-        let owed = self.in_flight + self.queued;
+        let owed = self.in_flight + self.out.count;
         let Connection {
             stream,
             buf,
@@ -213,7 +237,7 @@ impl Pipeline {
             ..
         } = &mut self.conn;
         let (mut rd, mut wr) = stream.split();
-        let out = &self.out;
+        let out = &self.out.bytes;
         let write = async {
             if !out.is_empty() {
                 wr.write_all(out).await?;
@@ -227,8 +251,7 @@ impl Pipeline {
             Ok::<_, Error>(())
         };
         tokio::try_join!(write, read)?;
-        self.out.clear();
-        self.queued = 0;
+        self.out.sent();
         self.in_flight = 0;
         self.interrupted = false;
         Ok(())
@@ -237,7 +260,7 @@ impl Pipeline {
     /// One request on its own: sends it and answers its reply (an error
     /// reply as [`Value::Error`]). Only with nothing queued or in flight.
     pub async fn request(&mut self, args: &[&[u8]]) -> Result<Value, Error> {
-        if self.queued + self.in_flight > 0 {
+        if self.out.count + self.in_flight > 0 {
             return Err(Error::Invalid(
                 "requests are queued or in flight: exchange them first".into(),
             ));

@@ -949,14 +949,38 @@ impl Client {
         })
     }
 
-    /// Decides a batch: for each of its `len` requests whether it carries
-    /// the stale token (into `kinds`), and queues `valid` or `stale`.
-    fn fill_batch(&mut self, len: u32, kinds: &mut Vec<bool>, mut queue: impl FnMut(bool)) {
+    /// Decides a batch: for each of its requests whether it carries the
+    /// stale token (into `kinds`, handed to `queue`); answers the batch
+    /// stamped as sent now.
+    fn start_batch(
+        &mut self,
+        batch: Batch,
+        kinds: &mut Vec<bool>,
+        mut queue: impl FnMut(bool),
+    ) -> Batch {
         kinds.clear();
-        for _ in 0..len {
+        for _ in 0..batch.len {
             let meant_stale = self.choose_stale();
             kinds.push(meant_stale);
             queue(meant_stale);
+        }
+        Batch {
+            sent: Instant::now(),
+            ..batch
+        }
+    }
+
+    /// Counts the answers of `batch` in order, each judged in `dialect`.
+    fn judge<'a>(
+        &'a mut self,
+        batch: &'a Batch,
+        kinds: &'a [bool],
+        dialect: Dialect,
+    ) -> impl FnMut(Reply<'_>) + 'a {
+        let mut kind = kinds.iter();
+        move |reply| {
+            let meant_stale = kind.next().copied().unwrap_or_default();
+            self.record(batch, meant_stale, dialect.outcome(&reply));
         }
     }
 
@@ -1067,21 +1091,13 @@ async fn tcp_client(
 ) -> ClientStats {
     let mut kinds = Vec::with_capacity(plan.pipeline as usize);
     while let Some(batch) = c.next_batch() {
-        c.fill_batch(batch.len, &mut kinds, |meant_stale| {
+        let batch = c.start_batch(batch, &mut kinds, |meant_stale| {
             conn.queue_request(if meant_stale { &stale } else { &valid });
         });
-        let batch = Batch {
-            sent: Instant::now(),
-            ..batch
-        };
         // The pipeline writes and reads at once: a large batch never waits
         // for the server to drain replies we are not reading. Each reply is
         // judged where it lies in the read buffer.
-        let mut kind = kinds.iter();
-        let exchange = conn.exchange(|reply| {
-            let meant_stale = kind.next().copied().unwrap_or_default();
-            c.record(&batch, meant_stale, dialect.outcome(&reply));
-        });
+        let exchange = conn.exchange(c.judge(&batch, &kinds, dialect));
         match tokio::time::timeout(plan.timeout, exchange).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {

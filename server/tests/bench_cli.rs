@@ -8,12 +8,14 @@ use std::process::Command;
 use common::*;
 
 fn bench(args: &[&str]) -> String {
-    let out = Command::new(BIN)
-        .arg("bench")
-        .args(["--duration", "300ms", "--clients", "4", "--pipeline", "4"])
-        .args(args)
-        .output()
-        .unwrap();
+    let defaults = ["--duration", "300ms", "--clients", "4", "--pipeline", "4"];
+    bench_exactly(&[&defaults, args].concat())
+}
+
+/// `fencelog bench` with `args` and nothing else; its output, once it
+/// succeeded.
+fn bench_exactly(args: &[&str]) -> String {
+    let out = Command::new(BIN).arg("bench").args(args).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(
         out.status.success(),
@@ -43,15 +45,18 @@ fn against_a_server_with_json() {
         "{json}"
     );
     // The server saw it: stale rejections counted.
+    assert!(stale_rejections(&server) > 0);
+}
+
+/// The server's own count of stale rejections (`INFO log`).
+fn stale_rejections(server: &ServerProcess) -> u64 {
     let info = String::from_utf8_lossy(server.client().cmd(&["INFO", "log"]).bulk()).into_owned();
-    let stale: u64 = info
-        .lines()
+    info.lines()
         .find_map(|l| l.strip_prefix("stale_rejections:"))
-        .unwrap()
+        .unwrap_or_else(|| panic!("{info}"))
         .trim()
         .parse()
-        .unwrap();
-    assert!(stale > 0, "{info}");
+        .unwrap()
 }
 
 #[test]
@@ -106,19 +111,20 @@ fn the_threads_driver_counts_every_answer() {
     //! write refused.
     let dir = tempfile::tempdir().unwrap();
     let server = ServerProcess::start(dir.path(), &[]);
-    let out = Command::new(BIN)
-        .arg("bench")
-        .args(["--addr", &server.addr.to_string(), "--driver", "threads"])
-        .args(["--requests", "1003", "--clients", "4", "--pipeline", "8"])
-        .arg("--json")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let addr = server.addr.to_string();
+    let stdout = bench_exactly(&[
+        "--addr",
+        &addr,
+        "--driver",
+        "threads",
+        "--requests",
+        "1003",
+        "--clients",
+        "4",
+        "--pipeline",
+        "8",
+        "--json",
+    ]);
     let field = |line: &str, name: &str| -> u64 {
         let at = line.find(&format!("\"{name}\":")).unwrap() + name.len() + 3;
         line[at..]
@@ -141,15 +147,7 @@ fn the_threads_driver_counts_every_answer() {
         }
     }
     // The server counted the refusals itself.
-    let info = String::from_utf8_lossy(server.client().cmd(&["INFO", "log"]).bulk()).into_owned();
-    let stale: u64 = info
-        .lines()
-        .find_map(|l| l.strip_prefix("stale_rejections:"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    assert!(stale >= 1003, "{info}");
+    assert!(stale_rejections(&server) >= 1003);
 }
 
 #[test]

@@ -7,12 +7,11 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
 
 use fencelog_client::Request;
 use fencelog_client::blocking::Pipeline;
 
-use super::{Batch, Client, ClientStats, Dialect, Plan, Window, client_config, requests_of};
+use super::{Client, ClientStats, Dialect, Plan, Window, client_config, requests_of};
 
 /// Connects `plan.clients` blocking pipelines (before the clock runs), off
 /// the runtime's threads.
@@ -92,19 +91,10 @@ fn client_thread(
 ) -> ClientStats {
     let mut kinds = Vec::with_capacity(pipeline);
     while let Some(batch) = c.next_batch() {
-        c.fill_batch(batch.len, &mut kinds, |meant_stale| {
+        let batch = c.start_batch(batch, &mut kinds, |meant_stale| {
             conn.queue_request(if meant_stale { &stale } else { &valid });
         });
-        let batch = Batch {
-            sent: Instant::now(),
-            ..batch
-        };
-        let mut kind = kinds.iter();
-        let answered = conn.exchange(|reply| {
-            let meant_stale = kind.next().copied().unwrap_or_default();
-            c.record(&batch, meant_stale, dialect.outcome(&reply));
-        });
-        if let Err(e) = answered {
+        if let Err(e) = conn.exchange(c.judge(&batch, &kinds, dialect)) {
             c.stats.unexpected(format!("connection: {e}"));
             break;
         }
