@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use event_listener::{Event, Listener};
-use fencelog_wal::{FsStorage, RecoveryReport, Storage, Ticket, Wal, Writer};
+use fencelog_wal::{Appended, FsStorage, RecoveryReport, Storage, Ticket, Wal, Writer};
 
 use crate::core::{Core, ceiling_for};
 use crate::error::{Error, Result};
@@ -25,7 +25,7 @@ use crate::op::{self, Op};
 use crate::options::Options;
 use crate::replicated::{ReplState, ReplicatedClock, write_op};
 use crate::token::{Offset, Token, check_stream_name};
-use crate::view::{StreamView, Views};
+use crate::view::{Effect, StreamView, Views};
 
 /// One record read back: its offset, the token its append carried, and its
 /// payload (a slice of the buffer its entry was read into: no copy).
@@ -391,15 +391,30 @@ pub(crate) fn decide_fence(
         // Nothing to write: answer once the highest token is durable.
         return Ok(Decision::accepted(highest, w.ticket_for(highest_lsn)));
     }
-    room_for(w, stream)?;
-    let entry = op::encode(&Op::Fence { stream, token });
-    let at = write_op(w, entry.len(), |buf| buf.copy_from_slice(&entry))?;
-    let effect = w
-        .state()
-        .apply_fence(stream, token, at.lsn)
-        .map_err(internal)?;
-    w.on_durable(effect);
+    write_fence(w, stream, token)?;
     Ok(Decision::accepted(token, w.ticket()))
+}
+
+/// Writes a fence of `stream` at `token` and applies it.
+pub(crate) fn write_fence(w: &mut Writer<'_, Core>, stream: &[u8], token: u64) -> Result<()> {
+    room_for(w, stream)?;
+    write_applied(w, &Op::Fence { stream, token }, |core, at| {
+        core.apply_fence(stream, token, at.lsn)
+    })
+}
+
+/// Writes `op`'s entry and applies it to the state with `apply`, which
+/// learns where the entry landed; the effect runs once it is durable.
+fn write_applied(
+    w: &mut Writer<'_, Core>,
+    op: &Op<'_>,
+    apply: impl FnOnce(&mut Core, Appended) -> std::result::Result<Effect, String>,
+) -> Result<()> {
+    let entry = op::encode(op);
+    let at = write_op(w, entry.len(), |buf| buf.copy_from_slice(&entry))?;
+    let effect = apply(w.state(), at).map_err(internal)?;
+    w.on_durable(effect);
+    Ok(())
 }
 
 pub(crate) fn decide_trim(
@@ -433,22 +448,27 @@ pub(crate) fn decide_trim(
         ));
     }
     room_for(w, stream)?;
-    let entry = if delete {
-        op::encode(&Op::Delete { stream, token })
+    let op = if delete {
+        Op::Delete { stream, token }
     } else {
-        op::encode(&Op::Trim {
+        Op::Trim {
             stream,
             token,
             before,
-        })
+        }
     };
-    let at = write_op(w, entry.len(), |buf| buf.copy_from_slice(&entry))?;
-    let effect = w
-        .state()
-        .apply_trim(stream, token, before, at.lsn)
-        .map_err(internal)?;
-    w.on_durable(effect);
+    write_applied(w, &op, |core, at| {
+        core.apply_trim(stream, token, before, at.lsn)
+    })?;
     Ok(Decision::accepted(answer, w.ticket()))
+}
+
+/// What a read finds without waiting.
+enum ReadNow {
+    /// Records to answer (none when the read may not wait).
+    Records(Vec<Record>),
+    /// Nothing yet: wakes when records may have come.
+    Wait(event_listener::EventListener),
 }
 
 /// What an accepted append counts.
@@ -1154,14 +1174,10 @@ impl Log {
         let stream = stream.as_ref();
         let deadline = Instant::now().checked_add(opts.wait);
         loop {
-            let records = self.read_now(stream, from, opts)?;
-            if !records.is_empty() || opts.wait.is_zero() {
-                return Ok(records);
-            }
-            let listener = self.listen_for_records(stream);
-            if self.has_records_at(stream, from) {
-                continue;
-            }
+            let listener = match self.read_or_listen(stream, from, opts)? {
+                ReadNow::Records(records) => return Ok(records),
+                ReadNow::Wait(listener) => listener,
+            };
             match deadline {
                 None => listener.wait(),
                 Some(d) => {
@@ -1184,14 +1200,10 @@ impl Log {
         let stream = stream.as_ref();
         let deadline = tokio::time::Instant::now().checked_add(opts.wait);
         loop {
-            let records = self.read_now(stream, from, opts)?;
-            if !records.is_empty() || opts.wait.is_zero() {
-                return Ok(records);
-            }
-            let listener = self.listen_for_records(stream);
-            if self.has_records_at(stream, from) {
-                continue;
-            }
+            let listener = match self.read_or_listen(stream, from, opts)? {
+                ReadNow::Records(records) => return Ok(records),
+                ReadNow::Wait(listener) => listener,
+            };
             match deadline {
                 None => listener.await,
                 Some(d) => {
@@ -1199,6 +1211,23 @@ impl Log {
                         return Ok(Vec::new());
                     }
                 }
+            }
+        }
+    }
+
+    /// Reads now; when there is nothing yet and the read may wait, answers
+    /// a listener that wakes when records may have come instead.
+    fn read_or_listen(&self, stream: &[u8], from: Offset, opts: &ReadOptions) -> Result<ReadNow> {
+        loop {
+            let records = self.read_now(stream, from, opts)?;
+            if !records.is_empty() || opts.wait.is_zero() {
+                return Ok(ReadNow::Records(records));
+            }
+            // Listening first, then looking again: a record appended in
+            // between still wakes the listener.
+            let listener = self.listen_for_records(stream);
+            if !self.has_records_at(stream, from) {
+                return Ok(ReadNow::Wait(listener));
             }
         }
     }
