@@ -1404,7 +1404,28 @@ mod leader;
 // ---------------------------------------------------------------------------
 // The table.
 
-fn fmt_count(x: f64) -> String {
+/// Writes `rows` (the header first) as aligned columns: the first to the
+/// left, the others to the right.
+fn write_columns(s: &mut String, rows: &[Vec<String>]) {
+    let columns = rows.first().map_or(0, Vec::len);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    for row in rows {
+        let mut line = String::new();
+        for (c, cell) in row.iter().enumerate() {
+            if c == 0 {
+                let _ = write!(line, "{cell:<w$}", w = widths[c]);
+            } else {
+                let _ = write!(line, "  {cell:>w$}", w = widths[c]);
+            }
+        }
+        let _ = writeln!(s, "{}", line.trim_end());
+    }
+}
+
+/// A count for a table: `1.23M`, `4.5k`, `678`.
+pub(crate) fn fmt_count(x: f64) -> String {
     if x >= 1e6 {
         format!("{:.2}M", x / 1e6)
     } else if x >= 1e3 {
@@ -1475,21 +1496,8 @@ impl Report {
                 per_sync,
             ]);
         }
-        let widths: Vec<usize> = (0..header.len())
-            .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
-            .collect();
         s.push('\n');
-        for row in &rows {
-            let mut line = String::new();
-            for (c, cell) in row.iter().enumerate() {
-                if c == 0 {
-                    let _ = write!(line, "{cell:<w$}", w = widths[c]);
-                } else {
-                    let _ = write!(line, "  {cell:>w$}", w = widths[c]);
-                }
-            }
-            let _ = writeln!(s, "{}", line.trim_end());
-        }
+        write_columns(&mut s, &rows);
         if let Some(g) = self.results.iter().find_map(|r| {
             r.group_commit
                 .filter(|g| g.syncs > 0)

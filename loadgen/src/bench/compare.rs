@@ -380,21 +380,8 @@ fn compare(args: &BenchArgs) -> Result<String, String> {
             cpu(r),
         ]);
     }
-    let widths: Vec<usize> = (0..header.len())
-        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
-        .collect();
     s.push('\n');
-    for row in &rows {
-        let mut line = String::new();
-        for (c, cell) in row.iter().enumerate() {
-            if c == 0 {
-                let _ = write!(line, "{cell:<w$}", w = widths[c]);
-            } else {
-                let _ = write!(line, "  {cell:>w$}", w = widths[c]);
-            }
-        }
-        let _ = writeln!(s, "{}", line.trim_end());
-    }
+    super::write_columns(&mut s, &rows);
     for (w, workload) in workloads.iter().enumerate() {
         let f = &samples[0][w];
         if let Some(per_sync) = median(&f.entries_per_sync) {
