@@ -474,7 +474,10 @@ fn plan(storage: &dyn Storage, dir: &Path, opts: &WalOptions) -> Result<Plan, Wa
 
 /// The segment files in `dir`, in order, and the `.wal.tmp` files of
 /// segments whose creation never finished.
-fn list_segments(storage: &dyn Storage, dir: &Path) -> Result<(Vec<u64>, Vec<PathBuf>), WalError> {
+pub(crate) fn list_segments(
+    storage: &dyn Storage,
+    dir: &Path,
+) -> Result<(Vec<u64>, Vec<PathBuf>), WalError> {
     let names = storage
         .list(dir)
         .map_err(|e| WalError::io("list", dir, e))?;

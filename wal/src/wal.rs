@@ -151,6 +151,20 @@ pub struct Replay<'a> {
     report: &'a RecoveryReport,
 }
 
+impl<'a> Replay<'a> {
+    /// What recovery kept in `dir`, for the caller to rebuild its state.
+    fn of(recovered: &'a recovery::Recovered, dir: &'a Path) -> Self {
+        Replay {
+            dir,
+            entries: &recovered.entries,
+            data: &recovered.data,
+            segments: &recovered.segments,
+            sealed: &recovered.sealed,
+            report: &recovered.report,
+        }
+    }
+}
+
 impl Replay<'_> {
     /// Every entry from the newest intact checkpoint on, in order. The first
     /// is a checkpoint unless the log is empty.
@@ -562,10 +576,7 @@ impl<S: Sequencer> Locked<S> {
 }
 
 /// Takes the directory's lock: one handle at a time.
-fn lock_dir(storage: &dyn Storage, dir: &Path) -> Result<Box<dyn DirLock>, WalError> {
-    storage
-        .create_dir_all(dir)
-        .map_err(|e| WalError::io("create directory", dir, e))?;
+pub(crate) fn lock_dir(storage: &dyn Storage, dir: &Path) -> Result<Box<dyn DirLock>, WalError> {
     storage.lock_dir(dir).map_err(|e| {
         if e.kind() == io::ErrorKind::WouldBlock {
             WalError::Locked {
@@ -670,17 +681,13 @@ impl<S: Sequencer> Wal<S> {
         build: impl FnOnce(Replay<'_>) -> Result<S, WalError>,
     ) -> Result<(Wal<S>, RecoveryReport), WalError> {
         opts.validate()?;
+        storage
+            .create_dir_all(dir)
+            .map_err(|e| WalError::io("create directory", dir, e))?;
         let lock = lock_dir(storage.as_ref(), dir)?;
         let mut marks = MarksFile::open(storage.as_ref(), dir)?;
         let recovered = recovery::recover(storage.as_ref(), dir, &opts, &mut marks)?;
-        let state = build(Replay {
-            dir,
-            entries: &recovered.entries,
-            data: &recovered.data,
-            segments: &recovered.segments,
-            sealed: &recovered.sealed,
-            report: &recovered.report,
-        })?;
+        let state = build(Replay::of(&recovered, dir))?;
         let handles = recovered.handles(dir);
         let stats = WalStats::default();
         let mut locked = Locked::recovered(state, &recovered);
