@@ -18,12 +18,12 @@ use fencelog_wal::{Appended, FsStorage, RecoveryReport, Storage, Ticket, Wal, Wr
 use crate::core::{Core, ceiling_for};
 use crate::error::{Error, Result};
 use crate::gc::{self, Gc};
-use crate::lease::{Clock, Leases, MonotonicClock};
+use crate::lease::{Clock, MonotonicClock};
 use crate::locate::Locator;
 use crate::metrics::{Counters, Metrics};
 use crate::op::{self, Op};
 use crate::options::Options;
-use crate::replicated::{ReplState, ReplicatedClock, write_op};
+use crate::replicated::write_op;
 use crate::token::{Offset, Token, check_stream_name};
 use crate::view::{Effect, StreamView, Views};
 
@@ -512,27 +512,7 @@ impl Log {
         opts.validate()?;
         let views = Arc::new(Views::default());
         let (gc_handle, gc_inbox) = gc::channel_for_gc();
-        // A replica's leases follow the leader's clock, carried by entries.
-        let (clock, repl) = if opts.replicated {
-            let c = Arc::new(ReplicatedClock::default());
-            (Arc::clone(&c) as Arc<dyn Clock>, Some(ReplState::new(c)))
-        } else {
-            (clock, None)
-        };
-        // A replica decides with the group's limits (from its log), never
-        // its own options: until the log sets them, the defaults.
-        let max_streams = if opts.replicated {
-            crate::replicated::GroupLimits::default().max_streams
-        } else {
-            opts.max_streams
-        };
-        let mut core = Core::new(
-            Arc::clone(&views),
-            gc_handle.clone(),
-            Leases::new(clock),
-            max_streams,
-        );
-        core.repl = repl;
+        let core = Core::for_options(Arc::clone(&views), gc_handle.clone(), clock, &opts);
         let (wal, report) = Wal::open(storage, dir, opts.wal.clone(), |replay| {
             core.recover(replay)
         })?;
@@ -1390,7 +1370,45 @@ impl Log {
     ) -> Result<()> {
         let entry = self.inner.wal.read_entry(segment, position)?;
         let payload = entry.payload;
-        let op = op::decode(&payload).map_err(|why| self.damaged(segment, why))?;
+        let (token, first_offset, records) =
+            self.find_append(&payload, view, segment, position, first)?;
+        let token = Token::new(token)?;
+        let base = records.as_ptr() as usize - payload.as_ptr() as usize;
+        for (i, (s, e)) in op::records(records).enumerate() {
+            let offset = first_offset + i as u64;
+            if offset >= end {
+                break;
+            }
+            if offset >= from {
+                let len = (e - s) as u64;
+                if !out.is_empty() && len > budget.bytes_left {
+                    budget.full = true;
+                    break;
+                }
+                budget.bytes_left = budget.bytes_left.saturating_sub(len);
+                out.push(Record {
+                    offset,
+                    token,
+                    payload: payload.slice(base + s..base + e),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The append of `view`'s records from `first` in the entry `payload`
+    /// read at `(segment, position)`: its token, first offset and records.
+    /// The entry may be a replica's, or a transaction's among other ops;
+    /// anything else than the index promised is damage.
+    fn find_append<'p>(
+        &self,
+        payload: &'p [u8],
+        view: &StreamView,
+        segment: u64,
+        position: u64,
+        first: u64,
+    ) -> Result<(u64, u64, &'p [u8])> {
+        let op = op::decode(payload).map_err(|why| self.damaged(segment, why))?;
         // A replica's entries wrap the op they applied.
         let op = match op {
             Op::Replicated { inner, .. } => {
@@ -1433,28 +1451,7 @@ impl Log {
                 ),
             ));
         }
-        let token = Token::new(token)?;
-        let base = records.as_ptr() as usize - payload.as_ptr() as usize;
-        for (i, (s, e)) in op::records(records).enumerate() {
-            let offset = first_offset + i as u64;
-            if offset >= end {
-                break;
-            }
-            if offset >= from {
-                let len = (e - s) as u64;
-                if !out.is_empty() && len > budget.bytes_left {
-                    budget.full = true;
-                    break;
-                }
-                budget.bytes_left = budget.bytes_left.saturating_sub(len);
-                out.push(Record {
-                    offset,
-                    token,
-                    payload: payload.slice(base + s..base + e),
-                });
-            }
-        }
-        Ok(())
+        Ok((token, first_offset, records))
     }
 
     fn missing(&self, segment: u64, offset: u64) -> Error {
