@@ -484,18 +484,30 @@ struct Report {
     results: Vec<WorkloadResult>,
 }
 
+/// The runtime the load generator's clients run on.
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))
+}
+
+impl BenchArgs {
+    /// The workloads to run: the one asked for, or append and reject.
+    fn workloads(&self) -> Vec<Workload> {
+        match self.workload {
+            Some(w) => vec![w],
+            None => vec![Workload::Append, Workload::Reject],
+        }
+    }
+}
+
 /// Runs every workload asked for and collects the results; `Err` when the
 /// run could not start or set up (a failure, not a result).
 fn execute(args: &BenchArgs, progress: bool) -> Result<Report, String> {
     check(args)?;
-    let workloads = match args.workload {
-        Some(w) => vec![w],
-        None => vec![Workload::Append, Workload::Reject],
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    let workloads = args.workloads();
+    let runtime = runtime()?;
     // Declared before `target`: the directory goes after the log closes.
     let mut _tempdir = None;
     let (target, description) = match &args.addr {

@@ -21,7 +21,7 @@ use bytes::Bytes;
 use fencelog::{Log, Options, Token};
 use fencelog_client::{Reply, Value};
 
-use crate::bench::{BenchArgs, connect, fmt_count, request};
+use crate::bench::{BenchArgs, connect, fmt_count, request, runtime};
 
 /// The longest connecting to the server (and one `INFO`) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -98,10 +98,7 @@ fn execute(args: &BenchArgs) -> Result<String, String> {
     let clients = args.clients as usize;
     let pipeline = args.pipeline.max(1) as usize;
     let payload = args.payload_bytes as usize;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    let runtime = runtime()?;
     let mut _tempdir = None;
     let target = match &args.addr {
         Some(addr) => runtime.block_on(connect_target(addr, args.password.as_deref()))?,

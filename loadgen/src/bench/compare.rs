@@ -234,14 +234,8 @@ fn median(v: &[f64]) -> Option<f64> {
 }
 
 fn compare(args: &BenchArgs) -> Result<String, String> {
-    let workloads = match args.workload {
-        Some(w) => vec![w],
-        None => vec![Workload::Append, Workload::Reject],
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    let workloads = args.workloads();
+    let runtime = super::runtime()?;
     let dialect = match args.redis_commands {
         RedisCommands::Lua => Dialect::Redis,
         RedisCommands::Plain => Dialect::RedisPlain,
