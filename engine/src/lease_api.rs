@@ -93,51 +93,17 @@ pub(crate) fn decide_acquire(
     max_live: u64,
 ) -> Result<Acquired> {
     let now = w.state().leases.now_ms();
-    let Some(l) = w.state().leases.live(name) else {
-        return grant_new(w, name, owner, ttl_ms, fence, max_live);
-    };
-    if &*l.owner != owner {
-        let (remaining_ms, lsn) = (l.expires_at_ms.saturating_sub(now), l.lsn);
-        return Ok(Acquired::Held {
-            remaining_ms,
-            ticket: w.ticket_for(lsn),
-        });
+    if let Some(l) = w.state().leases.live(name) {
+        if &*l.owner != owner {
+            let (remaining_ms, lsn) = (l.expires_at_ms.saturating_sub(now), l.lsn);
+            return Ok(Acquired::Held {
+                remaining_ms,
+                ticket: w.ticket_for(lsn),
+            });
+        }
+        let held = (l.token, l.lsn, l.durable_ttl_ms);
+        return reacquire(w, name, owner, ttl_ms, fence, held);
     }
-    // The live holder again: same token, the new ttl.
-    let (token, lsn, durable_ttl) = (l.token, l.lsn, l.durable_ttl_ms);
-    let (highest, highest_lsn) = w.state().highest(name);
-    if fence && highest > token {
-        // Tokens from elsewhere passed this lease's on the stream: it
-        // cannot fence, and its writes would be rejected. Say so.
-        return Ok(Acquired::Stale {
-            presented: token,
-            highest,
-            ticket: w.ticket_for(highest_lsn),
-        });
-    }
-    let mut ticket = extend(w, name, owner, token, ttl_ms, durable_ttl, lsn)?;
-    if fence && highest < token {
-        crate::log::write_fence(w, name, token)?;
-        ticket = w.ticket();
-    }
-    Ok(Acquired::Granted {
-        token,
-        ttl_ms,
-        ticket,
-        fresh: false,
-    })
-}
-
-/// Grants a free lease: the next token (with `fence`, above the stream's
-/// too), written and applied.
-fn grant_new(
-    w: &mut Writer<'_, Core>,
-    name: &[u8],
-    owner: &[u8],
-    ttl_ms: u64,
-    fence: bool,
-    max_live: u64,
-) -> Result<Acquired> {
     let leases = &mut w.state().leases;
     // At the limit, expired leases are let go first; the decision rests on
     // the leases live now, never on how many expired ones a sweep found (a
@@ -171,12 +137,8 @@ fn grant_new(
         fence,
     });
     let at = crate::replicated::write_op(w, entry.len(), |buf| buf.copy_from_slice(&entry))?;
-    let Ok(acquire) = op::decode(&entry) else {
-        return Err(Error::invalid(
-            "internal state",
-            "an acquisition that does not decode",
-        ));
-    };
+    let acquire = op::decode(&entry)
+        .map_err(|_| Error::invalid("internal state", "an acquisition that does not decode"))?;
     let effect = w
         .state()
         .apply_op(&acquire, at)
@@ -187,6 +149,40 @@ fn grant_new(
         ttl_ms,
         ticket: w.ticket(),
         fresh: true,
+    })
+}
+
+/// The live holder acquires again: the same token, the new ttl; with
+/// `fence`, the stream is fenced at the token unless tokens from elsewhere
+/// passed it. `held` is the lease's token, LSN and durable ttl.
+fn reacquire(
+    w: &mut Writer<'_, Core>,
+    name: &[u8],
+    owner: &[u8],
+    ttl_ms: u64,
+    fence: bool,
+    (token, lsn, durable_ttl): (u64, u64, u64),
+) -> Result<Acquired> {
+    let (highest, highest_lsn) = w.state().highest(name);
+    if fence && highest > token {
+        // Tokens from elsewhere passed this lease's on the stream: it
+        // cannot fence, and its writes would be rejected. Say so.
+        return Ok(Acquired::Stale {
+            presented: token,
+            highest,
+            ticket: w.ticket_for(highest_lsn),
+        });
+    }
+    let mut ticket = extend(w, name, owner, token, ttl_ms, durable_ttl, lsn)?;
+    if fence && highest < token {
+        crate::log::write_fence(w, name, token)?;
+        ticket = w.ticket();
+    }
+    Ok(Acquired::Granted {
+        token,
+        ttl_ms,
+        ticket,
+        fresh: false,
     })
 }
 
