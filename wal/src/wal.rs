@@ -588,6 +588,10 @@ pub(crate) fn lock_dir(storage: &dyn Storage, dir: &Path) -> Result<Box<dyn DirL
     })
 }
 
+/// The recovered tail segment and its file, which the first flush writes
+/// (or seals).
+type TailFile = Option<(u64, Arc<dyn StorageFile>)>;
+
 impl<S: Sequencer> Locked<S> {
     /// The serialized section over the replayed `state`, before any
     /// segment is open for writing.
@@ -628,7 +632,7 @@ impl<S: Sequencer> Locked<S> {
         next_seq: u64,
         handles: &[Arc<SegmentHandle>],
         stats: &WalStats,
-    ) -> (u64, Option<(u64, Arc<dyn StorageFile>)>) {
+    ) -> (u64, TailFile) {
         let seal = matches!(tail, Tail::SealThenRotate { .. });
         match tail {
             Tail::Continue {
@@ -1267,7 +1271,7 @@ impl FlushState {
     /// already, from `written_to`.
     fn recovered(
         handles: &[Arc<SegmentHandle>],
-        tail_file: Option<(u64, Arc<dyn StorageFile>)>,
+        tail_file: TailFile,
         written_to: u64,
     ) -> FlushState {
         let current = tail_file.and_then(|(seq, file)| {
