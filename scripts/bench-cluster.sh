@@ -17,14 +17,8 @@ set -euo pipefail
 bin="${1:-target/release/fencelog}"
 runs="${2:-3}"
 secs="${3:-5}"
-work="$(mktemp -d)"
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-    rm -rf "$work"
-}
-trap cleanup EXIT
+# shellcheck source=scripts/background.sh
+. "$(dirname "$0")/background.sh"
 
 "$bin" serve --dir "$work/single" --addr 127.0.0.1:7601 --log-level warn >"$work/single.log" 2>&1 &
 pids+=($!)

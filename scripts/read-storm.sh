@@ -15,14 +15,8 @@ set -euo pipefail
 bin="${1:-target/release/fencelog}"
 secs="${2:-60}"
 port=7711
-work="$(mktemp -d)"
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-    rm -rf "$work"
-}
-trap cleanup EXIT
+# shellcheck source=scripts/background.sh
+. "$(dirname "$0")/background.sh"
 
 "$bin" cluster local --nodes 3 --port "$port" --dir "$work/cluster" --log-level warn \
     >"$work/cluster.log" 2>&1 &

@@ -82,12 +82,15 @@ impl WatchedClient {
     }
 }
 
+/// What an RPC to a peer answers: its reply, or why there is none.
+type RpcResult<T, E = RaftError<NodeId>> = Result<T, RPCError<NodeId, Member, E>>;
+
 impl RaftNetwork<TypeConfig> for WatchedClient {
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, Member, RaftError<NodeId>>> {
+    ) -> RpcResult<AppendEntriesResponse<NodeId>> {
         let r = self.inner.append_entries(rpc, option).await;
         self.note(&r);
         r
@@ -97,10 +100,7 @@ impl RaftNetwork<TypeConfig> for WatchedClient {
         &mut self,
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<
-        InstallSnapshotResponse<NodeId>,
-        RPCError<NodeId, Member, RaftError<NodeId, InstallSnapshotError>>,
-    > {
+    ) -> RpcResult<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>> {
         let r = self.inner.install_snapshot(rpc, option).await;
         self.note(&r);
         r
@@ -110,7 +110,7 @@ impl RaftNetwork<TypeConfig> for WatchedClient {
         &mut self,
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
-    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Member, RaftError<NodeId>>> {
+    ) -> RpcResult<VoteResponse<NodeId>> {
         let r = self.inner.vote(rpc, option).await;
         self.note(&r);
         r

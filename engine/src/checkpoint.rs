@@ -233,6 +233,37 @@ pub(crate) fn decode(b: &[u8]) -> Result<Checkpoint, String> {
     let names_len = r.u64()?;
     let names =
         r.bytes(usize::try_from(names_len).map_err(|_| format!("{names_len} bytes of names"))?)?;
+    let streams = decode_streams(rows, names)?;
+    let lease_count = r.u64()?;
+    // Each lease takes at least 20 bytes (with a name and an owner).
+    if lease_count > (b.len() as u64) / 20 {
+        return Err(format!("{lease_count} leases cannot fit"));
+    }
+    let mut leases: Vec<LeaseRecord> = Vec::with_capacity(lease_count as usize);
+    for _ in 0..lease_count {
+        leases.push(LeaseRecord {
+            name: r.name()?.to_vec(),
+            owner: r.name()?.to_vec(),
+            token: r.u64()?,
+            ttl_ms: r.u64()?,
+            expires_at_ms: None,
+        });
+    }
+    let repl = decode_repl(&mut r, &mut leases)?;
+    if !r.is_empty() {
+        return Err("bytes after the checkpoint".into());
+    }
+    Ok(Checkpoint {
+        next_stream_id,
+        last_token,
+        streams,
+        leases,
+        repl,
+    })
+}
+
+/// The stream rows, each with its name from `names`.
+fn decode_streams(rows: &[u8], names: &[u8]) -> Result<Vec<StreamRecord>, String> {
     let mut streams = Vec::with_capacity(rows.len() / ROW);
     for row in rows.chunks_exact(ROW) {
         let at = u32_le(row, 48) as usize;
@@ -250,22 +281,16 @@ pub(crate) fn decode(b: &[u8]) -> Result<Checkpoint, String> {
             last_sealed: u64_le(row, 40),
         });
     }
-    let lease_count = r.u64()?;
-    // Each lease takes at least 20 bytes (with a name and an owner).
-    if lease_count > (b.len() as u64) / 20 {
-        return Err(format!("{lease_count} leases cannot fit"));
-    }
-    let mut leases: Vec<LeaseRecord> = Vec::with_capacity(lease_count as usize);
-    for _ in 0..lease_count {
-        leases.push(LeaseRecord {
-            name: r.name()?.to_vec(),
-            owner: r.name()?.to_vec(),
-            token: r.u64()?,
-            ttl_ms: r.u64()?,
-            expires_at_ms: None,
-        });
-    }
-    let repl = match r.u8()? {
+    Ok(streams)
+}
+
+/// The replication section (cluster mode): none, the old form (version 1),
+/// or the current one, which also carries each lease's expiry.
+fn decode_repl(
+    r: &mut Reader<'_>,
+    leases: &mut [LeaseRecord],
+) -> Result<Option<ReplRecord>, String> {
+    Ok(match r.u8()? {
         0 => None,
         1 => {
             // The old clock fields (a per-term rebase) are read past: the
@@ -295,7 +320,7 @@ pub(crate) fn decode(b: &[u8]) -> Result<Checkpoint, String> {
             )?;
             let len = r.u32()? as usize;
             let membership = r.bytes(len)?.to_vec();
-            for l in &mut leases {
+            for l in leases.iter_mut() {
                 l.expires_at_ms = Some(r.u64()?);
             }
             Some(ReplRecord {
@@ -309,16 +334,6 @@ pub(crate) fn decode(b: &[u8]) -> Result<Checkpoint, String> {
             })
         }
         other => return Err(format!("unknown replication section {other}")),
-    };
-    if !r.is_empty() {
-        return Err("bytes after the checkpoint".into());
-    }
-    Ok(Checkpoint {
-        next_stream_id,
-        last_token,
-        streams,
-        leases,
-        repl,
     })
 }
 

@@ -20,9 +20,10 @@ use hashbrown::HashMap;
 use crate::checkpoint::{self, Row};
 use crate::footer::{self, StreamPart};
 use crate::gc::GcHandle;
-use crate::lease::Leases;
+use crate::lease::{Clock, Leases};
 use crate::op::{self, Op};
-use crate::replicated::{LogPosition, ReplState};
+use crate::options::Options;
+use crate::replicated::{GroupLimits, LogPosition, ReplState, ReplicatedClock};
 use crate::token::MAX_TOKEN;
 use crate::view::{Effect, IndexEntry, OpenEntry, StreamView, Views};
 
@@ -101,6 +102,32 @@ pub(crate) struct Core {
 }
 
 impl Core {
+    /// The state a log opens on before replay: a replica's leases follow
+    /// the leader's clock, carried by entries, and it decides with the
+    /// group's limits (from its log), never its own options: until the log
+    /// sets them, the defaults.
+    pub(crate) fn for_options(
+        views: Arc<Views>,
+        gc: GcHandle,
+        clock: Arc<dyn Clock>,
+        opts: &Options,
+    ) -> Core {
+        let (clock, repl) = if opts.replicated {
+            let c = Arc::new(ReplicatedClock::default());
+            (Arc::clone(&c) as Arc<dyn Clock>, Some(ReplState::new(c)))
+        } else {
+            (clock, None)
+        };
+        let max_streams = if opts.replicated {
+            crate::replicated::GroupLimits::default().max_streams
+        } else {
+            opts.max_streams
+        };
+        let mut core = Core::new(views, gc, Leases::new(clock), max_streams);
+        core.repl = repl;
+        core
+    }
+
     pub(crate) fn new(views: Arc<Views>, gc: GcHandle, leases: Leases, max_streams: u64) -> Core {
         Core {
             streams: HashMap::new(),
@@ -318,6 +345,64 @@ impl Core {
         }
     }
 
+    /// An accepted lease acquisition (with `fence`, a fence of the stream
+    /// of the same name at its token).
+    fn apply_acquire(
+        &mut self,
+        name: &[u8],
+        owner: &[u8],
+        token: u64,
+        ttl_ms: u64,
+        fence: bool,
+        lsn: u64,
+    ) -> Result<Effect, String> {
+        self.max_token = self.max_token.max(token);
+        let fenced = if fence {
+            Some(self.apply_fence(name, token, lsn)?)
+        } else {
+            None
+        };
+        self.leases.apply_acquire(name, owner, token, ttl_ms, lsn)?;
+        Ok(fenced.unwrap_or(Effect::Many(Vec::new())))
+    }
+
+    /// The group's membership as its log last changed it (cluster mode).
+    fn set_membership(&mut self, config: &[u8]) {
+        if let Some(repl) = &mut self.repl {
+            repl.membership = Bytes::copy_from_slice(config);
+        }
+    }
+
+    /// The group's limits, which only a cluster's log carries.
+    fn set_limits(&mut self, limits: GroupLimits) -> Result<(), String> {
+        let Some(repl) = &mut self.repl else {
+            return Err("group limits in a log not opened in cluster mode".into());
+        };
+        repl.limits = limits;
+        self.max_streams = limits.max_streams;
+        Ok(())
+    }
+
+    /// A replica's entry at `position` of the group's log: the group's
+    /// clock moves, then the op inside (none for a blank entry) applies.
+    fn apply_replicated(
+        &mut self,
+        position: LogPosition,
+        time_ms: u64,
+        inner: &[u8],
+        at: Appended,
+    ) -> Result<Effect, String> {
+        let Some(repl) = &mut self.repl else {
+            return Err("a replicated entry in a log not opened in cluster mode".into());
+        };
+        repl.enter(position, time_ms);
+        if inner.is_empty() {
+            return Ok(Effect::Many(Vec::new()));
+        }
+        let inner = op::decode(inner)?;
+        self.apply_op(&inner, at)
+    }
+
     /// Replays one op entry.
     pub(crate) fn apply_op(&mut self, op: &Op<'_>, at: Appended) -> Result<Effect, String> {
         match *op {
@@ -347,17 +432,7 @@ impl Core {
                 token,
                 ttl_ms,
                 fence,
-            } => {
-                self.max_token = self.max_token.max(token);
-                let fenced = if fence {
-                    Some(self.apply_fence(name, token, at.lsn)?)
-                } else {
-                    None
-                };
-                self.leases
-                    .apply_acquire(name, owner, token, ttl_ms, at.lsn)?;
-                Ok(fenced.unwrap_or(Effect::Many(Vec::new())))
-            }
+            } => self.apply_acquire(name, owner, token, ttl_ms, fence, at.lsn),
             Op::Release { name, owner, token } => {
                 self.leases.apply_release(name, owner, token);
                 Ok(Effect::Many(Vec::new()))
@@ -384,21 +459,9 @@ impl Core {
                 index,
                 time_ms,
                 inner,
-            } => {
-                let Some(repl) = &mut self.repl else {
-                    return Err("a replicated entry in a log not opened in cluster mode".into());
-                };
-                repl.enter(LogPosition { term, node, index }, time_ms);
-                if inner.is_empty() {
-                    return Ok(Effect::Many(Vec::new()));
-                }
-                let inner = op::decode(inner)?;
-                self.apply_op(&inner, at)
-            }
+            } => self.apply_replicated(LogPosition { term, node, index }, time_ms, inner, at),
             Op::Membership { config } => {
-                if let Some(repl) = &mut self.repl {
-                    repl.membership = Bytes::copy_from_slice(config);
-                }
+                self.set_membership(config);
                 Ok(Effect::Many(Vec::new()))
             }
             Op::TakeOver => {
@@ -406,11 +469,7 @@ impl Core {
                 Ok(Effect::Many(Vec::new()))
             }
             Op::Limits { limits } => {
-                let Some(repl) = &mut self.repl else {
-                    return Err("group limits in a log not opened in cluster mode".into());
-                };
-                repl.limits = limits;
-                self.max_streams = limits.max_streams;
+                self.set_limits(limits)?;
                 Ok(Effect::Many(Vec::new()))
             }
         }

@@ -214,6 +214,32 @@ impl SegmentIndex {
     }
 }
 
+/// A footer of two streams, for tests and fuzz seeds: stream 3 with
+/// entries at offsets 10, 12 and 15 (ending at 20, the stream's part before
+/// in `prev_segment`), stream 9 with one at offset 0 (ending at 1).
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) fn two_stream_sample(prev_segment: u64) -> Vec<u8> {
+    let e = |first_offset, cum_bytes, position| IndexEntry {
+        first_offset,
+        cum_bytes,
+        position,
+    };
+    encode(&[
+        StreamPart {
+            stream_id: 3,
+            end_offset: 20,
+            prev_segment,
+            entries: &[e(10, 100, 64), e(12, 130, 200), e(15, 160, 400)],
+        },
+        StreamPart {
+            stream_id: 9,
+            end_offset: 1,
+            prev_segment: 0,
+            entries: &[e(0, 0, 128)],
+        },
+    ])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -228,22 +254,7 @@ mod tests {
 
     #[test]
     fn round_trip_and_lookup() {
-        let a = [e(10, 100, 64), e(12, 130, 200), e(15, 160, 400)];
-        let b = [e(0, 0, 128)];
-        let bytes = encode(&[
-            StreamPart {
-                stream_id: 3,
-                end_offset: 20,
-                prev_segment: 7,
-                entries: &a,
-            },
-            StreamPart {
-                stream_id: 9,
-                end_offset: 1,
-                prev_segment: 0,
-                entries: &b,
-            },
-        ]);
+        let bytes = two_stream_sample(7);
         assert_eq!(bytes.len(), encoded_len(2, 4));
         let idx = SegmentIndex::parse(bytes::Bytes::from(bytes)).unwrap();
         assert!(idx.stream(4).is_none());

@@ -204,15 +204,12 @@ impl<'a> Input<'a> {
     }
 }
 
-/// A segment index built from the input with the real encoder: it parses,
-/// every stream is found with its offsets and bytes, ids not in it are not,
-/// and the entries from any offset are those a plain search over the parts
-/// gives.
-pub fn footer_round_trip(data: &[u8]) {
-    let mut r = Input::new(data);
+/// Streams' parts of a footer from the input, by ascending id: (id, end
+/// offset, previous segment, index entries).
+fn footer_parts(r: &mut Input<'_>) -> Vec<(u64, u64, u64, Vec<IndexEntry>)> {
     let streams = 1 + usize::from(r.u8() % 8);
     let mut id = 0u64;
-    let mut parts: Vec<(u64, u64, u64, Vec<IndexEntry>)> = Vec::new();
+    let mut parts = Vec::new();
     for _ in 0..streams {
         id += 1 + u64::from(r.u8());
         let mut offset = u64::from(r.u32());
@@ -229,6 +226,16 @@ pub fn footer_round_trip(data: &[u8]) {
         }
         parts.push((id, offset, u64::from(r.u8()), entries));
     }
+    parts
+}
+
+/// A segment index built from the input with the real encoder: it parses,
+/// every stream is found with its offsets and bytes, ids not in it are not,
+/// and the entries from any offset are those a plain search over the parts
+/// gives.
+pub fn footer_round_trip(data: &[u8]) {
+    let mut r = Input::new(data);
+    let parts = footer_parts(&mut r);
     let encoded = footer::encode(
         &parts
             .iter()
@@ -283,7 +290,8 @@ pub fn footer_round_trip(data: &[u8]) {
             assert_eq!(got, want, "stream {id} from {offset}");
         }
     }
-    assert!(index.stream(id + 1).is_none());
+    let last_id = parts.last().map_or(0, |p| p.0);
+    assert!(index.stream(last_id + 1).is_none());
     parse_footer(&encoded);
 }
 
@@ -561,27 +569,7 @@ pub fn sample_encodings() -> Vec<(&'static str, Vec<u8>)> {
             membership: b"{1,2,3}".to_vec(),
         }),
     );
-    let e = |first_offset, cum_bytes, position| IndexEntry {
-        first_offset,
-        cum_bytes,
-        position,
-    };
-    let a = [e(10, 100, 64), e(12, 130, 200), e(15, 160, 400)];
-    let b = [e(0, 0, 128)];
-    let footer = footer::encode(&[
-        StreamPart {
-            stream_id: 3,
-            end_offset: 20,
-            prev_segment: 2,
-            entries: &a,
-        },
-        StreamPart {
-            stream_id: 9,
-            end_offset: 1,
-            prev_segment: 0,
-            entries: &b,
-        },
-    ]);
+    let footer = footer::two_stream_sample(2);
     let mut all: Vec<(&'static str, Vec<u8>)> = ops.into_iter().collect();
     all.push(("checkpoint/two_streams_a_lease", checkpoint));
     all.push(("checkpoint/empty", empty));

@@ -101,40 +101,8 @@ pub(crate) fn decide_acquire(
                 ticket: w.ticket_for(lsn),
             });
         }
-        // The live holder again: same token, the new ttl.
-        let (token, lsn, durable_ttl) = (l.token, l.lsn, l.durable_ttl_ms);
-        let (highest, highest_lsn) = w.state().highest(name);
-        if fence && highest > token {
-            // Tokens from elsewhere passed this lease's on the stream: it
-            // cannot fence, and its writes would be rejected. Say so.
-            return Ok(Acquired::Stale {
-                presented: token,
-                highest,
-                ticket: w.ticket_for(highest_lsn),
-            });
-        }
-        let mut ticket = extend(w, name, owner, token, ttl_ms, durable_ttl, lsn)?;
-        if fence && highest < token {
-            crate::log::room_for(w, name)?;
-            let entry = op::encode(&Op::Fence {
-                stream: name,
-                token,
-            });
-            let at =
-                crate::replicated::write_op(w, entry.len(), |buf| buf.copy_from_slice(&entry))?;
-            let effect = w
-                .state()
-                .apply_fence(name, token, at.lsn)
-                .map_err(|why| Error::invalid("internal state", why))?;
-            w.on_durable(effect);
-            ticket = w.ticket();
-        }
-        return Ok(Acquired::Granted {
-            token,
-            ttl_ms,
-            ticket,
-            fresh: false,
-        });
+        let held = (l.token, l.lsn, l.durable_ttl_ms);
+        return reacquire(w, name, owner, ttl_ms, fence, held);
     }
     let leases = &mut w.state().leases;
     // At the limit, expired leases are let go first; the decision rests on
@@ -169,12 +137,8 @@ pub(crate) fn decide_acquire(
         fence,
     });
     let at = crate::replicated::write_op(w, entry.len(), |buf| buf.copy_from_slice(&entry))?;
-    let Ok(acquire) = op::decode(&entry) else {
-        return Err(Error::invalid(
-            "internal state",
-            "an acquisition that does not decode",
-        ));
-    };
+    let acquire = op::decode(&entry)
+        .map_err(|_| Error::invalid("internal state", "an acquisition that does not decode"))?;
     let effect = w
         .state()
         .apply_op(&acquire, at)
@@ -185,6 +149,40 @@ pub(crate) fn decide_acquire(
         ttl_ms,
         ticket: w.ticket(),
         fresh: true,
+    })
+}
+
+/// The live holder acquires again: the same token, the new ttl; with
+/// `fence`, the stream is fenced at the token unless tokens from elsewhere
+/// passed it. `held` is the lease's token, LSN and durable ttl.
+fn reacquire(
+    w: &mut Writer<'_, Core>,
+    name: &[u8],
+    owner: &[u8],
+    ttl_ms: u64,
+    fence: bool,
+    (token, lsn, durable_ttl): (u64, u64, u64),
+) -> Result<Acquired> {
+    let (highest, highest_lsn) = w.state().highest(name);
+    if fence && highest > token {
+        // Tokens from elsewhere passed this lease's on the stream: it
+        // cannot fence, and its writes would be rejected. Say so.
+        return Ok(Acquired::Stale {
+            presented: token,
+            highest,
+            ticket: w.ticket_for(highest_lsn),
+        });
+    }
+    let mut ticket = extend(w, name, owner, token, ttl_ms, durable_ttl, lsn)?;
+    if fence && highest < token {
+        crate::log::write_fence(w, name, token)?;
+        ticket = w.ticket();
+    }
+    Ok(Acquired::Granted {
+        token,
+        ttl_ms,
+        ticket,
+        fresh: false,
     })
 }
 
@@ -264,6 +262,26 @@ pub(crate) fn decide_release(
     Ok(w.state().leases.apply_release(name, owner, token))
 }
 
+/// A granted acquisition as decided, before its entry is durable.
+struct Granting {
+    token: u64,
+    ttl_ms: u64,
+    /// A new lease, not the live holder's own again.
+    fresh: bool,
+}
+
+/// What one acquisition attempt leads to.
+enum Attempt {
+    /// Wait for the ticket, then answer: the grant, or the refusal.
+    Answer {
+        ticket: Ticket,
+        answer: Result<Granting>,
+    },
+    /// The lease is held and the caller waits: look again at this instant,
+    /// or on a release.
+    Retry(Instant),
+}
+
 /// Releases a lease whose grant nobody will receive (its caller went away).
 struct Abandon<'a> {
     log: &'a Log,
@@ -271,6 +289,29 @@ struct Abandon<'a> {
     owner: &'a [u8],
     token: u64,
     armed: bool,
+}
+
+impl<'a> Abandon<'a> {
+    /// Armed for a new lease only: a refusal or the holder's own lease
+    /// again leaves nothing to give back.
+    fn for_answer(
+        log: &'a Log,
+        name: &'a [u8],
+        owner: &'a [u8],
+        answer: &Result<Granting>,
+    ) -> Self {
+        let (token, armed) = match answer {
+            Ok(g) => (g.token, g.fresh),
+            Err(_) => (0, false),
+        };
+        Abandon {
+            log,
+            name,
+            owner,
+            token,
+            armed,
+        }
+    }
 }
 
 impl Drop for Abandon<'_> {
@@ -346,36 +387,16 @@ impl Log {
         let mut waiting = WaitingGauge::new(self);
         loop {
             let listener = self.inner().lease_freed.listen();
-            match self.submit_acquire(name, owner, ttl_ms, opts.fence)? {
-                Acquired::Granted {
-                    token,
-                    ttl_ms,
-                    ticket,
-                    fresh,
-                } => {
+            let decided = self.submit_acquire(name, owner, ttl_ms, opts.fence)?;
+            match self.attempt(decided, opts.wait, deadline) {
+                Attempt::Answer { ticket, answer } => {
                     ticket.wait()?;
-                    return self.granted(token, ttl_ms, fresh);
+                    return self.answer(answer);
                 }
-                Acquired::Held {
-                    remaining_ms,
-                    ticket,
-                } => {
-                    let Some(wake) = self.wait_until(opts.wait, deadline, remaining_ms) else {
-                        ticket.wait()?;
-                        self.inner().counters.leases_held.add(1);
-                        return Err(Error::Held { remaining_ms });
-                    };
+                Attempt::Retry(wake) => {
                     waiting.start();
                     // Woken by a release, or at the lease's expiry.
                     let _ = listener.wait_deadline(wake);
-                }
-                Acquired::Stale {
-                    presented,
-                    highest,
-                    ticket,
-                } => {
-                    ticket.wait()?;
-                    return Err(Error::Stale { presented, highest });
                 }
             }
         }
@@ -400,44 +421,17 @@ impl Log {
             let decided = self
                 .decide_async(|w| decide_acquire(w, name, owner, ttl_ms, opts.fence, max_live))
                 .await?;
-            match decided {
-                Acquired::Granted {
-                    token,
-                    ttl_ms,
-                    ticket,
-                    fresh,
-                } => {
-                    let mut abandon = Abandon {
-                        log: self,
-                        name,
-                        owner,
-                        token,
-                        armed: fresh,
-                    };
+            match self.attempt(decided, opts.wait, deadline) {
+                Attempt::Answer { ticket, answer } => {
+                    let mut abandon = Abandon::for_answer(self, name, owner, &answer);
                     let result = ticket.await;
                     abandon.armed = false;
                     result?;
-                    return self.granted(token, ttl_ms, fresh);
+                    return self.answer(answer);
                 }
-                Acquired::Held {
-                    remaining_ms,
-                    ticket,
-                } => {
-                    let Some(wake) = self.wait_until(opts.wait, deadline, remaining_ms) else {
-                        ticket.await?;
-                        self.inner().counters.leases_held.add(1);
-                        return Err(Error::Held { remaining_ms });
-                    };
+                Attempt::Retry(wake) => {
                     waiting.start();
                     let _ = tokio::time::timeout_at(wake.into(), listener).await;
-                }
-                Acquired::Stale {
-                    presented,
-                    highest,
-                    ticket,
-                } => {
-                    ticket.await?;
-                    return Err(Error::Stale { presented, highest });
                 }
             }
         }
@@ -474,17 +468,75 @@ impl Log {
         }
     }
 
-    fn granted(&self, token: u64, ttl_ms: u64, fresh: bool) -> Result<Grant> {
-        let c = &self.inner().counters;
-        if fresh {
-            c.leases_acquired.add(1);
-        } else {
-            c.leases_renewed.add(1);
+    /// What a decided acquisition leads to: an answer once its ticket is
+    /// durable, or, for a held lease the caller waits for, another look.
+    fn attempt(
+        &self,
+        decided: Acquired,
+        wait: Option<Duration>,
+        deadline: Option<Instant>,
+    ) -> Attempt {
+        match decided {
+            Acquired::Granted {
+                token,
+                ttl_ms,
+                ticket,
+                fresh,
+            } => Attempt::Answer {
+                ticket,
+                answer: Ok(Granting {
+                    token,
+                    ttl_ms,
+                    fresh,
+                }),
+            },
+            Acquired::Held {
+                remaining_ms,
+                ticket,
+            } => match self.wait_until(wait, deadline, remaining_ms) {
+                Some(wake) => Attempt::Retry(wake),
+                None => Attempt::Answer {
+                    ticket,
+                    answer: Err(Error::Held { remaining_ms }),
+                },
+            },
+            Acquired::Stale {
+                presented,
+                highest,
+                ticket,
+            } => Attempt::Answer {
+                ticket,
+                answer: Err(Error::Stale { presented, highest }),
+            },
         }
-        Ok(Grant {
-            token: Token::new(token)?,
-            ttl: Duration::from_millis(ttl_ms),
-        })
+    }
+
+    /// Answers a decided acquisition whose ticket is durable, and counts it.
+    fn answer(&self, answer: Result<Granting>) -> Result<Grant> {
+        let c = &self.inner().counters;
+        match answer {
+            Ok(Granting {
+                token,
+                ttl_ms,
+                fresh,
+            }) => {
+                if fresh {
+                    c.leases_acquired.add(1);
+                } else {
+                    c.leases_renewed.add(1);
+                }
+                Ok(Grant {
+                    token: Token::new(token)?,
+                    ttl: Duration::from_millis(ttl_ms),
+                })
+            }
+            Err(e) => {
+                if matches!(e, Error::Held { .. }) {
+                    c.leases_held.add(1);
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Extends the live lease held by exactly this owner and token to `ttl`

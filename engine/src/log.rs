@@ -13,19 +13,19 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use event_listener::{Event, Listener};
-use fencelog_wal::{FsStorage, RecoveryReport, Storage, Ticket, Wal, Writer};
+use fencelog_wal::{Appended, FsStorage, RecoveryReport, Storage, Ticket, Wal, Writer};
 
 use crate::core::{Core, ceiling_for};
 use crate::error::{Error, Result};
 use crate::gc::{self, Gc};
-use crate::lease::{Clock, Leases, MonotonicClock};
+use crate::lease::{Clock, MonotonicClock};
 use crate::locate::Locator;
 use crate::metrics::{Counters, Metrics};
 use crate::op::{self, Op};
 use crate::options::Options;
-use crate::replicated::{ReplState, ReplicatedClock, write_op};
+use crate::replicated::write_op;
 use crate::token::{Offset, Token, check_stream_name};
-use crate::view::{StreamView, Views};
+use crate::view::{Effect, StreamView, Views};
 
 /// One record read back: its offset, the token its append carried, and its
 /// payload (a slice of the buffer its entry was read into: no copy).
@@ -391,15 +391,30 @@ pub(crate) fn decide_fence(
         // Nothing to write: answer once the highest token is durable.
         return Ok(Decision::accepted(highest, w.ticket_for(highest_lsn)));
     }
-    room_for(w, stream)?;
-    let entry = op::encode(&Op::Fence { stream, token });
-    let at = write_op(w, entry.len(), |buf| buf.copy_from_slice(&entry))?;
-    let effect = w
-        .state()
-        .apply_fence(stream, token, at.lsn)
-        .map_err(internal)?;
-    w.on_durable(effect);
+    write_fence(w, stream, token)?;
     Ok(Decision::accepted(token, w.ticket()))
+}
+
+/// Writes a fence of `stream` at `token` and applies it.
+pub(crate) fn write_fence(w: &mut Writer<'_, Core>, stream: &[u8], token: u64) -> Result<()> {
+    room_for(w, stream)?;
+    write_applied(w, &Op::Fence { stream, token }, |core, at| {
+        core.apply_fence(stream, token, at.lsn)
+    })
+}
+
+/// Writes `op`'s entry and applies it to the state with `apply`, which
+/// learns where the entry landed; the effect runs once it is durable.
+fn write_applied(
+    w: &mut Writer<'_, Core>,
+    op: &Op<'_>,
+    apply: impl FnOnce(&mut Core, Appended) -> std::result::Result<Effect, String>,
+) -> Result<()> {
+    let entry = op::encode(op);
+    let at = write_op(w, entry.len(), |buf| buf.copy_from_slice(&entry))?;
+    let effect = apply(w.state(), at).map_err(internal)?;
+    w.on_durable(effect);
+    Ok(())
 }
 
 pub(crate) fn decide_trim(
@@ -433,22 +448,27 @@ pub(crate) fn decide_trim(
         ));
     }
     room_for(w, stream)?;
-    let entry = if delete {
-        op::encode(&Op::Delete { stream, token })
+    let op = if delete {
+        Op::Delete { stream, token }
     } else {
-        op::encode(&Op::Trim {
+        Op::Trim {
             stream,
             token,
             before,
-        })
+        }
     };
-    let at = write_op(w, entry.len(), |buf| buf.copy_from_slice(&entry))?;
-    let effect = w
-        .state()
-        .apply_trim(stream, token, before, at.lsn)
-        .map_err(internal)?;
-    w.on_durable(effect);
+    write_applied(w, &op, |core, at| {
+        core.apply_trim(stream, token, before, at.lsn)
+    })?;
     Ok(Decision::accepted(answer, w.ticket()))
+}
+
+/// What a read finds without waiting.
+enum ReadNow {
+    /// Records to answer (none when the read may not wait).
+    Records(Vec<Record>),
+    /// Nothing yet: wakes when records may have come.
+    Wait(event_listener::EventListener),
 }
 
 /// What an accepted append counts.
@@ -492,27 +512,7 @@ impl Log {
         opts.validate()?;
         let views = Arc::new(Views::default());
         let (gc_handle, gc_inbox) = gc::channel_for_gc();
-        // A replica's leases follow the leader's clock, carried by entries.
-        let (clock, repl) = if opts.replicated {
-            let c = Arc::new(ReplicatedClock::default());
-            (Arc::clone(&c) as Arc<dyn Clock>, Some(ReplState::new(c)))
-        } else {
-            (clock, None)
-        };
-        // A replica decides with the group's limits (from its log), never
-        // its own options: until the log sets them, the defaults.
-        let max_streams = if opts.replicated {
-            crate::replicated::GroupLimits::default().max_streams
-        } else {
-            opts.max_streams
-        };
-        let mut core = Core::new(
-            Arc::clone(&views),
-            gc_handle.clone(),
-            Leases::new(clock),
-            max_streams,
-        );
-        core.repl = repl;
+        let core = Core::for_options(Arc::clone(&views), gc_handle.clone(), clock, &opts);
         let (wal, report) = Wal::open(storage, dir, opts.wal.clone(), |replay| {
             core.recover(replay)
         })?;
@@ -1154,14 +1154,10 @@ impl Log {
         let stream = stream.as_ref();
         let deadline = Instant::now().checked_add(opts.wait);
         loop {
-            let records = self.read_now(stream, from, opts)?;
-            if !records.is_empty() || opts.wait.is_zero() {
-                return Ok(records);
-            }
-            let listener = self.listen_for_records(stream);
-            if self.has_records_at(stream, from) {
-                continue;
-            }
+            let listener = match self.read_or_listen(stream, from, opts)? {
+                ReadNow::Records(records) => return Ok(records),
+                ReadNow::Wait(listener) => listener,
+            };
             match deadline {
                 None => listener.wait(),
                 Some(d) => {
@@ -1184,14 +1180,10 @@ impl Log {
         let stream = stream.as_ref();
         let deadline = tokio::time::Instant::now().checked_add(opts.wait);
         loop {
-            let records = self.read_now(stream, from, opts)?;
-            if !records.is_empty() || opts.wait.is_zero() {
-                return Ok(records);
-            }
-            let listener = self.listen_for_records(stream);
-            if self.has_records_at(stream, from) {
-                continue;
-            }
+            let listener = match self.read_or_listen(stream, from, opts)? {
+                ReadNow::Records(records) => return Ok(records),
+                ReadNow::Wait(listener) => listener,
+            };
             match deadline {
                 None => listener.await,
                 Some(d) => {
@@ -1199,6 +1191,23 @@ impl Log {
                         return Ok(Vec::new());
                     }
                 }
+            }
+        }
+    }
+
+    /// Reads now; when there is nothing yet and the read may wait, answers
+    /// a listener that wakes when records may have come instead.
+    fn read_or_listen(&self, stream: &[u8], from: Offset, opts: &ReadOptions) -> Result<ReadNow> {
+        loop {
+            let records = self.read_now(stream, from, opts)?;
+            if !records.is_empty() || opts.wait.is_zero() {
+                return Ok(ReadNow::Records(records));
+            }
+            // Listening first, then looking again: a record appended in
+            // between still wakes the listener.
+            let listener = self.listen_for_records(stream);
+            if !self.has_records_at(stream, from) {
+                return Ok(ReadNow::Wait(listener));
             }
         }
     }
@@ -1361,7 +1370,45 @@ impl Log {
     ) -> Result<()> {
         let entry = self.inner.wal.read_entry(segment, position)?;
         let payload = entry.payload;
-        let op = op::decode(&payload).map_err(|why| self.damaged(segment, why))?;
+        let (token, first_offset, records) =
+            self.find_append(&payload, view, segment, position, first)?;
+        let token = Token::new(token)?;
+        let base = records.as_ptr() as usize - payload.as_ptr() as usize;
+        for (i, (s, e)) in op::records(records).enumerate() {
+            let offset = first_offset + i as u64;
+            if offset >= end {
+                break;
+            }
+            if offset >= from {
+                let len = (e - s) as u64;
+                if !out.is_empty() && len > budget.bytes_left {
+                    budget.full = true;
+                    break;
+                }
+                budget.bytes_left = budget.bytes_left.saturating_sub(len);
+                out.push(Record {
+                    offset,
+                    token,
+                    payload: payload.slice(base + s..base + e),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The append of `view`'s records from `first` in the entry `payload`
+    /// read at `(segment, position)`: its token, first offset and records.
+    /// The entry may be a replica's, or a transaction's among other ops;
+    /// anything else than the index promised is damage.
+    fn find_append<'p>(
+        &self,
+        payload: &'p [u8],
+        view: &StreamView,
+        segment: u64,
+        position: u64,
+        first: u64,
+    ) -> Result<(u64, u64, &'p [u8])> {
+        let op = op::decode(payload).map_err(|why| self.damaged(segment, why))?;
         // A replica's entries wrap the op they applied.
         let op = match op {
             Op::Replicated { inner, .. } => {
@@ -1404,28 +1451,7 @@ impl Log {
                 ),
             ));
         }
-        let token = Token::new(token)?;
-        let base = records.as_ptr() as usize - payload.as_ptr() as usize;
-        for (i, (s, e)) in op::records(records).enumerate() {
-            let offset = first_offset + i as u64;
-            if offset >= end {
-                break;
-            }
-            if offset >= from {
-                let len = (e - s) as u64;
-                if !out.is_empty() && len > budget.bytes_left {
-                    budget.full = true;
-                    break;
-                }
-                budget.bytes_left = budget.bytes_left.saturating_sub(len);
-                out.push(Record {
-                    offset,
-                    token,
-                    payload: payload.slice(base + s..base + e),
-                });
-            }
-        }
-        Ok(())
+        Ok((token, first_offset, records))
     }
 
     fn missing(&self, segment: u64, offset: u64) -> Error {

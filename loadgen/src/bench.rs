@@ -510,18 +510,30 @@ struct Report {
     results: Vec<WorkloadResult>,
 }
 
+/// The runtime the load generator's clients run on.
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))
+}
+
+impl BenchArgs {
+    /// The workloads to run: the one asked for, or append and reject.
+    fn workloads(&self) -> Vec<Workload> {
+        match self.workload {
+            Some(w) => vec![w],
+            None => vec![Workload::Append, Workload::Reject],
+        }
+    }
+}
+
 /// Runs every workload asked for and collects the results; `Err` when the
 /// run could not start or set up (a failure, not a result).
 fn execute(args: &BenchArgs, progress: bool) -> Result<Report, String> {
     check(args)?;
-    let workloads = match args.workload {
-        Some(w) => vec![w],
-        None => vec![Workload::Append, Workload::Reject],
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    let workloads = args.workloads();
+    let runtime = runtime()?;
     // Declared before `target`: the directory goes after the log closes.
     let mut _tempdir = None;
     let (target, description) = match &args.addr {
@@ -1496,7 +1508,28 @@ mod threads;
 // ---------------------------------------------------------------------------
 // The table.
 
-fn fmt_count(x: f64) -> String {
+/// Writes `rows` (the header first) as aligned columns: the first to the
+/// left, the others to the right.
+fn write_columns(s: &mut String, rows: &[Vec<String>]) {
+    let columns = rows.first().map_or(0, Vec::len);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    for row in rows {
+        let mut line = String::new();
+        for (c, cell) in row.iter().enumerate() {
+            if c == 0 {
+                let _ = write!(line, "{cell:<w$}", w = widths[c]);
+            } else {
+                let _ = write!(line, "  {cell:>w$}", w = widths[c]);
+            }
+        }
+        let _ = writeln!(s, "{}", line.trim_end());
+    }
+}
+
+/// A count for a table: `1.23M`, `4.5k`, `678`.
+pub(crate) fn fmt_count(x: f64) -> String {
     if x >= 1e6 {
         format!("{:.2}M", x / 1e6)
     } else if x >= 1e3 {
@@ -1567,21 +1600,8 @@ impl Report {
                 per_sync,
             ]);
         }
-        let widths: Vec<usize> = (0..header.len())
-            .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
-            .collect();
         s.push('\n');
-        for row in &rows {
-            let mut line = String::new();
-            for (c, cell) in row.iter().enumerate() {
-                if c == 0 {
-                    let _ = write!(line, "{cell:<w$}", w = widths[c]);
-                } else {
-                    let _ = write!(line, "  {cell:>w$}", w = widths[c]);
-                }
-            }
-            let _ = writeln!(s, "{}", line.trim_end());
-        }
+        write_columns(&mut s, &rows);
         if let Some(g) = self.results.iter().find_map(|r| {
             r.group_commit
                 .filter(|g| g.syncs > 0)

@@ -21,7 +21,7 @@ use bytes::Bytes;
 use fencelog::{Log, Options, Token};
 use fencelog_client::{Reply, Value};
 
-use crate::bench::{BenchArgs, connect, request};
+use crate::bench::{BenchArgs, connect, fmt_count, request, runtime};
 
 /// The longest connecting to the server (and one `INFO`) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -98,10 +98,7 @@ fn execute(args: &BenchArgs) -> Result<String, String> {
     let clients = args.clients as usize;
     let pipeline = args.pipeline.max(1) as usize;
     let payload = args.payload_bytes as usize;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    let runtime = runtime()?;
     let mut _tempdir = None;
     let target = match &args.addr {
         Some(addr) => runtime.block_on(connect_target(addr, args.password.as_deref()))?,
@@ -242,8 +239,8 @@ fn execute(args: &BenchArgs) -> Result<String, String> {
         out.push_str(&format!(
             "last fifth / first fifth appends/s: {:.2} ({} / {}); disk/payload at the end {:.2}; first slice {} segments, last {}\n",
             late / early.max(1e-9),
-            fmt_rate(late),
-            fmt_rate(early),
+            fmt_count(late),
+            fmt_count(early),
             last.disk as f64 / last.payload.max(1) as f64,
             first.segments,
             last.segments
@@ -283,7 +280,7 @@ fn format_row(r: &Slice) -> String {
     format!(
         "{:>7.1}s {:>11} {:>9} {:>10.1} {:>12.1} {:>13.2} {:>5} {:>9} {:>15.1}",
         r.at.as_secs_f64(),
-        fmt_rate(r.appends_per_s),
+        fmt_count(r.appends_per_s),
         r.segments,
         r.disk as f64 / (1 << 20) as f64,
         r.payload as f64 / (1 << 20) as f64,
@@ -303,16 +300,6 @@ fn fmt_bytes(n: u64) -> String {
         format!("{:.1} KiB", n as f64 / 1024.0)
     } else {
         format!("{n} B")
-    }
-}
-
-fn fmt_rate(x: f64) -> String {
-    if x >= 1e6 {
-        format!("{:.2}M", x / 1e6)
-    } else if x >= 1e3 {
-        format!("{:.1}k", x / 1e3)
-    } else {
-        format!("{x:.0}")
     }
 }
 

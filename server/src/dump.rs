@@ -20,12 +20,12 @@ use std::io::{self, BufWriter, Write};
 use std::path::Path;
 use std::process::ExitCode;
 
-use fencelog::inspect::{EntryView, describe};
-use fencelog_wal::{EntryKind, VerifiedEntry};
+use fencelog::inspect::{CheckpointStream, EntryView, describe};
+use fencelog_wal::{EntryKind, VerifiedEntry, VerifyReport};
 
 use crate::verify::{
-    Damage, EXIT_DAMAGED, check_dir, escape, fail, fail_output, run_wal_verify, sort_damage,
-    wal_damage,
+    Damage, EXIT_DAMAGED, ToolError, check_dir, escape, fail, fail_output, run_wal_verify,
+    sort_damage, wal_damage,
 };
 
 /// Bytes of a payload shown unless asked for more.
@@ -79,13 +79,10 @@ fn try_format_entry(
     view: &Result<EntryView<'_>, String>,
     opts: &DumpOptions,
 ) -> std::fmt::Result {
-    let limit = |n: usize| (!opts.full).then_some(n);
-    let prefix =
-        |o: &mut String| write!(o, "segment={} pos={} lsn={}", e.segment, e.position, e.lsn);
     let view = match view {
         Ok(v) => v,
         Err(why) => {
-            prefix(o)?;
+            prefix(o, e)?;
             let kind = match e.kind {
                 EntryKind::Checkpoint => "checkpoint",
                 EntryKind::Record => "record",
@@ -100,25 +97,8 @@ fn try_format_entry(
     {
         return Ok(());
     }
-    if let EntryView::Transaction { ops } = view {
-        prefix(o)?;
-        write!(o, " transaction ops={}:", ops.len())?;
-        for (i, op) in ops.iter().enumerate() {
-            o.push_str(if i == 0 { " " } else { " | " });
-            let at = o.len();
-            let all = DumpOptions {
-                stream: None,
-                ..opts.clone()
-            };
-            try_format_entry(o, e, &Ok(op.clone()), &all)?;
-            // Each op is written after the entry's prefix
-            // (`segment=… pos=… lsn=… `), which the line already has once.
-            let prefix_end = o[at..].match_indices(' ').nth(2).map_or(0, |(i, _)| i + 1);
-            o.replace_range(at..at + prefix_end, "");
-        }
-        return Ok(());
-    }
     match view {
+        EntryView::Transaction { ops } => format_transaction(o, e, ops, opts),
         EntryView::Checkpoint {
             streams,
             leases,
@@ -132,30 +112,13 @@ fn try_format_entry(
                 return Ok(());
             }
             rows.sort_unstable_by(|a, b| a.name.cmp(&b.name));
-            prefix(o)?;
+            prefix(o, e)?;
             write!(
                 o,
                 " checkpoint streams={} leases={leases} last_lease_token={last_token} table=[",
                 streams.len()
             )?;
-            let shown = limit(ITEM_LIMIT).unwrap_or(usize::MAX);
-            for (i, s) in rows.iter().take(shown).enumerate() {
-                if i > 0 {
-                    o.push_str(", ");
-                }
-                write!(
-                    o,
-                    "{} highest={} next={} start={}",
-                    escape(&s.name, None),
-                    s.highest_token,
-                    s.next_offset,
-                    s.start_offset
-                )?;
-            }
-            if rows.len() > shown {
-                write!(o, ", ...(+{} more)", rows.len() - shown)?;
-            }
-            o.push(']');
+            format_checkpoint_rows(o, &rows, opts)
         }
         EntryView::Append {
             stream,
@@ -164,7 +127,7 @@ fn try_format_entry(
             records,
             payloads,
         } => {
-            prefix(o)?;
+            prefix(o, e)?;
             let bytes: u64 = payloads.iter().map(|p| p.len() as u64).sum();
             write!(
                 o,
@@ -172,47 +135,124 @@ fn try_format_entry(
                 escape(stream, None),
                 first_offset.saturating_add(u64::from(*records)),
             )?;
-            let shown = limit(ITEM_LIMIT).unwrap_or(usize::MAX);
-            for (i, p) in payloads.iter().take(shown).enumerate() {
-                if i > 0 {
-                    o.push(',');
-                }
-                write!(o, "{}", p.len())?;
-            }
-            if payloads.len() > shown {
-                write!(o, ",...(+{} more)", payloads.len() - shown)?;
-            }
-            o.push(']');
-            if opts.payloads {
-                o.push_str(" payloads=[");
-                for (i, p) in payloads.iter().enumerate() {
-                    if i > 0 {
-                        o.push_str(", ");
-                    }
-                    write!(o, "b{}", escape(p, limit(opts.payload_limit)))?;
-                }
-                o.push(']');
-            }
+            format_payloads(o, payloads, opts)
         }
+        other => {
+            prefix(o, e)?;
+            format_small_op(o, other)
+        }
+    }
+}
+
+/// The start of every line: where the entry is.
+fn prefix(o: &mut String, e: &VerifiedEntry<'_>) -> std::fmt::Result {
+    write!(o, "segment={} pos={} lsn={}", e.segment, e.position, e.lsn)
+}
+
+/// How many items a line shows: `n`, or all with `--full`.
+fn shown(n: usize, opts: &DumpOptions) -> usize {
+    if opts.full { usize::MAX } else { n }
+}
+
+/// A transaction: its ops on one line, each as its own entry would show
+/// it, without the prefix.
+fn format_transaction(
+    o: &mut String,
+    e: &VerifiedEntry<'_>,
+    ops: &[EntryView<'_>],
+    opts: &DumpOptions,
+) -> std::fmt::Result {
+    prefix(o, e)?;
+    write!(o, " transaction ops={}:", ops.len())?;
+    let all = DumpOptions {
+        stream: None,
+        ..opts.clone()
+    };
+    for (i, op) in ops.iter().enumerate() {
+        o.push_str(if i == 0 { " " } else { " | " });
+        let at = o.len();
+        try_format_entry(o, e, &Ok(op.clone()), &all)?;
+        // Each op is written after the entry's prefix
+        // (`segment=… pos=… lsn=… `), which the line already has once.
+        let prefix_end = o[at..].match_indices(' ').nth(2).map_or(0, |(i, _)| i + 1);
+        o.replace_range(at..at + prefix_end, "");
+    }
+    Ok(())
+}
+
+/// A checkpoint's table: each stream's tokens and offsets, the first
+/// [`ITEM_LIMIT`] unless `--full`.
+fn format_checkpoint_rows(
+    o: &mut String,
+    rows: &[&CheckpointStream],
+    opts: &DumpOptions,
+) -> std::fmt::Result {
+    let shown = shown(ITEM_LIMIT, opts);
+    for (i, s) in rows.iter().take(shown).enumerate() {
+        if i > 0 {
+            o.push_str(", ");
+        }
+        write!(
+            o,
+            "{} highest={} next={} start={}",
+            escape(&s.name, None),
+            s.highest_token,
+            s.next_offset,
+            s.start_offset
+        )?;
+    }
+    if rows.len() > shown {
+        write!(o, ", ...(+{} more)", rows.len() - shown)?;
+    }
+    o.push(']');
+    Ok(())
+}
+
+/// An append's record sizes, and with `--payloads` the payloads.
+fn format_payloads(o: &mut String, payloads: &[&[u8]], opts: &DumpOptions) -> std::fmt::Result {
+    let shown = shown(ITEM_LIMIT, opts);
+    for (i, p) in payloads.iter().take(shown).enumerate() {
+        if i > 0 {
+            o.push(',');
+        }
+        write!(o, "{}", p.len())?;
+    }
+    if payloads.len() > shown {
+        write!(o, ",...(+{} more)", payloads.len() - shown)?;
+    }
+    o.push(']');
+    if opts.payloads {
+        let limit = (!opts.full).then_some(opts.payload_limit);
+        o.push_str(" payloads=[");
+        for (i, p) in payloads.iter().enumerate() {
+            if i > 0 {
+                o.push_str(", ");
+            }
+            write!(o, "b{}", escape(p, limit))?;
+        }
+        o.push(']');
+    }
+    Ok(())
+}
+
+/// The entries of one line each without lists: fences, trims, deletes
+/// and the lease entries.
+fn format_small_op(o: &mut String, view: &EntryView<'_>) -> std::fmt::Result {
+    match view {
         EntryView::Fence { stream, token } => {
-            prefix(o)?;
-            write!(o, " fence stream={} token={token}", escape(stream, None))?;
+            write!(o, " fence stream={} token={token}", escape(stream, None))
         }
         EntryView::Trim {
             stream,
             token,
             before,
-        } => {
-            prefix(o)?;
-            write!(
-                o,
-                " trim stream={} token={token} before={before}",
-                escape(stream, None)
-            )?;
-        }
+        } => write!(
+            o,
+            " trim stream={} token={token} before={before}",
+            escape(stream, None)
+        ),
         EntryView::Delete { stream, token } => {
-            prefix(o)?;
-            write!(o, " delete stream={} token={token}", escape(stream, None))?;
+            write!(o, " delete stream={} token={token}", escape(stream, None))
         }
         EntryView::Acquire {
             name,
@@ -220,45 +260,42 @@ fn try_format_entry(
             token,
             ttl_ms,
             fence,
-        } => {
-            prefix(o)?;
-            write!(
-                o,
-                " acquire lease={} owner={} token={token} ttl_ms={ttl_ms} fence={fence}",
-                escape(name, None),
-                escape(owner, None)
-            )?;
-        }
-        EntryView::Release { name, owner, token } => {
-            prefix(o)?;
-            write!(
-                o,
-                " release lease={} owner={} token={token}",
-                escape(name, None),
-                escape(owner, None)
-            )?;
-        }
+        } => write!(
+            o,
+            " acquire lease={} owner={} token={token} ttl_ms={ttl_ms} fence={fence}",
+            escape(name, None),
+            escape(owner, None)
+        ),
+        EntryView::Release { name, owner, token } => write!(
+            o,
+            " release lease={} owner={} token={token}",
+            escape(name, None),
+            escape(owner, None)
+        ),
         EntryView::Renew {
             name,
             owner,
             token,
             ttl_ms,
-        } => {
-            prefix(o)?;
-            write!(
-                o,
-                " renew lease={} owner={} token={token} ttl_ms={ttl_ms}",
-                escape(name, None),
-                escape(owner, None)
-            )?;
-        }
+        } => write!(
+            o,
+            " renew lease={} owner={} token={token} ttl_ms={ttl_ms}",
+            escape(name, None),
+            escape(owner, None)
+        ),
         // A kind added after this tool.
-        other => {
-            prefix(o)?;
-            write!(o, " {other:?}")?;
-        }
+        other => write!(o, " {other:?}"),
     }
-    Ok(())
+}
+
+/// What printing the entries left to report.
+struct Printed {
+    /// Entries that do not decode.
+    undecodable: Vec<Damage>,
+    /// Lines printed.
+    lines: u64,
+    /// Why stdout stopped taking lines, if it did.
+    write_error: Option<io::Error>,
 }
 
 /// `fencelog dump DIR`: prints the entries on stdout, damage and torn
@@ -267,52 +304,18 @@ pub fn run(dir: &Path, opts: &DumpOptions) -> ExitCode {
     if let Err(e) = check_dir(dir) {
         return fail(&e);
     }
-    let mut out = BufWriter::with_capacity(64 << 10, io::stdout().lock());
-    let mut write_error: Option<io::Error> = None;
-    let mut undecodable: Vec<Damage> = Vec::new();
-    let mut line = String::new();
-    let mut printed = 0u64;
-    let scanned = run_wal_verify(
-        dir,
-        |e| {
-            let view = describe(e.kind, e.payload);
-            if let Err(why) = &view {
-                undecodable.push(Damage::undecodable(dir, e, why));
-            }
-            // Once stdout is gone (`fencelog dump | head`), only the damage
-            // check goes on.
-            if write_error.is_some() {
-                return;
-            }
-            line.clear();
-            if format_entry(&mut line, e, &view, opts) {
-                line.push('\n');
-                printed += 1;
-                if let Err(err) = out.write_all(line.as_bytes()) {
-                    write_error = Some(err);
-                }
-            }
-        },
-        |_, _| {},
-    );
-    if write_error.is_none()
-        && let Err(err) = out.flush()
-    {
-        write_error = Some(err);
-    }
-    // Drop the buffer without another attempt to flush into a closed pipe.
-    let (_, _) = out.into_parts();
+    let (scanned, printed) = print_entries(dir, opts);
     let report = match scanned {
         Ok(r) => r,
         Err(e) => return fail(&e),
     };
     let mut damage = wal_damage(&report);
-    damage.extend(undecodable);
+    damage.extend(printed.undecodable);
     sort_damage(&mut damage);
-    let mut err = io::stderr().lock();
     // Nothing more to do if stderr is gone too: its errors are ignored.
+    let mut err = io::stderr().lock();
     if let Some(name) = &opts.stream
-        && printed == 0
+        && printed.lines == 0
     {
         let _ = writeln!(
             err,
@@ -320,27 +323,9 @@ pub fn run(dir: &Path, opts: &DumpOptions) -> ExitCode {
             escape(name, None)
         );
     }
-    for s in &report.segments {
-        if let Some(at) = s.torn_tail_at {
-            let _ = writeln!(
-                err,
-                "fencelog: note: {}: a torn tail at byte {at} (an unfinished last write, never \
-                 acknowledged; opening the log cuts it): not damage",
-                s.path.display()
-            );
-        }
-    }
-    for d in &damage {
-        let _ = writeln!(
-            err,
-            "fencelog: damage: {} at byte {}: {}",
-            d.file.display(),
-            d.position,
-            d.what
-        );
-    }
+    let _ = write_notes(&mut err, &report, &damage);
     // A closed pipe (`fencelog dump DIR | head`) is no error.
-    if let Some(e) = write_error
+    if let Some(e) = printed.write_error
         && e.kind() != io::ErrorKind::BrokenPipe
     {
         return fail_output(&e);
@@ -350,4 +335,71 @@ pub fn run(dir: &Path, opts: &DumpOptions) -> ExitCode {
     } else {
         ExitCode::from(EXIT_DAMAGED)
     }
+}
+
+/// Prints every entry the verifier passes on stdout; answers the
+/// verifier's report and what printing found.
+fn print_entries(dir: &Path, opts: &DumpOptions) -> (Result<VerifyReport, ToolError>, Printed) {
+    let mut out = BufWriter::with_capacity(64 << 10, io::stdout().lock());
+    let mut printed = Printed {
+        undecodable: Vec::new(),
+        lines: 0,
+        write_error: None,
+    };
+    let mut line = String::new();
+    let scanned = run_wal_verify(
+        dir,
+        |e| {
+            let view = describe(e.kind, e.payload);
+            if let Err(why) = &view {
+                printed.undecodable.push(Damage::undecodable(dir, e, why));
+            }
+            // Once stdout is gone (`fencelog dump | head`), only the damage
+            // check goes on.
+            if printed.write_error.is_some() {
+                return;
+            }
+            line.clear();
+            if format_entry(&mut line, e, &view, opts) {
+                line.push('\n');
+                printed.lines += 1;
+                if let Err(err) = out.write_all(line.as_bytes()) {
+                    printed.write_error = Some(err);
+                }
+            }
+        },
+        |_, _| {},
+    );
+    if printed.write_error.is_none()
+        && let Err(err) = out.flush()
+    {
+        printed.write_error = Some(err);
+    }
+    // Drop the buffer without another attempt to flush into a closed pipe.
+    let (_, _) = out.into_parts();
+    (scanned, printed)
+}
+
+/// The torn tails (not damage) and the damage, one line each.
+fn write_notes(err: &mut impl Write, report: &VerifyReport, damage: &[Damage]) -> io::Result<()> {
+    for s in &report.segments {
+        if let Some(at) = s.torn_tail_at {
+            writeln!(
+                err,
+                "fencelog: note: {}: a torn tail at byte {at} (an unfinished last write, never \
+                 acknowledged; opening the log cuts it): not damage",
+                s.path.display()
+            )?;
+        }
+    }
+    for d in damage {
+        writeln!(
+            err,
+            "fencelog: damage: {} at byte {}: {}",
+            d.file.display(),
+            d.position,
+            d.what
+        )?;
+    }
+    Ok(())
 }

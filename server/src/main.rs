@@ -1,5 +1,6 @@
 //! `fencelog`: the server and its tools.
 
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -7,7 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use fencelog_cluster::Member;
+use fencelog_cluster::{Member, NodeId};
 use fencelog_server::cluster::{ClusterConfig, parse_members, read_secret_file};
 use fencelog_server::config::{ServeConfig, parse_addr, parse_addr_with_port, parse_size};
 use fencelog_server::dump::{self, DumpOptions};
@@ -243,18 +244,7 @@ impl ClusterFlags {
                 self.cluster_election_timeout_ms
             ));
         }
-        let raft_addr = match self.cluster_raft_addr {
-            Some(a) => a,
-            None => {
-                let port = addr.port().checked_add(10_000).ok_or_else(|| {
-                    format!(
-                        "--addr port {} leaves no room for the default Raft port (+10000):                          set --cluster-raft-addr",
-                        addr.port()
-                    )
-                })?;
-                SocketAddr::new(addr.ip(), port)
-            }
-        };
+        let raft_addr = self.raft_addr(addr)?;
         let member = Member {
             raft_addr: self
                 .cluster_advertise_raft
@@ -268,18 +258,7 @@ impl ClusterFlags {
             // this node (forming, CLUSTER ADDNODE).
             incarnation: 0,
         };
-        let initial = match &self.cluster_initial {
-            Some(text) => parse_members(text).map_err(|e| format!("--cluster-initial: {e}"))?,
-            None => Default::default(),
-        };
-        if !initial.is_empty() && !initial.contains_key(&node_id) {
-            return Err(format!(
-                "--cluster-initial does not list this node (--cluster-node-id {node_id})"
-            ));
-        }
-        if !initial.is_empty() && self.cluster_join.is_some() {
-            return Err("--cluster-initial and --cluster-join exclude each other".into());
-        }
+        let initial = self.initial_members(node_id)?;
         Ok(Some(ClusterConfig {
             node_id,
             raft_addr,
@@ -296,6 +275,41 @@ impl ClusterFlags {
                 .transpose()?,
             join_password: requirepass.map(str::to_string),
         }))
+    }
+
+    /// The Raft address: --cluster-raft-addr, or the client port + 10000.
+    fn raft_addr(&self, addr: SocketAddr) -> Result<SocketAddr, String> {
+        match self.cluster_raft_addr {
+            Some(a) => Ok(a),
+            None => {
+                let port = addr.port().checked_add(10_000).ok_or_else(|| {
+                    format!(
+                        "--addr port {} leaves no room for the default Raft port (+10000): \
+                         set --cluster-raft-addr",
+                        addr.port()
+                    )
+                })?;
+                Ok(SocketAddr::new(addr.ip(), port))
+            }
+        }
+    }
+
+    /// The members of --cluster-initial (empty without it), checked
+    /// against this node and --cluster-join.
+    fn initial_members(&self, node_id: NodeId) -> Result<BTreeMap<NodeId, Member>, String> {
+        let initial = match &self.cluster_initial {
+            Some(text) => parse_members(text).map_err(|e| format!("--cluster-initial: {e}"))?,
+            None => Default::default(),
+        };
+        if !initial.is_empty() && !initial.contains_key(&node_id) {
+            return Err(format!(
+                "--cluster-initial does not list this node (--cluster-node-id {node_id})"
+            ));
+        }
+        if !initial.is_empty() && self.cluster_join.is_some() {
+            return Err("--cluster-initial and --cluster-join exclude each other".into());
+        }
+        Ok(initial)
     }
 }
 
@@ -362,8 +376,53 @@ impl ServeArgs {
         if let Some(port) = self.port {
             addr.set_port(port);
         }
-        // An entry holds one request's payloads: as large as a request may
-        // be, and at most half a segment (so a segment holds two).
+        let (max_payload, max_entry) = self.entry_sizes()?;
+        let engine = fencelog::Options {
+            max_payload_bytes: max_payload,
+            max_live_leases: self.max_live_leases,
+            wal: fencelog::WalOptions {
+                segment_bytes: self.segment_bytes,
+                max_entry_bytes: u32::try_from(max_entry).unwrap_or(u32::MAX),
+                max_open_segments: self.max_open_segments,
+                ..fencelog::WalOptions::default()
+            },
+            ..fencelog::Options::default()
+        };
+        let cluster = self.cluster.config(addr, self.requirepass.as_deref())?;
+        let threads = self.threads.map_or_else(
+            || std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
+            |n| n as usize,
+        );
+        let flags = self.flags_shown(addr, max_payload, threads, cluster.as_ref());
+        Ok(ServeConfig {
+            dir: self.dir,
+            addr,
+            requirepass: self.requirepass,
+            metrics_addr: self.metrics_addr,
+            allow_unauthenticated_remote: self.allow_unauthenticated_remote,
+            engine,
+            limits: Limits {
+                max_bulk_bytes: self.max_bulk_bytes,
+                max_args: self.max_args,
+                max_inline_bytes: self.max_inline_bytes,
+            },
+            max_query_buffer_bytes: self.max_query_buffer,
+            client_output_buffer_limit_bytes: self.client_output_buffer_limit,
+            maxmemory_clients_bytes: self.maxmemory_clients,
+            max_read_bytes: self.max_read_bytes,
+            max_pipeline: self.max_pipeline,
+            max_connections: self.max_connections,
+            threads,
+            shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
+            flags,
+            cluster,
+        })
+    }
+
+    /// The largest payload and entry: an entry holds one request's
+    /// payloads, as large as a request may be, and at most half a segment
+    /// (so a segment holds two).
+    fn entry_sizes(&self) -> Result<(u32, usize), String> {
         let half_segment = usize::try_from(self.segment_bytes / 2).unwrap_or(usize::MAX);
         // A record needs its payload plus the entry's name and headers.
         const RECORD_OVERHEAD: usize = 4096;
@@ -385,22 +444,17 @@ impl ServeArgs {
         // --max-bulk-bytes left at its default follows a smaller segment.
         let max_entry =
             (self.max_bulk_bytes.max(max_payload as usize) + RECORD_OVERHEAD).min(half_segment);
-        let engine = fencelog::Options {
-            max_payload_bytes: max_payload,
-            max_live_leases: self.max_live_leases,
-            wal: fencelog::WalOptions {
-                segment_bytes: self.segment_bytes,
-                max_entry_bytes: u32::try_from(max_entry).unwrap_or(u32::MAX),
-                max_open_segments: self.max_open_segments,
-                ..fencelog::WalOptions::default()
-            },
-            ..fencelog::Options::default()
-        };
-        let cluster = self.cluster.config(addr, self.requirepass.as_deref())?;
-        let threads = self.threads.map_or_else(
-            || std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
-            |n| n as usize,
-        );
+        Ok((max_payload, max_entry))
+    }
+
+    /// The flags as `CONFIG GET` and the startup log show them.
+    fn flags_shown(
+        &self,
+        addr: SocketAddr,
+        max_payload: u32,
+        threads: usize,
+        cluster: Option<&ClusterConfig>,
+    ) -> Vec<(String, String)> {
         let mut flags: Vec<(String, String)> = vec![
             ("dir".into(), self.dir.display().to_string()),
             ("addr".into(), addr.to_string()),
@@ -433,7 +487,7 @@ impl ServeArgs {
                 self.shutdown_grace_secs.to_string(),
             ),
         ];
-        if let Some(c) = &cluster {
+        if let Some(c) = cluster {
             flags.extend([
                 ("cluster-node-id".into(), c.node_id.to_string()),
                 ("cluster-raft-addr".into(), c.raft_addr.to_string()),
@@ -458,29 +512,7 @@ impl ServeArgs {
                 ),
             ]);
         }
-        Ok(ServeConfig {
-            dir: self.dir,
-            addr,
-            requirepass: self.requirepass,
-            metrics_addr: self.metrics_addr,
-            allow_unauthenticated_remote: self.allow_unauthenticated_remote,
-            engine,
-            limits: Limits {
-                max_bulk_bytes: self.max_bulk_bytes,
-                max_args: self.max_args,
-                max_inline_bytes: self.max_inline_bytes,
-            },
-            max_query_buffer_bytes: self.max_query_buffer,
-            client_output_buffer_limit_bytes: self.client_output_buffer_limit,
-            maxmemory_clients_bytes: self.maxmemory_clients,
-            max_read_bytes: self.max_read_bytes,
-            max_pipeline: self.max_pipeline,
-            max_connections: self.max_connections,
-            threads,
-            shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
-            flags,
-            cluster,
-        })
+        flags
     }
 }
 

@@ -22,7 +22,7 @@ use std::process::ExitCode;
 
 use fencelog::inspect::{self, EntryView};
 use fencelog_wal::format::{self, ALIGN, ENTRY_HEADER_LEN, HEADER_LEN, Probe};
-use fencelog_wal::{Cut, CutKind, FsStorage, RecoveryMode, Storage, WalOptions};
+use fencelog_wal::{Cut, CutKind, FsStorage, RecoveryMode, RecoveryReport, Storage, WalOptions};
 
 use crate::verify::{self, VerifyOptions, escape, human_bytes};
 
@@ -67,25 +67,9 @@ pub fn run(args: &RepairArgs) -> ExitCode {
         return nothing_done(&format!("{}: no such directory", dir.display()));
     }
     let opts = salvage_options(dir);
-    // Held while planning, so no server starts meanwhile; released before
-    // the log is opened (which takes it again).
-    let plan = {
-        let _lock = match FsStorage.lock_dir(dir) {
-            Ok(lock) => lock,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                return nothing_done(&format!(
-                    "{} is in use by another process (a running server?): stop it first",
-                    dir.display()
-                ));
-            }
-            Err(e) => return nothing_done(&format!("cannot lock {}: {e}", dir.display())),
-        };
-        match fencelog_wal::plan_recovery(&FsStorage, dir, &opts.wal) {
-            Ok(plan) => plan,
-            Err(e) => {
-                return nothing_done(&format!("cannot read the log in {}: {e}", dir.display()));
-            }
-        }
+    let plan = match plan_locked(dir, &opts) {
+        Ok(plan) => plan,
+        Err(why) => return nothing_done(&why),
     };
     let Some(cut) = &plan.cut else {
         println!(
@@ -96,19 +80,10 @@ pub fn run(args: &RepairArgs) -> ExitCode {
     };
     let touched = touched_by(cut);
     print!("{}", describe_plan(cut, &touched, plan.marks.ceiling));
-    if !args.yes {
-        if !std::io::stdin().is_terminal() {
-            return nothing_done(
-                "standard input is not a terminal: pass --yes to cut without asking",
-            );
-        }
-        print!("Cut the log here? [y/N] ");
-        let _ = std::io::stdout().flush();
-        let mut answer = String::new();
-        let _ = std::io::stdin().lock().read_line(&mut answer);
-        if !matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes") {
-            return nothing_done("nothing was changed");
-        }
+    if !args.yes
+        && let Err(why) = ask_to_cut()
+    {
+        return nothing_done(why);
     }
     let log = match fencelog::Log::open(dir, opts) {
         Ok(log) => log,
@@ -122,6 +97,51 @@ pub fn run(args: &RepairArgs) -> ExitCode {
     let report = log.recovery_report().clone();
     let floor = log.metrics().token_floor;
     drop(log);
+    print_done(&report);
+    println!(
+        "Token floor now in force: {floor} (every stream's highest token and the lease counter \
+         restart at or above it, durably)."
+    );
+    println!("\nVerifying:");
+    verify_now(args)
+}
+
+/// Plans the salvage under the directory's lock, so no server starts
+/// meanwhile; the lock is released before the log is opened (which takes
+/// it again). An error says why nothing was done.
+fn plan_locked(dir: &Path, opts: &fencelog::Options) -> Result<RecoveryReport, String> {
+    let _lock = match FsStorage.lock_dir(dir) {
+        Ok(lock) => lock,
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+            return Err(format!(
+                "{} is in use by another process (a running server?): stop it first",
+                dir.display()
+            ));
+        }
+        Err(e) => return Err(format!("cannot lock {}: {e}", dir.display())),
+    };
+    fencelog_wal::plan_recovery(&FsStorage, dir, &opts.wal)
+        .map_err(|e| format!("cannot read the log in {}: {e}", dir.display()))
+}
+
+/// Asks on the terminal whether to cut; an error says why not.
+fn ask_to_cut() -> Result<(), &'static str> {
+    if !std::io::stdin().is_terminal() {
+        return Err("standard input is not a terminal: pass --yes to cut without asking");
+    }
+    print!("Cut the log here? [y/N] ");
+    let _ = std::io::stdout().flush();
+    let mut answer = String::new();
+    let _ = std::io::stdin().lock().read_line(&mut answer);
+    if matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes") {
+        Ok(())
+    } else {
+        Err("nothing was changed")
+    }
+}
+
+/// What opening in salvage mode cut, and whether it raised the floor.
+fn print_done(report: &RecoveryReport) {
     match &report.cut {
         Some(done) => {
             println!(
@@ -167,12 +187,6 @@ pub fn run(args: &RepairArgs) -> ExitCode {
         }
         None => {}
     }
-    println!(
-        "Token floor now in force: {floor} (every stream's highest token and the lease counter \
-         restart at or above it, durably)."
-    );
-    println!("\nVerifying:");
-    verify_now(args)
 }
 
 fn verify_now(args: &RepairArgs) -> ExitCode {

@@ -21,7 +21,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use fencelog::inspect::{EntryView, describe};
+use fencelog::inspect::{CheckpointStream, EntryView, describe};
 use fencelog_wal::{EntryKind, FsStorage, VerifiedEntry, VerifyReport, WalError, format};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
@@ -400,58 +400,14 @@ impl<'d> Replay<'d> {
                 streams,
                 leases,
                 last_token,
-            } => {
-                self.checkpoints += 1;
-                let table: HashMap<Vec<u8>, Numbers> = streams
-                    .iter()
-                    .map(|s| {
-                        (
-                            s.name.clone(),
-                            Numbers {
-                                highest: s.highest_token,
-                                next: s.next_offset,
-                                start: s.start_offset,
-                            },
-                        )
-                    })
-                    .collect();
-                // A checkpoint right after the entries before it (no LSN
-                // gap) must hold the state they leave.
-                if contiguous && self.state_from.is_some() {
-                    problems.extend(self.compare_checkpoint(&table, *last_token));
-                }
-                self.state = table;
-                self.last_token = *last_token;
-                self.leases_at_checkpoint = *leases as u64;
-                self.state_from = Some((e.segment, e.lsn));
-            }
+            } => problems.extend(self.checkpoint(e, streams, *leases, *last_token, contiguous)),
             EntryView::Append {
                 stream,
                 token,
                 first_offset,
                 records,
                 payloads,
-            } => {
-                self.ops.appends += 1;
-                let bytes: u64 = payloads.iter().map(|p| p.len() as u64).sum();
-                let s = slot(&mut self.state, stream);
-                if *token < s.highest || *first_offset != s.next || *records == 0 {
-                    problems.push(format!(
-                        "an append of {records} records at offset {first_offset} with token {token} \
-                         that does not follow stream {} (next offset {}, highest token {})",
-                        escape(stream, None),
-                        s.next,
-                        s.highest
-                    ));
-                }
-                s.highest = s.highest.max(*token);
-                s.next = first_offset.saturating_add(u64::from(*records));
-                let a = slot(&mut self.appended, stream);
-                a.0 += u64::from(*records);
-                a.1 += bytes;
-                self.records_appended += u64::from(*records);
-                self.bytes_appended += bytes;
-            }
+            } => problems.extend(self.append(stream, *token, *first_offset, *records, payloads)),
             EntryView::Fence { stream, token } => {
                 self.ops.fences += 1;
                 problems.extend(self.fence(stream, *token));
@@ -471,22 +427,7 @@ impl<'d> Replay<'d> {
             }
             EntryView::Acquire {
                 name, token, fence, ..
-            } => {
-                self.ops.acquires += 1;
-                self.lease_acquisitions += 1;
-                if *fence {
-                    problems.extend(self.fence(name, *token));
-                }
-                if *token <= self.last_token {
-                    problems.push(format!(
-                        "a lease acquisition of {} that issued token {token}, not above the last \
-                         issued {}",
-                        escape(name, None),
-                        self.last_token
-                    ));
-                }
-                self.last_token = self.last_token.max(*token);
-            }
+            } => problems.extend(self.acquire(name, *token, *fence)),
             // A replica's entry: what it changed counts as on one node.
             EntryView::Replicated { op: Some(op), .. } => {
                 problems.extend(self.apply(e, op, contiguous));
@@ -503,6 +444,91 @@ impl<'d> Replay<'d> {
             // damage, but it changes nothing the report shows.
             _ => {}
         }
+        problems
+    }
+
+    /// A checkpoint: the state from here on. One right after the entries
+    /// before it (no LSN gap) must hold the state they leave.
+    fn checkpoint(
+        &mut self,
+        e: &VerifiedEntry<'_>,
+        streams: &[CheckpointStream],
+        leases: usize,
+        last_token: u64,
+        contiguous: bool,
+    ) -> Vec<String> {
+        self.checkpoints += 1;
+        let table: HashMap<Vec<u8>, Numbers> = streams
+            .iter()
+            .map(|s| {
+                (
+                    s.name.clone(),
+                    Numbers {
+                        highest: s.highest_token,
+                        next: s.next_offset,
+                        start: s.start_offset,
+                    },
+                )
+            })
+            .collect();
+        let problems = if contiguous && self.state_from.is_some() {
+            self.compare_checkpoint(&table, last_token)
+        } else {
+            Vec::new()
+        };
+        self.state = table;
+        self.last_token = last_token;
+        self.leases_at_checkpoint = leases as u64;
+        self.state_from = Some((e.segment, e.lsn));
+        problems
+    }
+
+    fn append(
+        &mut self,
+        stream: &[u8],
+        token: u64,
+        first_offset: u64,
+        records: u32,
+        payloads: &[&[u8]],
+    ) -> Option<String> {
+        self.ops.appends += 1;
+        let bytes: u64 = payloads.iter().map(|p| p.len() as u64).sum();
+        let s = slot(&mut self.state, stream);
+        let problem = (token < s.highest || first_offset != s.next || records == 0).then(|| {
+            format!(
+                "an append of {records} records at offset {first_offset} with token {token} \
+                 that does not follow stream {} (next offset {}, highest token {})",
+                escape(stream, None),
+                s.next,
+                s.highest
+            )
+        });
+        s.highest = s.highest.max(token);
+        s.next = first_offset.saturating_add(u64::from(records));
+        let a = slot(&mut self.appended, stream);
+        a.0 += u64::from(records);
+        a.1 += bytes;
+        self.records_appended += u64::from(records);
+        self.bytes_appended += bytes;
+        problem
+    }
+
+    fn acquire(&mut self, name: &[u8], token: u64, fence: bool) -> Vec<String> {
+        self.ops.acquires += 1;
+        self.lease_acquisitions += 1;
+        let mut problems = Vec::new();
+        if fence {
+            problems.extend(self.fence(name, token));
+        }
+        if token <= self.last_token {
+            problems.push(format!(
+                "a lease acquisition of {} that issued token {token}, not above the last \
+                 issued {}",
+                escape(name, None),
+                self.last_token
+            ));
+        }
+        self.last_token = self.last_token.max(token);
         problems
     }
 
@@ -770,8 +796,37 @@ pub fn render(s: &Summary, all: bool) -> String {
 fn render_into(o: &mut String, s: &Summary, r: &VerifyReport, all: bool) -> std::fmt::Result {
     writeln!(o, "fencelog verify {}", s.dir.display())?;
     writeln!(o)?;
+    let limit = if all { usize::MAX } else { LIST_LIMIT };
+    render_segments(o, r, limit)?;
+    render_entries(o, s, r)?;
+    render_streams(o, s, limit)?;
+    writeln!(
+        o,
+        "leases    {} in the scanned log, highest lease token {}, {} live at the newest checkpoint",
+        plural(s.lease_acquisitions, "acquisition", "acquisitions"),
+        s.highest_lease_token,
+        s.leases_at_checkpoint
+    )?;
 
-    // Segments.
+    for g in &r.segments {
+        if let Some(at) = g.torn_tail_at {
+            writeln!(
+                o,
+                "torn tail {} at byte {at}: the last write there was unfinished when the writer \
+                 stopped (a crash or power loss), or its bytes were damaged since (the two cannot \
+                 be told apart). It was never acknowledged to anyone; opening the log cuts it. Not \
+                 damage.",
+                g.path.display()
+            )?;
+        }
+    }
+
+    render_damage(o, s)
+}
+
+/// Each segment's state, size and LSNs (the first `limit`), and the ones
+/// absent.
+fn render_segments(o: &mut String, r: &VerifyReport, limit: usize) -> std::fmt::Result {
     let sealed = r.segments.iter().filter(|g| g.sealed).count() as u64;
     let unsealed = r.segments.len() as u64 - sealed;
     writeln!(
@@ -781,7 +836,6 @@ fn render_into(o: &mut String, s: &Summary, r: &VerifyReport, all: bool) -> std:
         human_bytes(r.bytes)
     )?;
     let last_with_entries = r.segments.iter().rposition(|g| g.entries > 0);
-    let limit = if all { usize::MAX } else { LIST_LIMIT };
     for (i, g) in r.segments.iter().enumerate().take(limit) {
         let state = if g.damage.is_some() {
             "DAMAGED"
@@ -823,8 +877,11 @@ fn render_into(o: &mut String, s: &Summary, r: &VerifyReport, all: bool) -> std:
             )?;
         }
     }
+    Ok(())
+}
 
-    // Entries.
+/// The entries by kind, the LSNs and the records appended.
+fn render_entries(o: &mut String, s: &Summary, r: &VerifyReport) -> std::fmt::Result {
     let ops = &s.ops;
     writeln!(
         o,
@@ -868,8 +925,11 @@ fn render_into(o: &mut String, s: &Summary, r: &VerifyReport, all: bool) -> std:
         s.records_appended,
         human_bytes(s.bytes_appended)
     )?;
+    Ok(())
+}
 
-    // Streams.
+/// Each stream's numbers (the busiest `limit`).
+fn render_streams(o: &mut String, s: &Summary, limit: usize) -> std::fmt::Result {
     write!(o, "streams   {}", s.streams.len())?;
     if let (Some((seg, lsn)), Some((_, last))) = (s.state_from, s.lsns) {
         write!(
@@ -915,31 +975,11 @@ fn render_into(o: &mut String, s: &Summary, r: &VerifyReport, all: bool) -> std:
             )?;
         }
     }
+    Ok(())
+}
 
-    // Leases.
-    writeln!(
-        o,
-        "leases    {} in the scanned log, highest lease token {}, {} live at the newest checkpoint",
-        plural(s.lease_acquisitions, "acquisition", "acquisitions"),
-        s.highest_lease_token,
-        s.leases_at_checkpoint
-    )?;
-
-    // Torn tails.
-    for g in &r.segments {
-        if let Some(at) = g.torn_tail_at {
-            writeln!(
-                o,
-                "torn tail {} at byte {at}: the last write there was unfinished when the writer \
-                 stopped (a crash or power loss), or its bytes were damaged since (the two cannot \
-                 be told apart). It was never acknowledged to anyone; opening the log cuts it. Not \
-                 damage.",
-                g.path.display()
-            )?;
-        }
-    }
-
-    // Damage.
+/// The damage found, and the verdict.
+fn render_damage(o: &mut String, s: &Summary) -> std::fmt::Result {
     if s.damage.is_empty() {
         writeln!(o, "damage    none")?;
         writeln!(o)?;

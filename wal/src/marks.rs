@@ -93,39 +93,7 @@ impl MarksFile {
         let file = match storage.open(&path) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                // A new log, or one written before marks existed: nothing
-                // was promised beyond what its segments hold. Made whole
-                // under another name, then renamed: a crash leaves either
-                // no marks file or a complete one.
-                let tmp = dir.join(format!("{MARKS_FILE}.tmp"));
-                let _ = storage.remove(&tmp);
-                let f = storage
-                    .create_new(&tmp)
-                    .map_err(|e| WalError::io("create", &tmp, e))?;
-                // Generation g lives in slot g % 2: the first one in slot 1.
-                let mut init = Vec::with_capacity(2 * SLOT);
-                init.extend_from_slice(&[0u8; SLOT]);
-                init.extend_from_slice(&encode(1, Marks::default()));
-                f.write_all_at(&init, 0)
-                    .map_err(|e| WalError::io("write", &tmp, e))?;
-                f.sync_data()
-                    .map_err(|e| WalError::io("fdatasync", &tmp, e))?;
-                drop(f);
-                storage
-                    .rename(&tmp, &path)
-                    .map_err(|e| WalError::io("rename", &tmp, e))?;
-                storage
-                    .sync_dir(dir)
-                    .map_err(|e| WalError::io("sync directory", dir, e))?;
-                let f = storage
-                    .open(&path)
-                    .map_err(|e| WalError::io("open", &path, e))?;
-                return Ok(MarksFile {
-                    path,
-                    file: f,
-                    generation: 1,
-                    marks: Marks::default(),
-                });
+                return Self::create(storage, dir, path);
             }
             Err(e) => return Err(WalError::io("open", &path, e)),
         };
@@ -162,6 +130,43 @@ impl MarksFile {
             file,
             generation,
             marks,
+        })
+    }
+
+    /// Creates the marks file, durably, with the first generation of
+    /// zero marks: for a new log, or one written before marks existed
+    /// (nothing was promised beyond what its segments hold). Made whole
+    /// under another name, then renamed: a crash leaves either no marks
+    /// file or a complete one.
+    fn create(storage: &dyn Storage, dir: &Path, path: PathBuf) -> Result<MarksFile, WalError> {
+        let tmp = dir.join(format!("{MARKS_FILE}.tmp"));
+        let _ = storage.remove(&tmp);
+        let f = storage
+            .create_new(&tmp)
+            .map_err(|e| WalError::io("create", &tmp, e))?;
+        // Generation g lives in slot g % 2: the first one in slot 1.
+        let mut init = Vec::with_capacity(2 * SLOT);
+        init.extend_from_slice(&[0u8; SLOT]);
+        init.extend_from_slice(&encode(1, Marks::default()));
+        f.write_all_at(&init, 0)
+            .map_err(|e| WalError::io("write", &tmp, e))?;
+        f.sync_data()
+            .map_err(|e| WalError::io("fdatasync", &tmp, e))?;
+        drop(f);
+        storage
+            .rename(&tmp, &path)
+            .map_err(|e| WalError::io("rename", &tmp, e))?;
+        storage
+            .sync_dir(dir)
+            .map_err(|e| WalError::io("sync directory", dir, e))?;
+        let f = storage
+            .open(&path)
+            .map_err(|e| WalError::io("open", &path, e))?;
+        Ok(MarksFile {
+            path,
+            file: f,
+            generation: 1,
+            marks: Marks::default(),
         })
     }
 

@@ -439,6 +439,45 @@ pub fn plan_recovery(
 }
 
 fn plan(storage: &dyn Storage, dir: &Path, opts: &WalOptions) -> Result<Plan, WalError> {
+    let (seqs, tmp_files) = list_segments(storage, dir)?;
+    let next_seq = seqs.last().map_or(1, |s| s + 1);
+    let (tail, unreadable, first_opened) = open_tail(storage, dir, &seqs, opts)?;
+    let scan = Scan::run(&tail, &unreadable)?;
+    let mut plan = Plan {
+        tmp_files,
+        keep: tail,
+        copy_aside: None,
+        rename_aside: Vec::new(),
+        remove: Vec::new(),
+        cut: None,
+        rotate_after_junk: false,
+        entries: scan.entries,
+        expected: scan.expected,
+        // Older segments are sealed and are read only on demand: open
+        // reads the tail only.
+        older: seqs[..first_opened].to_vec(),
+        next_seq,
+        report: scan.report,
+    };
+    if let Some(stop) = scan.stop {
+        plan.cut_at(stop, &unreadable, opts)?;
+    }
+    if plan.keep.is_empty() && !unreadable.is_empty() {
+        plan.nothing_readable(&unreadable);
+    }
+    plan.drop_empty_tail_segments();
+    if let Some(c) = &mut plan.cut {
+        c.removed = plan.remove.clone();
+    }
+    Ok(plan)
+}
+
+/// The segment files in `dir`, in order, and the `.wal.tmp` files of
+/// segments whose creation never finished.
+pub(crate) fn list_segments(
+    storage: &dyn Storage,
+    dir: &Path,
+) -> Result<(Vec<u64>, Vec<PathBuf>), WalError> {
     let names = storage
         .list(dir)
         .map_err(|e| WalError::io("list", dir, e))?;
@@ -454,12 +493,20 @@ fn plan(storage: &dyn Storage, dir: &Path, opts: &WalOptions) -> Result<Plan, Wa
         }
     }
     seqs.sort_unstable();
-    let next_seq = seqs.last().map_or(1, |s| s + 1);
+    Ok((seqs, tmp_files))
+}
 
-    // Open segments from the newest back to the newest one that opens with
-    // a valid checkpoint: replay starts there. Salvage notes segments it
-    // cannot read at all and carries on with older ones; nothing is moved
-    // before the whole picture is known.
+/// Opens segments from the newest back to the newest one that opens with a
+/// valid checkpoint: replay starts there. Salvage notes segments it cannot
+/// read at all and carries on with older ones; nothing is moved before the
+/// whole picture is known. Answers the opened segments and the unreadable
+/// ones, both in order, and the index in `seqs` of the oldest one looked at.
+fn open_tail(
+    storage: &dyn Storage,
+    dir: &Path,
+    seqs: &[u64],
+    opts: &WalOptions,
+) -> Result<(Vec<Seg>, Vec<Unreadable>, usize), WalError> {
     let mut tail: Vec<Seg> = Vec::new();
     let mut unreadable: Vec<Unreadable> = Vec::new();
     let mut first_opened = seqs.len();
@@ -485,36 +532,82 @@ fn plan(storage: &dyn Storage, dir: &Path, opts: &WalOptions) -> Result<Plan, Wa
     }
     tail.reverse();
     unreadable.reverse();
-    // Older segments are sealed and are read only on demand: open reads the
-    // tail only.
-    let older: Vec<u64> = seqs[..first_opened].to_vec();
-    let mut report = RecoveryReport::default();
-    let mut entries: Vec<Scanned> = Vec::new();
-    let mut expected: Option<u64> = None;
-    // (segment index in tail, position, description)
-    let mut stop: Option<(usize, u64, String)> = None;
-    // The stop is where an unreadable segment begins (not damage found
-    // inside the stop segment itself).
-    let mut stop_at_unreadable = false;
-    for (i, seg) in tail.iter().enumerate() {
-        if let Some(u) = unreadable.iter().find(|u| u.seq < seg.seq) {
-            // Scanning stops before the first segment that cannot be read.
-            let (at_index, at) = match i.checked_sub(1) {
-                Some(p) => (p, tail[p].entries_end()),
-                None => (0, HEADER_LEN),
-            };
-            stop = Some((
-                at_index,
-                at,
-                format!("segment {} cannot be read ({})", u.seq, u.error),
-            ));
-            stop_at_unreadable = true;
-            break;
+    Ok((tail, unreadable, first_opened))
+}
+
+/// Where the valid log stops.
+struct Stop {
+    /// The segment (an index in the opened tail).
+    index: usize,
+    /// The byte position in it.
+    pos: u64,
+    /// What was found there.
+    reason: String,
+    /// The stop is where an unreadable segment begins (not damage found
+    /// inside the stop segment itself).
+    at_unreadable: bool,
+}
+
+impl Stop {
+    fn before_unreadable(index: usize, pos: u64, u: &Unreadable) -> Stop {
+        Stop {
+            index,
+            pos,
+            reason: format!("segment {} cannot be read ({})", u.seq, u.error),
+            at_unreadable: true,
         }
-        report.scanned_segments += 1;
+    }
+}
+
+/// The scan of the opened tail: its valid entries, in order, and where
+/// they stop.
+struct Scan {
+    entries: Vec<Scanned>,
+    /// The LSN the next valid entry must carry.
+    expected: Option<u64>,
+    stop: Option<Stop>,
+    report: RecoveryReport,
+}
+
+impl Scan {
+    fn run(tail: &[Seg], unreadable: &[Unreadable]) -> Result<Scan, WalError> {
+        let mut scan = Scan {
+            entries: Vec::new(),
+            expected: None,
+            stop: None,
+            report: RecoveryReport::default(),
+        };
+        for (i, seg) in tail.iter().enumerate() {
+            if let Some(u) = unreadable.iter().find(|u| u.seq < seg.seq) {
+                // Scanning stops before the first segment that cannot be read.
+                let (index, pos) = match i.checked_sub(1) {
+                    Some(p) => (p, tail[p].entries_end()),
+                    None => (0, HEADER_LEN),
+                };
+                scan.stop = Some(Stop::before_unreadable(index, pos, u));
+                return Ok(scan);
+            }
+            scan.report.scanned_segments += 1;
+            if let Some(stop) = scan.segment(i, seg)? {
+                scan.stop = Some(stop);
+                return Ok(scan);
+            }
+        }
+        if let Some(last) = tail.len().checked_sub(1)
+            && let Some(u) = unreadable.iter().find(|u| u.seq > tail[last].seq)
+        {
+            scan.stop = Some(Stop::before_unreadable(last, tail[last].entries_end(), u));
+        }
+        Ok(scan)
+    }
+
+    /// Scans one segment's entries; answers where the valid log stops in
+    /// it, if it does.
+    fn segment(&mut self, i: usize, seg: &Seg) -> Result<Option<Stop>, WalError> {
         let end = seg.entries_end();
         let mut pos = HEADER_LEN;
-        let first_in_seg = entries.len();
+        let first_in_seg = self.entries.len();
+        let mut stop = None;
         while pos < end {
             let probe =
                 format::probe_entry(&seg.data[pos as usize..end as usize], seg.seq, u32::MAX);
@@ -522,88 +615,201 @@ fn plan(storage: &dyn Storage, dir: &Path, opts: &WalOptions) -> Result<Plan, Wa
             match probe {
                 Probe::Entry(h)
                     if h.kind.opens_segment() == at_start
-                        && expected.is_none_or(|e| h.lsn == e)
+                        && self.expected.is_none_or(|e| h.lsn == e)
                         // Replay starts with a checkpoint, never a link.
-                        && (expected.is_some() || h.kind == EntryKind::Checkpoint) =>
+                        && (self.expected.is_some() || h.kind == EntryKind::Checkpoint) =>
                 {
-                    entries.push(Scanned {
+                    self.entries.push(Scanned {
                         seq: seg.seq,
                         pos,
                         lsn: h.lsn,
                         kind: h.kind,
                         len: h.len,
                     });
-                    expected = Some(h.lsn + 1);
+                    self.expected = Some(h.lsn + 1);
                     pos += h.encoded_len();
                 }
                 other => {
-                    stop = Some((i, pos, describe(other, expected, at_start)));
+                    stop = Some(describe(other, self.expected, at_start));
                     break;
                 }
             }
         }
-        report.scanned_bytes += pos - HEADER_LEN;
-        if stop.is_some() {
-            break;
-        }
-        match &seg.sealed {
-            Some((view, _)) => {
-                let (first, last) = match (entries.get(first_in_seg), entries.last()) {
-                    (Some(f), Some(l)) if entries.len() > first_in_seg => (f.lsn, l.lsn),
-                    _ => (0, 0),
-                };
-                if (first, last) != (view.first_lsn, view.last_lsn) {
-                    return Err(WalError::Corrupt {
-                        file: seg.path.clone(),
-                        position: view.footer_pos,
-                        reason: format!(
-                            "the footer says LSNs {}..={} but the entries hold {first}..={last}",
-                            view.first_lsn, view.last_lsn
-                        ),
-                    });
-                }
+        self.report.scanned_bytes += pos - HEADER_LEN;
+        let reason = match (stop, &seg.sealed) {
+            (Some(reason), _) => reason,
+            (None, Some((view, _))) => {
+                self.check_footer(seg, view, first_in_seg)?;
+                return Ok(None);
             }
-            None => {
-                // An unsealed segment that runs to its very end: the log
-                // stops here; anything in later segments is examined below.
-                stop = Some((i, pos, "the segment file ends here".into()));
-                break;
-            }
-        }
-    }
-    if stop.is_none()
-        && let Some(last) = tail.len().checked_sub(1)
-        && let Some(u) = unreadable.iter().find(|u| u.seq > tail[last].seq)
-    {
-        stop = Some((
-            last,
-            tail[last].entries_end(),
-            format!("segment {} cannot be read ({})", u.seq, u.error),
-        ));
-        stop_at_unreadable = true;
+            // An unsealed segment that runs to its very end: the log stops
+            // here; anything in later segments is examined later.
+            (None, None) => "the segment file ends here".into(),
+        };
+        Ok(Some(Stop {
+            index: i,
+            pos,
+            reason,
+            at_unreadable: false,
+        }))
     }
 
-    let mut cut: Option<Cut> = None;
-    let mut copy_aside = None;
-    let mut rename_aside = Vec::new();
-    let mut remove = Vec::new();
-    let mut rotate_after_junk = false;
-    // How many readable tail segments are kept (the rest are cut).
-    let mut keep_len = tail.len();
-    if let Some((stop_index, stop_pos, reason)) = stop {
-        let seg = &tail[stop_index];
-        let exp = expected.unwrap_or(1);
-        // An unreadable segment anywhere in the tail: a later segment
-        // exists, so the stop's epoch was synced and something is lost.
-        let unreadable_after = unreadable.first();
+    /// A sealed segment's footer must name the LSNs its entries hold.
+    fn check_footer(
+        &self,
+        seg: &Seg,
+        view: &SealedInfo,
+        first_in_seg: usize,
+    ) -> Result<(), WalError> {
+        let (first, last) = match (self.entries.get(first_in_seg), self.entries.last()) {
+            (Some(f), Some(l)) if self.entries.len() > first_in_seg => (f.lsn, l.lsn),
+            _ => (0, 0),
+        };
+        if (first, last) != (view.first_lsn, view.last_lsn) {
+            return Err(WalError::Corrupt {
+                file: seg.path.clone(),
+                position: view.footer_pos,
+                reason: format!(
+                    "the footer says LSNs {}..={} but the entries hold {first}..={last}",
+                    view.first_lsn, view.last_lsn
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// What lies after the stop, and what it says about the stop.
+struct AfterStop {
+    /// A footer right after the last entry, whose trailer never became
+    /// durable: a seal was interrupted.
+    interrupted_seal: bool,
+    /// A valid entry found beyond the stop.
+    beyond: Option<Beyond>,
+    /// Something other than zeros follows the stop.
+    nonzero: bool,
+    /// Why acknowledged data is damaged, if it is.
+    damage: Option<String>,
+}
+
+impl Plan {
+    /// Decides what to cut at `stop`: refuses, salvages damage, redoes an
+    /// interrupted seal or cuts a torn tail. Keeps the tail up to the stop
+    /// segment.
+    fn cut_at(
+        &mut self,
+        stop: Stop,
+        unreadable: &[Unreadable],
+        opts: &WalOptions,
+    ) -> Result<(), WalError> {
+        let after = self.look_after(&stop, unreadable)?;
+        let written_end = self.written_end(&stop);
+        let seg_path = self.keep[stop.index].path.clone();
+        let corrupt = |reason: String| WalError::Corrupt {
+            file: seg_path.clone(),
+            position: stop.pos,
+            reason,
+        };
+        let later: Vec<PathBuf> = self.keep[stop.index + 1..]
+            .iter()
+            .map(|s| s.path.clone())
+            .collect();
+        if let Some(damage) = after.damage {
+            if opts.recovery != RecoveryMode::Salvage {
+                return Err(corrupt(damage));
+            }
+            self.salvage(&stop, damage, written_end, later, unreadable);
+        } else if after.interrupted_seal && after.beyond.is_none() {
+            // Not damage: the seal is redone after recovery.
+            self.rotate_after_junk = true;
+            self.remove.extend(later);
+        } else {
+            if after.beyond.is_some() || after.nonzero {
+                if opts.recovery == RecoveryMode::AbsoluteConsistency {
+                    return Err(corrupt(format!(
+                        "{}: a torn tail, refused by AbsoluteConsistency",
+                        stop.reason
+                    )));
+                }
+                self.cut = Some(Cut {
+                    kind: CutKind::TornTail,
+                    file: seg_path.clone(),
+                    position: stop.pos,
+                    // Honest about what cannot be known: nothing after
+                    // this proves a sync covered it (a torn write looks
+                    // like this; so would damage at rest to the newest
+                    // synced epoch, with nothing written after it).
+                    reason: format!(
+                        "{}: no later write proves a sync completed here, so it was \
+                         never acknowledged",
+                        stop.reason
+                    ),
+                    bytes_cut: written_end.saturating_sub(stop.pos),
+                    entries_cut: self.entries_cut(&stop),
+                    moved_aside: Vec::new(),
+                    removed: Vec::new(),
+                });
+                self.rotate_after_junk = true;
+            }
+            // Segments after the one the log ends in hold no valid entry.
+            self.remove.extend(later);
+        }
+        self.keep.truncate(stop.index + 1);
+        Ok(())
+    }
+
+    /// Salvages damage at `stop`: keeps what was written past it aside
+    /// (a copy of its segment, the later and the unreadable segments
+    /// renamed), to be sealed over.
+    fn salvage(
+        &mut self,
+        stop: &Stop,
+        damage: String,
+        written_end: u64,
+        later: Vec<PathBuf>,
+        unreadable: &[Unreadable],
+    ) {
+        let seg_path = self.keep[stop.index].path.clone();
+        let mut moved = Vec::new();
+        if written_end > stop.pos {
+            self.copy_aside = Some(stop.index);
+            moved.push(aside_path(&seg_path));
+        }
+        let aside = later
+            .into_iter()
+            .chain(unreadable.iter().map(|u| u.path.clone()));
+        for path in aside {
+            moved.push(aside_path(&path));
+            self.rename_aside.push(path);
+        }
+        self.cut = Some(Cut {
+            kind: CutKind::Salvaged,
+            file: seg_path,
+            position: stop.pos,
+            reason: damage,
+            bytes_cut: written_end.saturating_sub(stop.pos),
+            entries_cut: self.entries_cut(stop),
+            moved_aside: moved,
+            removed: Vec::new(),
+        });
+        self.rotate_after_junk = true;
+    }
+
+    /// Looks past the stop: an interrupted seal, a valid entry of a later
+    /// sync, an unreadable later segment.
+    fn look_after(&self, stop: &Stop, unreadable: &[Unreadable]) -> Result<AfterStop, WalError> {
+        let tail = &self.keep;
+        let seg = &tail[stop.index];
+        let exp = self.expected.unwrap_or(1);
+        let reason = &stop.reason;
         if let Some((view, _)) = &seg.sealed
-            && stop_pos < view.footer_pos
-            && !stop_at_unreadable
+            && stop.pos < view.footer_pos
+            && !stop.at_unreadable
         {
             // A sealed segment's entries were all synced before its footer.
             return Err(WalError::Corrupt {
                 file: seg.path.clone(),
-                position: stop_pos,
+                position: stop.pos,
                 reason: format!("{reason} inside a sealed segment"),
             });
         }
@@ -613,27 +819,31 @@ fn plan(storage: &dyn Storage, dir: &Path, opts: &WalOptions) -> Result<Plan, Wa
         // stop can lie beyond it.)
         let footer_at_stop = seg
             .data
-            .get(stop_pos as usize..)
+            .get(stop.pos as usize..)
             .and_then(|rest| format::decode_footer(rest, seg.seq));
         let interrupted_seal = seg.sealed.is_none()
-            && footer_at_stop
-                .is_some_and(|f| expected.is_some_and(|e| f.last_lsn.checked_add(1) == Some(e)));
-        let (beyond, nonzero) = if stop_at_unreadable {
+            && footer_at_stop.is_some_and(|f| {
+                self.expected
+                    .is_some_and(|e| f.last_lsn.checked_add(1) == Some(e))
+            });
+        let (beyond, nonzero) = if stop.at_unreadable {
             // Damage whatever follows: nothing more to learn from it.
             (None, true)
         } else if interrupted_seal {
             let footer_len =
                 footer_at_stop.map_or(0, |f| format::FOOTER_HEADER_LEN as u64 + u64::from(f.len));
-            let after = format::align_up(stop_pos + footer_len);
-            let (b, _) = look_beyond(&tail, stop_index, after.saturating_sub(ALIGN), exp);
+            let after = format::align_up(stop.pos + footer_len);
+            let (b, _) = look_beyond(tail, stop.index, after.saturating_sub(ALIGN), exp);
             (b, true)
         } else {
-            look_beyond(&tail, stop_index, stop_pos, exp)
+            look_beyond(tail, stop.index, stop.pos, exp)
         };
-        let damage = match (&beyond, unreadable_after) {
+        // An unreadable segment anywhere in the tail: a later segment
+        // exists, so the stop's epoch was synced and something is lost.
+        let damage = match (&beyond, unreadable.first()) {
             // A valid entry of an epoch that began after the stop: the stop's
             // epoch had been synced, so acknowledged data is damaged.
-            (Some(b), _) if b.epoch_first_lsn > exp || b.seg_index != stop_index => Some(format!(
+            (Some(b), _) if b.epoch_first_lsn > exp || b.seg_index != stop.index => Some(format!(
                 "{reason}, yet a valid entry (LSN {}) of a later sync follows at byte {} of {}",
                 b.lsn,
                 b.pos,
@@ -646,105 +856,49 @@ fn plan(storage: &dyn Storage, dir: &Path, opts: &WalOptions) -> Result<Plan, Wa
             )),
             _ => None,
         };
-        let stop_written_end = match &seg.sealed {
-            Some((view, _)) if stop_pos >= view.footer_pos => stop_pos,
-            _ => written_end(&seg.data, stop_pos),
-        };
-        let entries_cut = |from_index: usize| -> u64 {
-            tail.iter()
-                .enumerate()
-                .skip(from_index)
-                .map(|(i, s)| {
-                    let from = if i == stop_index {
-                        stop_pos
-                    } else {
-                        HEADER_LEN
-                    };
-                    count_valid(&s.data, s.seq, from, s.entries_end(), exp)
-                })
-                .sum()
-        };
-        if let Some(damage) = damage {
-            if opts.recovery != RecoveryMode::Salvage {
-                return Err(WalError::Corrupt {
-                    file: seg.path.clone(),
-                    position: stop_pos,
-                    reason: damage,
-                });
-            }
-            let mut moved = Vec::new();
-            if stop_written_end > stop_pos {
-                copy_aside = Some(stop_index);
-                moved.push(aside_path(&seg.path));
-            }
-            for later in &tail[stop_index + 1..] {
-                moved.push(aside_path(&later.path));
-                rename_aside.push(later.path.clone());
-            }
-            for u in &unreadable {
-                moved.push(aside_path(&u.path));
-                rename_aside.push(u.path.clone());
-            }
-            cut = Some(Cut {
-                kind: CutKind::Salvaged,
-                file: seg.path.clone(),
-                position: stop_pos,
-                reason: damage,
-                bytes_cut: stop_written_end.saturating_sub(stop_pos),
-                entries_cut: entries_cut(stop_index),
-                moved_aside: moved,
-                removed: Vec::new(),
-            });
-            rotate_after_junk = true;
-            keep_len = stop_index + 1;
-        } else if interrupted_seal && beyond.is_none() {
-            // Not damage: the seal is redone after recovery.
-            rotate_after_junk = true;
-            keep_len = stop_index + 1;
-            for later in &tail[stop_index + 1..] {
-                remove.push(later.path.clone());
-            }
-        } else {
-            if beyond.is_some() || nonzero {
-                if opts.recovery == RecoveryMode::AbsoluteConsistency {
-                    return Err(WalError::Corrupt {
-                        file: seg.path.clone(),
-                        position: stop_pos,
-                        reason: format!("{reason}: a torn tail, refused by AbsoluteConsistency"),
-                    });
-                }
-                cut = Some(Cut {
-                    kind: CutKind::TornTail,
-                    file: seg.path.clone(),
-                    position: stop_pos,
-                    // Honest about what cannot be known: nothing after
-                    // this proves a sync covered it (a torn write looks
-                    // like this; so would damage at rest to the newest
-                    // synced epoch, with nothing written after it).
-                    reason: format!(
-                        "{reason}: no later write proves a sync completed here, so it was \
-                         never acknowledged"
-                    ),
-                    bytes_cut: stop_written_end.saturating_sub(stop_pos),
-                    entries_cut: entries_cut(stop_index),
-                    moved_aside: Vec::new(),
-                    removed: Vec::new(),
-                });
-                rotate_after_junk = true;
-            }
-            keep_len = stop_index + 1;
-            // Segments after the one the log ends in hold no valid entry.
-            for later in &tail[stop_index + 1..] {
-                remove.push(later.path.clone());
-            }
+        Ok(AfterStop {
+            interrupted_seal,
+            beyond,
+            nonzero,
+            damage,
+        })
+    }
+
+    /// The end of what was written in the stop segment.
+    fn written_end(&self, stop: &Stop) -> u64 {
+        let seg = &self.keep[stop.index];
+        match &seg.sealed {
+            Some((view, _)) if stop.pos >= view.footer_pos => stop.pos,
+            _ => written_end(&seg.data, stop.pos),
         }
     }
-    if tail.is_empty() && !unreadable.is_empty() {
-        // Salvage found no segment it could read at all.
+
+    /// The valid entries a cut at `stop` drops, in its segment and later
+    /// ones.
+    fn entries_cut(&self, stop: &Stop) -> u64 {
+        let exp = self.expected.unwrap_or(1);
+        self.keep
+            .iter()
+            .enumerate()
+            .skip(stop.index)
+            .map(|(i, s)| {
+                let from = if i == stop.index {
+                    stop.pos
+                } else {
+                    HEADER_LEN
+                };
+                count_valid(&s.data, s.seq, from, s.entries_end(), exp)
+            })
+            .sum()
+    }
+
+    /// Salvage found no segment it could read at all: every one goes aside.
+    fn nothing_readable(&mut self, unreadable: &[Unreadable]) {
         let first = &unreadable[0];
         let moved: Vec<PathBuf> = unreadable.iter().map(|u| aside_path(&u.path)).collect();
-        rename_aside.extend(unreadable.iter().map(|u| u.path.clone()));
-        cut = Some(Cut {
+        self.rename_aside
+            .extend(unreadable.iter().map(|u| u.path.clone()));
+        self.cut = Some(Cut {
             kind: CutKind::Salvaged,
             file: first.path.clone(),
             position: 0,
@@ -755,46 +909,31 @@ fn plan(storage: &dyn Storage, dir: &Path, opts: &WalOptions) -> Result<Plan, Wa
             removed: Vec::new(),
         });
     }
-    tail.truncate(keep_len);
-    // A trailing segment without a single valid entry holds nothing (a
-    // pre-created segment, or one whose first sync was torn): drop it. A
-    // salvaged stop segment with nothing valid was copied aside first.
-    while let Some(last) = tail.last() {
-        if entries.iter().any(|e| e.seq == last.seq) {
-            break;
-        }
-        if copy_aside == Some(tail.len() - 1) {
-            copy_aside = None;
-            // Renaming keeps every byte: no copy needed.
-            rename_aside.push(last.path.clone());
-            if let Some(c) = &mut cut
-                && !c.moved_aside.contains(&aside_path(&last.path))
-            {
-                c.moved_aside.push(aside_path(&last.path));
+
+    /// A trailing segment without a single valid entry holds nothing (a
+    /// pre-created segment, or one whose first sync was torn): drop it. A
+    /// salvaged stop segment with nothing valid was copied aside first.
+    fn drop_empty_tail_segments(&mut self) {
+        while let Some(last) = self.keep.last() {
+            if self.entries.iter().any(|e| e.seq == last.seq) {
+                break;
             }
-        } else {
-            remove.push(last.path.clone());
+            if self.copy_aside == Some(self.keep.len() - 1) {
+                self.copy_aside = None;
+                // Renaming keeps every byte: no copy needed.
+                self.rename_aside.push(last.path.clone());
+                if let Some(c) = &mut self.cut
+                    && !c.moved_aside.contains(&aside_path(&last.path))
+                {
+                    c.moved_aside.push(aside_path(&last.path));
+                }
+            } else {
+                self.remove.push(last.path.clone());
+            }
+            self.keep.pop();
+            self.rotate_after_junk = false;
         }
-        tail.pop();
-        rotate_after_junk = false;
     }
-    if let Some(c) = &mut cut {
-        c.removed = remove.clone();
-    }
-    Ok(Plan {
-        tmp_files,
-        keep: tail,
-        copy_aside,
-        rename_aside,
-        remove,
-        cut,
-        rotate_after_junk,
-        entries,
-        expected,
-        older,
-        next_seq,
-        report,
-    })
 }
 
 /// Recovers the log in `dir`: plans, raises the token floor if salvage cuts
@@ -805,45 +944,70 @@ pub(crate) fn recover(
     opts: &WalOptions,
     marks: &mut MarksFile,
 ) -> Result<Recovered, WalError> {
-    let Plan {
-        tmp_files,
-        keep,
-        copy_aside,
-        rename_aside,
-        remove,
-        cut,
-        rotate_after_junk,
-        entries,
-        expected,
-        older,
-        next_seq,
-        mut report,
-    } = plan(storage, dir, opts)?;
+    let mut plan = plan(storage, dir, opts)?;
+    raise_floor_before_salvage(&mut plan, marks, dir)?;
+    move_and_remove(storage, dir, &plan)?;
+    let next_lsn = plan.expected.unwrap_or(1);
+    let kept = open_kept(plan.keep, &plan.entries, plan.rotate_after_junk, next_lsn)?;
+    let mut segments = plan.older;
+    segments.extend(kept.seqs);
+    let mut report = plan.report;
+    report.segments = segments.len();
+    report.entries_replayed = plan.entries.len() as u64;
+    report.next_lsn = next_lsn;
+    report.cut = plan.cut;
+    report.marks = marks.get();
+    Ok(Recovered {
+        segments,
+        sealed: kept.sealed,
+        entries: plan.entries,
+        data: kept.data,
+        tail: kept.tail,
+        next_seq: plan.next_seq,
+        next_lsn,
+        report,
+    })
+}
 
-    // A salvage cut drops acknowledged entries on purpose, and with them
-    // values up to the ceiling: the floor rises, durably, before the first
-    // byte of them is gone. A torn tail followed the last sync: it was never
-    // acknowledged, and cutting it raises nothing.
-    if cut.as_ref().is_some_and(|c| c.kind == CutKind::Salvaged) {
-        let m = marks.get();
-        if m.floor < m.ceiling {
-            marks
-                .set(Marks {
-                    ceiling: m.ceiling,
-                    floor: m.ceiling,
-                })
-                .map_err(|e| WalError::io("write token marks in", dir, e))?;
-            report.floor_raised = Some(FloorRaise {
-                from: m.floor,
-                to: m.ceiling,
-            });
-        }
+/// A salvage cut drops acknowledged entries on purpose, and with them
+/// values up to the ceiling: the floor rises, durably, before the first
+/// byte of them is gone. A torn tail followed the last sync: it was never
+/// acknowledged, and cutting it raises nothing.
+fn raise_floor_before_salvage(
+    plan: &mut Plan,
+    marks: &mut MarksFile,
+    dir: &Path,
+) -> Result<(), WalError> {
+    if !plan
+        .cut
+        .as_ref()
+        .is_some_and(|c| c.kind == CutKind::Salvaged)
+    {
+        return Ok(());
     }
+    let m = marks.get();
+    if m.floor < m.ceiling {
+        marks
+            .set(Marks {
+                ceiling: m.ceiling,
+                floor: m.ceiling,
+            })
+            .map_err(|e| WalError::io("write token marks in", dir, e))?;
+        plan.report.floor_raised = Some(FloorRaise {
+            from: m.floor,
+            to: m.ceiling,
+        });
+    }
+    Ok(())
+}
+
+/// Carries out the plan's file changes: copies the damaged segment aside
+/// (durable before anything is sealed over or removed), renames aside,
+/// removes, then syncs the directory.
+fn move_and_remove(storage: &dyn Storage, dir: &Path, plan: &Plan) -> Result<(), WalError> {
     let mut dir_changed = false;
-    // A copy of the damaged segment, durable before anything is sealed
-    // over or removed.
-    if let Some(i) = copy_aside {
-        let seg = &keep[i];
+    if let Some(i) = plan.copy_aside {
+        let seg = &plan.keep[i];
         let aside = aside_path(&seg.path);
         let _ = storage.remove(&aside);
         let f = storage
@@ -858,14 +1022,14 @@ pub(crate) fn recover(
             .map_err(|e| WalError::io("fdatasync", &aside, e))?;
         dir_changed = true;
     }
-    for path in &rename_aside {
+    for path in &plan.rename_aside {
         let aside = aside_path(path);
         storage
             .rename(path, &aside)
             .map_err(|e| WalError::io("rename", path, e))?;
         dir_changed = true;
     }
-    for path in remove.iter().chain(&tmp_files) {
+    for path in plan.remove.iter().chain(&plan.tmp_files) {
         storage
             .remove(path)
             .map_err(|e| WalError::io("remove", path, e))?;
@@ -876,11 +1040,31 @@ pub(crate) fn recover(
             .sync_dir(dir)
             .map_err(|e| WalError::io("sync directory", dir, e))?;
     }
+    Ok(())
+}
 
-    let next_lsn = expected.unwrap_or(1);
+/// The segments recovery keeps, as the log opens on them.
+struct Kept {
+    /// Their sequence numbers, in order.
+    seqs: Vec<u64>,
+    /// The sealed ones, with their footers.
+    sealed: HashMap<u64, (SealedInfo, Bytes)>,
+    /// Every one's bytes, for replay.
+    data: HashMap<u64, Bytes>,
+    /// How to go on writing after the last.
+    tail: Tail,
+}
+
+/// Syncs the kept segments and sorts them into sealed ones and the tail.
+fn open_kept(
+    keep: Vec<Seg>,
+    entries: &[Scanned],
+    rotate_after_junk: bool,
+    next_lsn: u64,
+) -> Result<Kept, WalError> {
+    let mut seqs = Vec::with_capacity(keep.len());
     let mut data = HashMap::new();
     let mut sealed = HashMap::new();
-    let mut segments = older;
     let mut tail = Tail::Rotate;
     let count = keep.len();
     for (i, seg) in keep.into_iter().enumerate() {
@@ -890,7 +1074,7 @@ pub(crate) fn recover(
         seg.file
             .sync_data()
             .map_err(|e| WalError::io("fdatasync", &seg.path, e))?;
-        segments.push(seg.seq);
+        seqs.push(seg.seq);
         data.insert(seg.seq, seg.data.clone());
         let last = i + 1 == count;
         match (seg.sealed, last) {
@@ -907,19 +1091,20 @@ pub(crate) fn recover(
                     .iter()
                     .find(|e| e.seq == seg.seq)
                     .map_or(next_lsn, |e| e.lsn);
+                let (seq, file) = (seg.seq, seg.file);
                 tail = if rotate_after_junk {
                     Tail::SealThenRotate {
-                        seq: seg.seq,
+                        seq,
                         pos,
                         first_lsn,
-                        file: seg.file,
+                        file,
                     }
                 } else {
                     Tail::Continue {
-                        seq: seg.seq,
+                        seq,
                         pos,
                         first_lsn,
-                        file: seg.file,
+                        file,
                     }
                 };
             }
@@ -932,20 +1117,11 @@ pub(crate) fn recover(
             }
         }
     }
-    report.segments = segments.len();
-    report.entries_replayed = entries.len() as u64;
-    report.next_lsn = next_lsn;
-    report.cut = cut;
-    report.marks = marks.get();
-    Ok(Recovered {
-        segments,
+    Ok(Kept {
+        seqs,
         sealed,
-        entries,
         data,
         tail,
-        next_seq,
-        next_lsn,
-        report,
     })
 }
 

@@ -76,23 +76,8 @@ pub fn verify(
     mut on_entry: impl FnMut(&VerifiedEntry<'_>),
     mut on_progress: impl FnMut(u64, u64),
 ) -> Result<VerifyReport, WalError> {
-    let _lock = storage.lock_dir(dir).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::WouldBlock {
-            WalError::Locked {
-                dir: dir.to_path_buf(),
-            }
-        } else {
-            WalError::io("lock", dir.join("LOCK"), e)
-        }
-    })?;
-    let mut seqs: Vec<u64> = storage
-        .list(dir)
-        .map_err(|e| WalError::io("list", dir, e))?
-        .iter()
-        .filter_map(|n| format::parse_segment_file_name(n))
-        .collect();
-    seqs.sort_unstable();
-
+    let _lock = crate::wal::lock_dir(storage, dir)?;
+    let (seqs, _) = crate::recovery::list_segments(storage, dir)?;
     // Sizes first, for the progress report: one file open at a time.
     let mut total = 0;
     for &seq in &seqs {
@@ -103,7 +88,6 @@ pub fn verify(
             .map_err(|e| WalError::io("open", &path, e))?;
         total += len;
     }
-
     let mut report = VerifyReport {
         bytes: total,
         ..VerifyReport::default()
@@ -111,144 +95,9 @@ pub fn verify(
     let mut done = 0;
     let mut expected: Option<u64> = None;
     for &seq in &seqs {
-        let path = dir.join(format::segment_file_name(seq));
-        // One segment open and in memory at a time, whatever the log's size.
-        let file = storage
-            .open(&path)
-            .map_err(|e| WalError::io("open", &path, e))?;
-        let len = file.len().map_err(|e| WalError::io("stat", &path, e))?;
-        let mut seg = SegmentReport {
-            seq,
-            path: path.clone(),
-            len,
-            sealed: false,
-            entries: 0,
-            first_lsn: None,
-            last_lsn: None,
-            damage: None,
-            torn_tail_at: None,
-        };
-        if let Err(e) = segment::check_header(file.as_ref(), &path, seq) {
-            if let WalError::UnknownVersion { .. } = e {
-                return Err(e);
-            }
-            seg.damage = Some((0, e.to_string()));
-            report.segments.push(seg);
-            continue;
-        }
-        let sealed = match segment::load_sealed(file.as_ref(), &path, seq, len) {
-            Ok(v) => v.map(|(info, _)| info),
-            Err(e) => {
-                seg.damage = Some((len.saturating_sub(format::TRAILER_LEN), e.to_string()));
-                None
-            }
-        };
-        seg.sealed = sealed.is_some();
-        let data =
-            storage::read_prefix(file.as_ref(), len).map_err(|e| WalError::io("read", &path, e))?;
-        drop(file);
-        let end = sealed.as_ref().map_or(len, |v| v.footer_pos);
-        let mut pos = HEADER_LEN;
-        let mut stop: Option<(u64, String)> = None;
-        while pos < end {
-            match format::probe_entry(&data[pos as usize..end as usize], seq, u32::MAX) {
-                // Every segment opens with a checkpoint or a link, and only
-                // there.
-                Probe::Entry(h) if h.kind.opens_segment() != (pos == HEADER_LEN) => {
-                    stop = Some((
-                        pos,
-                        if pos == HEADER_LEN {
-                            "a segment that does not open with a checkpoint or a link".into()
-                        } else {
-                            "a checkpoint or link in the middle of a segment".into()
-                        },
-                    ));
-                    break;
-                }
-                // A segment's first entry may skip LSNs forward: the segments
-                // between were removed once nothing in them was needed.
-                Probe::Entry(h)
-                    if expected.is_none_or(|e| h.lsn == e || (pos == HEADER_LEN && h.lsn > e)) =>
-                {
-                    let start = pos as usize + format::ENTRY_HEADER_LEN;
-                    on_entry(&VerifiedEntry {
-                        segment: seq,
-                        position: pos,
-                        lsn: h.lsn,
-                        kind: h.kind,
-                        payload: &data[start..start + h.len as usize],
-                    });
-                    seg.entries += 1;
-                    seg.first_lsn.get_or_insert(h.lsn);
-                    seg.last_lsn = Some(h.lsn);
-                    expected = Some(h.lsn + 1);
-                    pos += h.encoded_len();
-                }
-                Probe::Zeros => {
-                    stop = Some((pos, "zeros".into()));
-                    break;
-                }
-                Probe::Entry(h) => {
-                    stop = Some((
-                        pos,
-                        format!(
-                            "an entry with LSN {} where LSN {} was expected",
-                            h.lsn,
-                            expected.unwrap_or(0)
-                        ),
-                    ));
-                    break;
-                }
-                Probe::Invalid(why) => {
-                    stop = Some((pos, format!("an invalid entry ({why:?})")));
-                    break;
-                }
-            }
-        }
-        if let Some((at, what)) = stop {
-            if seg.sealed {
-                seg.damage
-                    .get_or_insert((at, format!("{what} inside a sealed segment")));
-            } else {
-                let exp = expected.unwrap_or(1);
-                // A footer right after the last entry with no trailer: a seal
-                // interrupted by a crash, which recovery redoes. Not damage.
-                let interrupted_seal = data
-                    .get(at as usize..)
-                    .and_then(|rest| format::decode_footer(rest, seq))
-                    .is_some_and(|f| f.last_lsn.checked_add(1) == Some(exp));
-                let (found, nonzero) = first_valid_after(&data, seq, at + 8, len, exp);
-                match found {
-                    Some((p, h)) if h.epoch_first_lsn > exp => {
-                        seg.damage = Some((
-                            at,
-                            format!(
-                                "{what}, yet a valid entry (LSN {}) of a later sync follows at byte {p}",
-                                h.lsn
-                            ),
-                        ));
-                    }
-                    None if interrupted_seal => {}
-                    Some(_) => seg.torn_tail_at = Some(at),
-                    None if nonzero || what != "zeros" => seg.torn_tail_at = Some(at),
-                    None => {}
-                }
-            }
-        }
-        if let Some(view) = &sealed
-            && (seg.first_lsn, seg.last_lsn) != (Some(view.first_lsn), Some(view.last_lsn))
-            && seg.damage.is_none()
-        {
-            seg.damage = Some((
-                view.footer_pos,
-                format!(
-                    "the footer says LSNs {}..={}, the entries hold {:?}..={:?}",
-                    view.first_lsn, view.last_lsn, seg.first_lsn, seg.last_lsn
-                ),
-            ));
-        }
+        let seg = verify_segment(storage, dir, seq, &mut expected, &mut on_entry)?;
         report.entries += seg.entries;
-        done += len;
+        done += seg.len;
         on_progress(done, total);
         report.segments.push(seg);
     }
@@ -264,4 +113,159 @@ pub fn verify(
         }
     }
     Ok(report)
+}
+
+/// Verifies segment `seq`, whose first entry must carry `expected` (or,
+/// after removed segments, a later LSN); moves `expected` past its last.
+/// One segment open and in memory at a time, whatever the log's size.
+fn verify_segment(
+    storage: &dyn Storage,
+    dir: &Path,
+    seq: u64,
+    expected: &mut Option<u64>,
+    on_entry: &mut impl FnMut(&VerifiedEntry<'_>),
+) -> Result<SegmentReport, WalError> {
+    let path = dir.join(format::segment_file_name(seq));
+    let file = storage
+        .open(&path)
+        .map_err(|e| WalError::io("open", &path, e))?;
+    let len = file.len().map_err(|e| WalError::io("stat", &path, e))?;
+    let mut seg = SegmentReport {
+        seq,
+        path: path.clone(),
+        len,
+        sealed: false,
+        entries: 0,
+        first_lsn: None,
+        last_lsn: None,
+        damage: None,
+        torn_tail_at: None,
+    };
+    if let Err(e) = segment::check_header(file.as_ref(), &path, seq) {
+        if let WalError::UnknownVersion { .. } = e {
+            return Err(e);
+        }
+        seg.damage = Some((0, e.to_string()));
+        return Ok(seg);
+    }
+    let sealed = match segment::load_sealed(file.as_ref(), &path, seq, len) {
+        Ok(v) => v.map(|(info, _)| info),
+        Err(e) => {
+            seg.damage = Some((len.saturating_sub(format::TRAILER_LEN), e.to_string()));
+            None
+        }
+    };
+    seg.sealed = sealed.is_some();
+    let data =
+        storage::read_prefix(file.as_ref(), len).map_err(|e| WalError::io("read", &path, e))?;
+    drop(file);
+    let end = sealed.as_ref().map_or(len, |v| v.footer_pos);
+    if let Some((at, what)) = scan_entries(&mut seg, &data, end, expected, on_entry) {
+        judge_stop(&mut seg, &data, at, &what, expected.unwrap_or(1));
+    }
+    if let Some(view) = &sealed
+        && (seg.first_lsn, seg.last_lsn) != (Some(view.first_lsn), Some(view.last_lsn))
+        && seg.damage.is_none()
+    {
+        seg.damage = Some((
+            view.footer_pos,
+            format!(
+                "the footer says LSNs {}..={}, the entries hold {:?}..={:?}",
+                view.first_lsn, view.last_lsn, seg.first_lsn, seg.last_lsn
+            ),
+        ));
+    }
+    Ok(seg)
+}
+
+/// Walks the segment's entries up to `end`, visiting each valid one;
+/// answers where and why the valid entries stop before `end`, if they do.
+fn scan_entries(
+    seg: &mut SegmentReport,
+    data: &[u8],
+    end: u64,
+    expected: &mut Option<u64>,
+    on_entry: &mut impl FnMut(&VerifiedEntry<'_>),
+) -> Option<(u64, String)> {
+    let mut pos = HEADER_LEN;
+    while pos < end {
+        match format::probe_entry(&data[pos as usize..end as usize], seg.seq, u32::MAX) {
+            // Every segment opens with a checkpoint or a link, and only
+            // there.
+            Probe::Entry(h) if h.kind.opens_segment() != (pos == HEADER_LEN) => {
+                let what = if pos == HEADER_LEN {
+                    "a segment that does not open with a checkpoint or a link"
+                } else {
+                    "a checkpoint or link in the middle of a segment"
+                };
+                return Some((pos, what.into()));
+            }
+            // A segment's first entry may skip LSNs forward: the segments
+            // between were removed once nothing in them was needed.
+            Probe::Entry(h)
+                if expected.is_none_or(|e| h.lsn == e || (pos == HEADER_LEN && h.lsn > e)) =>
+            {
+                let start = pos as usize + format::ENTRY_HEADER_LEN;
+                on_entry(&VerifiedEntry {
+                    segment: seg.seq,
+                    position: pos,
+                    lsn: h.lsn,
+                    kind: h.kind,
+                    payload: &data[start..start + h.len as usize],
+                });
+                seg.entries += 1;
+                seg.first_lsn.get_or_insert(h.lsn);
+                seg.last_lsn = Some(h.lsn);
+                *expected = Some(h.lsn + 1);
+                pos += h.encoded_len();
+            }
+            Probe::Zeros => return Some((pos, "zeros".into())),
+            Probe::Entry(h) => {
+                return Some((
+                    pos,
+                    format!(
+                        "an entry with LSN {} where LSN {} was expected",
+                        h.lsn,
+                        expected.unwrap_or(0)
+                    ),
+                ));
+            }
+            Probe::Invalid(why) => return Some((pos, format!("an invalid entry ({why:?})"))),
+        }
+    }
+    None
+}
+
+/// Says what a stop at `at` is: damage (inside a sealed segment, or with
+/// a valid entry of a later sync after it), a torn tail, an interrupted
+/// seal or the plain end of the entries. `exp` is the LSN the next valid
+/// entry would carry.
+fn judge_stop(seg: &mut SegmentReport, data: &[u8], at: u64, what: &str, exp: u64) {
+    if seg.sealed {
+        seg.damage
+            .get_or_insert((at, format!("{what} inside a sealed segment")));
+        return;
+    }
+    // A footer right after the last entry with no trailer: a seal
+    // interrupted by a crash, which recovery redoes. Not damage.
+    let interrupted_seal = data
+        .get(at as usize..)
+        .and_then(|rest| format::decode_footer(rest, seg.seq))
+        .is_some_and(|f| f.last_lsn.checked_add(1) == Some(exp));
+    let (found, nonzero) = first_valid_after(data, seg.seq, at + 8, seg.len, exp);
+    match found {
+        Some((p, h)) if h.epoch_first_lsn > exp => {
+            seg.damage = Some((
+                at,
+                format!(
+                    "{what}, yet a valid entry (LSN {}) of a later sync follows at byte {p}",
+                    h.lsn
+                ),
+            ));
+        }
+        None if interrupted_seal => {}
+        Some(_) => seg.torn_tail_at = Some(at),
+        None if nonzero || what != "zeros" => seg.torn_tail_at = Some(at),
+        None => {}
+    }
 }

@@ -151,6 +151,20 @@ pub struct Replay<'a> {
     report: &'a RecoveryReport,
 }
 
+impl<'a> Replay<'a> {
+    /// What recovery kept in `dir`, for the caller to rebuild its state.
+    fn of(recovered: &'a recovery::Recovered, dir: &'a Path) -> Self {
+        Replay {
+            dir,
+            entries: &recovered.entries,
+            data: &recovered.data,
+            segments: &recovered.segments,
+            sealed: &recovered.sealed,
+            report: &recovered.report,
+        }
+    }
+}
+
 impl Replay<'_> {
     /// Every entry from the newest intact checkpoint on, in order. The first
     /// is a checkpoint unless the log is empty.
@@ -561,6 +575,99 @@ impl<S: Sequencer> Locked<S> {
     }
 }
 
+/// Takes the directory's lock: one handle at a time.
+pub(crate) fn lock_dir(storage: &dyn Storage, dir: &Path) -> Result<Box<dyn DirLock>, WalError> {
+    storage.lock_dir(dir).map_err(|e| {
+        if e.kind() == io::ErrorKind::WouldBlock {
+            WalError::Locked {
+                dir: dir.to_path_buf(),
+            }
+        } else {
+            WalError::io("lock", dir.join("LOCK"), e)
+        }
+    })
+}
+
+/// The recovered tail segment and its file, which the first flush writes
+/// (or seals).
+type TailFile = Option<(u64, Arc<dyn StorageFile>)>;
+
+impl<S: Sequencer> Locked<S> {
+    /// The serialized section over the replayed `state`, before any
+    /// segment is open for writing.
+    fn recovered(state: S, recovered: &recovery::Recovered) -> Self {
+        let next_lsn = recovered.next_lsn;
+        Locked {
+            state,
+            next_lsn,
+            seg_seq: 0,
+            seg_pos: 0,
+            seg_first_lsn: next_lsn,
+            seg_records_start: HEADER_LEN,
+            // The replayed entries after the checkpoint replay started at.
+            since_checkpoint: recovered
+                .entries
+                .iter()
+                .skip(1)
+                .map(|e| format::entry_len(e.len as usize))
+                .sum(),
+            epoch_first_lsn: None,
+            pending: Pending::new(),
+            inflight: None,
+            spare: Vec::new(),
+            sync_thread_waiting: false,
+            shutdown: false,
+            broken: None,
+        }
+    }
+
+    /// Goes on writing where recovery left off: in the recovered tail
+    /// segment, or (after sealing it) in a new one. Answers the segment the
+    /// sync thread writes to and the tail's file, which the first flush
+    /// writes (or seals).
+    fn resume(
+        &mut self,
+        tail: Tail,
+        entries: &[Scanned],
+        next_seq: u64,
+        handles: &[Arc<SegmentHandle>],
+        stats: &WalStats,
+    ) -> (u64, TailFile) {
+        let seal = matches!(tail, Tail::SealThenRotate { .. });
+        match tail {
+            Tail::Continue {
+                seq,
+                pos,
+                first_lsn,
+                file,
+            }
+            | Tail::SealThenRotate {
+                seq,
+                pos,
+                first_lsn,
+                file,
+            } => {
+                self.seg_seq = seq;
+                self.seg_pos = pos;
+                self.seg_first_lsn = first_lsn;
+                // The records start after the segment's opening entry.
+                self.seg_records_start = entries
+                    .iter()
+                    .find(|e| e.seq == seq)
+                    .map_or(HEADER_LEN, |e| e.pos + format::entry_len(e.len as usize));
+                if seal {
+                    self.rotate_to(next_seq, stats);
+                }
+                (seq, Some((seq, Arc::from(file))))
+            }
+            Tail::Rotate => {
+                self.start_segment(next_seq, stats);
+                (handles.last().map_or(0, |last| last.seq + 1), None)
+            }
+        }
+    }
+}
+
 /// The largest checkpoint written as one entry.
 const MAX_CHECKPOINT_BYTES: usize = (u32::MAX - 64) as usize;
 
@@ -581,106 +688,20 @@ impl<S: Sequencer> Wal<S> {
         storage
             .create_dir_all(dir)
             .map_err(|e| WalError::io("create directory", dir, e))?;
-        let lock = storage.lock_dir(dir).map_err(|e| {
-            if e.kind() == io::ErrorKind::WouldBlock {
-                WalError::Locked {
-                    dir: dir.to_path_buf(),
-                }
-            } else {
-                WalError::io("lock", dir.join("LOCK"), e)
-            }
-        })?;
+        let lock = lock_dir(storage.as_ref(), dir)?;
         let mut marks = MarksFile::open(storage.as_ref(), dir)?;
         let recovered = recovery::recover(storage.as_ref(), dir, &opts, &mut marks)?;
-        let state = build(Replay {
-            dir,
-            entries: &recovered.entries,
-            data: &recovered.data,
-            segments: &recovered.segments,
-            sealed: &recovered.sealed,
-            report: &recovered.report,
-        })?;
-
+        let state = build(Replay::of(&recovered, dir))?;
         let handles = recovered.handles(dir);
-        let next_lsn = recovered.next_lsn;
-        // Replay started at the newest checkpoint: its segment is needed.
-        let checkpoint_seq = recovered.entries.first().map_or(0, |e| e.seq);
-        let since_checkpoint: u64 = recovered
-            .entries
-            .iter()
-            .skip(1)
-            .map(|e| format::entry_len(e.len as usize))
-            .sum();
-        // Where the records of each replayed segment start: after its
-        // opening entry.
-        let records_start = |seq: u64| {
-            recovered
-                .entries
-                .iter()
-                .find(|e| e.seq == seq)
-                .map_or(HEADER_LEN, |e| e.pos + format::entry_len(e.len as usize))
-        };
-        let footers = FooterCache::new(opts.footer_cache_bytes);
-        for (&seq, (_, footer)) in &recovered.sealed {
-            footers.put(seq, footer.clone());
-        }
         let stats = WalStats::default();
-        let mut locked = Locked {
-            state,
-            next_lsn,
-            seg_seq: 0,
-            seg_pos: 0,
-            seg_first_lsn: next_lsn,
-            seg_records_start: HEADER_LEN,
-            since_checkpoint,
-            epoch_first_lsn: None,
-            pending: Pending::new(),
-            inflight: None,
-            spare: Vec::new(),
-            sync_thread_waiting: false,
-            shutdown: false,
-            broken: None,
-        };
-        let mut active_seq = 0;
-        // The recovered tail segment and its file: the first flush writes
-        // (or seals) it.
-        let mut tail_file: Option<(u64, Arc<dyn StorageFile>)> = None;
-        let next_seq = recovered.next_seq;
-        match recovered.tail {
-            Tail::Continue {
-                seq,
-                pos,
-                first_lsn,
-                file,
-            } => {
-                tail_file = Some((seq, Arc::from(file)));
-                locked.seg_seq = seq;
-                locked.seg_pos = pos;
-                locked.seg_first_lsn = first_lsn;
-                locked.seg_records_start = records_start(seq);
-                active_seq = seq;
-            }
-            Tail::SealThenRotate {
-                seq,
-                pos,
-                first_lsn,
-                file,
-            } => {
-                tail_file = Some((seq, Arc::from(file)));
-                locked.seg_seq = seq;
-                locked.seg_pos = pos;
-                locked.seg_first_lsn = first_lsn;
-                locked.seg_records_start = records_start(seq);
-                active_seq = seq;
-                locked.rotate_to(next_seq, &stats);
-            }
-            Tail::Rotate => {
-                if let Some(last) = handles.last() {
-                    active_seq = last.seq + 1;
-                }
-                locked.start_segment(next_seq, &stats);
-            }
-        }
+        let mut locked = Locked::recovered(state, &recovered);
+        let (active_seq, tail_file) = locked.resume(
+            recovered.tail,
+            &recovered.entries,
+            recovered.next_seq,
+            &handles,
+            &stats,
+        );
         if let Some(why) = locked.broken.take() {
             return Err(WalError::io(
                 "seal the recovered tail of",
@@ -688,91 +709,89 @@ impl<S: Sequencer> Wal<S> {
                 io::Error::other(why),
             ));
         }
-
-        // The segment the first flush writes to, if it exists already.
-        let flush_current = tail_file.and_then(|(seq, file)| {
-            handles
-                .iter()
-                .find(|h| h.seq == seq)
-                .map(|h| (Arc::clone(h), file))
-        });
-        let flush_written_to = locked.seg_pos;
-        let ceiling = marks.get().ceiling;
+        let flush = FlushState::recovered(&handles, tail_file, locked.seg_pos);
+        let footers = FooterCache::new(opts.footer_cache_bytes);
+        for (&seq, (_, footer)) in &recovered.sealed {
+            footers.put(seq, footer.clone());
+        }
         let shared = Arc::new(Shared {
             dir: dir.to_path_buf(),
             storage,
-            locked: Mutex::new(locked),
             work: Condvar::new(),
             space: Event::new(),
-            durable_lsn: AtomicU64::new(next_lsn - 1),
-            durable_checkpoint_seq: AtomicU64::new(checkpoint_seq),
+            durable_lsn: AtomicU64::new(recovered.next_lsn - 1),
+            // Replay started at the newest checkpoint: its segment is needed.
+            durable_checkpoint_seq: AtomicU64::new(recovered.entries.first().map_or(0, |e| e.seq)),
             active_seq: AtomicU64::new(active_seq),
             failed: AtomicBool::new(false),
             failure: OnceLock::new(),
             segments: RwLock::new(handles.into_iter().map(|h| (h.seq, h)).collect()),
             alloc: Mutex::new(Alloc::default()),
             alloc_ready: Condvar::new(),
-            flush: Mutex::new(FlushState {
-                current: flush_current,
-                current_opens_checkpoint: false,
-                written_to: flush_written_to,
-                next_requested: false,
-                unsynced: false,
-            }),
+            flush: Mutex::new(flush),
+            locked: Mutex::new(locked),
             files: FileCache::new(opts.max_open_segments),
             footers,
+            ceiling: AtomicU64::new(marks.get().ceiling),
             marks: Mutex::new(marks),
-            ceiling: AtomicU64::new(ceiling),
             opts,
             stats,
             _lock: lock,
         });
-        // With `inline_io` no thread at all: the submitters flush.
-        let (sync_thread, allocator) = if shared.opts.inline_io {
-            (None, None)
-        } else {
-            let thread_shared = Arc::clone(&shared);
-            let sync_thread = std::thread::Builder::new()
-                .name("fencelog-wal-sync".into())
-                .spawn(move || {
-                    thread_shared.maybe_request_next(&mut thread_shared.flush.lock());
-                    thread_shared.run_sync_thread()
-                })
-                .map_err(|e| WalError::io("spawn the sync thread for", dir, e))?;
-            let alloc_shared = Arc::clone(&shared);
-            let allocator = std::thread::Builder::new()
-                .name("fencelog-wal-alloc".into())
-                .spawn(move || alloc_shared.run_allocator())
-                .map_err(|e| WalError::io("spawn the segment allocator for", dir, e))?;
-            (Some(sync_thread), Some(allocator))
-        };
-        let wal = Wal {
+        let wal = Wal::start(shared, dir)?;
+        wal.flush_recovered()?;
+        let mut report = recovered.report;
+        report.marks = wal.marks();
+        Ok((wal, report))
+    }
+
+    /// Starts the sync thread and the segment allocator (none with
+    /// `inline_io`: the submitters flush).
+    fn start(shared: Arc<Shared<S>>, dir: &Path) -> Result<Wal<S>, WalError> {
+        if shared.opts.inline_io {
+            return Ok(Wal {
+                shared,
+                sync_thread: None,
+                allocator: None,
+            });
+        }
+        let thread_shared = Arc::clone(&shared);
+        let sync_thread = std::thread::Builder::new()
+            .name("fencelog-wal-sync".into())
+            .spawn(move || {
+                thread_shared.maybe_request_next(&mut thread_shared.flush.lock());
+                thread_shared.run_sync_thread()
+            })
+            .map_err(|e| WalError::io("spawn the sync thread for", dir, e))?;
+        let alloc_shared = Arc::clone(&shared);
+        let allocator = std::thread::Builder::new()
+            .name("fencelog-wal-alloc".into())
+            .spawn(move || alloc_shared.run_allocator())
+            .map_err(|e| WalError::io("spawn the segment allocator for", dir, e))?;
+        Ok(Wal {
             shared,
-            sync_thread,
-            allocator,
-        };
-        // Whatever recovery queued (a seal, a new segment's checkpoint) is
-        // durable before the log is handed out.
-        if wal.shared.opts.inline_io {
-            let mut fs = wal.shared.flush.lock();
-            if wal.shared.flush_pending(&mut fs) == Flushed::Failed {
+            sync_thread: Some(sync_thread),
+            allocator: Some(allocator),
+        })
+    }
+
+    /// Makes whatever recovery queued (a seal, a new segment's checkpoint)
+    /// durable, before the log is handed out.
+    fn flush_recovered(&self) -> Result<(), WalError> {
+        if self.shared.opts.inline_io {
+            let mut fs = self.shared.flush.lock();
+            if self.shared.flush_pending(&mut fs) == Flushed::Failed {
                 drop(fs);
-                return Err(wal.failed_error());
+                return Err(self.failed_error());
             }
         }
         let ticket = {
-            let mut locked = wal.shared.locked.lock();
+            let mut locked = self.shared.locked.lock();
             let lsn = locked.next_lsn - 1;
-            wal.shared.wake_sync_thread(&mut locked);
-            locked.ticket_for(lsn, &wal.shared)
+            self.shared.wake_sync_thread(&mut locked);
+            locked.ticket_for(lsn, &self.shared)
         };
-        ticket.wait()?;
-        let report = {
-            let mut r = recovered.report;
-            r.marks = wal.marks();
-            r
-        };
-        Ok((wal, report))
+        ticket.wait()
     }
 
     /// Runs `f` inside the serialized section, blocking while the pending
@@ -1247,6 +1266,30 @@ struct FlushState {
     unsynced: bool,
 }
 
+impl FlushState {
+    /// The first flush writes to the recovered tail segment, if it exists
+    /// already, from `written_to`.
+    fn recovered(
+        handles: &[Arc<SegmentHandle>],
+        tail_file: TailFile,
+        written_to: u64,
+    ) -> FlushState {
+        let current = tail_file.and_then(|(seq, file)| {
+            handles
+                .iter()
+                .find(|h| h.seq == seq)
+                .map(|h| (Arc::clone(h), file))
+        });
+        FlushState {
+            current,
+            current_opens_checkpoint: false,
+            written_to,
+            next_requested: false,
+            unsynced: false,
+        }
+    }
+}
+
 /// Lets a blocked [`Ticket`] flush its own batch when nobody else is.
 pub(crate) trait InlineFlush: Send + Sync {
     /// Flushes the pending batch if no flush is under way; never waits.
@@ -1344,18 +1387,7 @@ impl<S: Sequencer> Shared<S> {
             .and_then(|()| self.write_and_sync(fs, &mut chunks));
         match result {
             Ok(()) => {
-                let stats = &self.stats;
-                stats
-                    .sync_micros
-                    .record(started.elapsed().as_micros() as u64);
-                stats.batch_entries.record(entries);
-                if let Some(opened) = opened {
-                    stats
-                        .commit_micros
-                        .record_n(opened.elapsed().as_micros() as u64, entries);
-                }
-                stats.syncs.fetch_add(1, Ordering::Relaxed);
-                stats.entries.fetch_add(entries, Ordering::Relaxed);
+                self.count_synced_batch(started, entries, opened);
                 // The sync returned: the entries are durable, and the
                 // durable LSN says so before any effect wakes a reader
                 // that will read them back.
@@ -1375,6 +1407,23 @@ impl<S: Sequencer> Shared<S> {
                 Flushed::Failed
             }
         }
+    }
+
+    /// Counts a batch of `entries` synced: the write and sync begun at
+    /// `started`, the batch opened at `opened`.
+    fn count_synced_batch(&self, started: Instant, entries: u64, opened: Option<Instant>) {
+        let stats = &self.stats;
+        stats
+            .sync_micros
+            .record(started.elapsed().as_micros() as u64);
+        stats.batch_entries.record(entries);
+        if let Some(opened) = opened {
+            stats
+                .commit_micros
+                .record_n(opened.elapsed().as_micros() as u64, entries);
+        }
+        stats.syncs.fetch_add(1, Ordering::Relaxed);
+        stats.entries.fetch_add(entries, Ordering::Relaxed);
     }
 
     /// Makes the marks' ceiling cover what the batch needs, before the
@@ -1660,30 +1709,13 @@ impl<S: Sequencer> Shared<S> {
         let size = self.opts.segment_bytes;
         match self.opts.preallocation {
             Preallocation::Fill => {
-                let zeros = vec![0u8; (1 << 20).min(size as usize)];
-                let mut at = HEADER_LEN;
-                let mut unsynced = 0u64;
-                while at < size {
-                    // Written back a few MiB at a time: one sync of a whole
-                    // segment would make every commit sync queue behind it.
-                    if unsynced >= FILL_SYNC_BYTES {
-                        file.sync_data()
-                            .map_err(|e| annotate(e, "fdatasync", &tmp))?;
-                        unsynced = 0;
-                    }
-                    if abortable && self.alloc.lock().shutdown {
-                        drop(file);
-                        let _ = storage.remove(&tmp);
-                        return Err(io::Error::new(
-                            io::ErrorKind::Interrupted,
-                            "the log is closing",
-                        ));
-                    }
-                    let n = (size - at).min(zeros.len() as u64) as usize;
-                    file.write_all_at(&zeros[..n], at)
-                        .map_err(|e| annotate(e, "fill", &tmp))?;
-                    at += n as u64;
-                    unsynced += n as u64;
+                if !self.fill_with_zeros(file.as_ref(), &tmp, abortable)? {
+                    drop(file);
+                    let _ = storage.remove(&tmp);
+                    return Err(io::Error::new(
+                        io::ErrorKind::Interrupted,
+                        "the log is closing",
+                    ));
                 }
             }
             Preallocation::Reserve => file
@@ -1713,6 +1745,38 @@ impl<S: Sequencer> Shared<S> {
         let handle = Arc::new(SegmentHandle::new(seq, &self.dir));
         self.segments.write().insert(seq, Arc::clone(&handle));
         Ok((handle, Arc::from(file)))
+    }
+
+    /// Writes zeros over the new segment `tmp` after its header; answers
+    /// false if an `abortable` creation gave up because the log is closing.
+    fn fill_with_zeros(
+        &self,
+        file: &dyn StorageFile,
+        tmp: &Path,
+        abortable: bool,
+    ) -> io::Result<bool> {
+        let size = self.opts.segment_bytes;
+        let zeros = vec![0u8; (1 << 20).min(size as usize)];
+        let mut at = HEADER_LEN;
+        let mut unsynced = 0u64;
+        while at < size {
+            // Written back a few MiB at a time: one sync of a whole
+            // segment would make every commit sync queue behind it.
+            if unsynced >= FILL_SYNC_BYTES {
+                file.sync_data()
+                    .map_err(|e| annotate(e, "fdatasync", tmp))?;
+                unsynced = 0;
+            }
+            if abortable && self.alloc.lock().shutdown {
+                return Ok(false);
+            }
+            let n = (size - at).min(zeros.len() as u64) as usize;
+            file.write_all_at(&zeros[..n], at)
+                .map_err(|e| annotate(e, "fill", tmp))?;
+            at += n as u64;
+            unsynced += n as u64;
+        }
+        Ok(true)
     }
 }
 

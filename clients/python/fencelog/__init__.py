@@ -10,22 +10,9 @@ and cluster routing, on redis-py.
 from ._proto import Grant, LeaseInfo, Record, Stat
 from .aio import AsyncClient, AsyncLease
 from .client import Client, Lease
-from .errors import (
-    AuthError,
-    ClusterUnavailableError,
-    CommandError,
-    FencelogConnectionError,
-    FencelogError,
-    FencelogTimeoutError,
-    HeldError,
-    IoError,
-    LostError,
-    MismatchError,
-    StaleError,
-    TooBigError,
-    TrimmedError,
-    UncertainError,
-)
+from . import errors
+# Every exception, and from_reply: errors.__all__ names them.
+from .errors import *  # noqa: F401,F403
 
 __version__ = "0.1.0"
 
@@ -38,18 +25,5 @@ __all__ = [
     "Stat",
     "Grant",
     "LeaseInfo",
-    "FencelogError",
-    "StaleError",
-    "MismatchError",
-    "TrimmedError",
-    "HeldError",
-    "LostError",
-    "TooBigError",
-    "UncertainError",
-    "IoError",
-    "AuthError",
-    "CommandError",
-    "FencelogConnectionError",
-    "FencelogTimeoutError",
-    "ClusterUnavailableError",
 ]
+__all__ += errors.__all__

@@ -48,18 +48,17 @@ DEFAULT: Any = object()
 
 def run(steps: "Steps[T]") -> T:
     """Drives ``steps`` in this thread: calls each step, sends its result
-    back or throws its exception in; answers what the generator returns."""
+    back or throws its exception in; answers what the generator returns.
+
+    It is :func:`run_async` over steps that never answer an awaitable: such
+    a coroutine never suspends, so it finishes at its first ``send``."""
+    driver = run_async(steps)
     try:
-        step = next(steps)
-        while True:
-            try:
-                result = step()
-            except BaseException as e:
-                step = steps.throw(e)
-            else:
-                step = steps.send(result)
+        driver.send(None)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
+    driver.close()
+    raise RuntimeError("a synchronous client's step answered an awaitable")
 
 
 async def run_async(steps: "Steps[T]") -> T:

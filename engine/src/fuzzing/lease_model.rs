@@ -98,210 +98,257 @@ fn open(sim: &SimStorage, clock: &Arc<ManualClock>) -> Log {
 /// docs); panics on any violation.
 pub fn run(actions: Vec<Action>) {
     let clock = Arc::new(ManualClock::default());
-    let mut sim = SimStorage::new();
-    let mut log = open(&sim, &clock);
+    let sim = SimStorage::new();
+    let log = open(&sim, &clock);
     let mut m = Model::default();
     // Every name starts known: free.
     for n in 0..NAMES.len() {
         m.exact.insert(n, None);
     }
-    let mut armed = false;
-    let crash = |sim: &mut SimStorage, log: &mut Log, m: &mut Model, mode: CrashMode| {
-        *sim = sim.image().unwrap_or_else(|| sim.cut_power(mode));
-        *log = open(sim, &clock);
-        // The restart rule and unsynced releases make the engine's view
-        // fuzzy until the next grant; beliefs stay what owners were told.
-        m.exact.clear();
+    let mut w = World {
+        clock,
+        sim,
+        log,
+        m,
+        armed: false,
     };
     for action in actions {
-        let now = clock.now_ms();
+        let now = w.clock.now_ms();
         match action {
-            Action::Acquire { n, o, ttl_s, fence } => {
-                let opts = AcquireOptions { fence, wait: None };
-                match log.acquire(NAMES[n], OWNERS[o], Duration::from_secs(ttl_s), opts) {
-                    Ok(g) => {
-                        let token = g.token.get();
-                        let same = match m.exact.get(&n) {
-                            // Known exactly: the same token iff this owner holds it.
-                            Some(state) => {
-                                let live_here =
-                                    matches!(state, Some((h, _, until)) if *h == o && *until > now);
-                                if live_here {
-                                    assert_eq!(
-                                        Some(token),
-                                        state.map(|s| s.1),
-                                        "the live holder gets its token back"
-                                    );
-                                }
-                                live_here
-                            }
-                            // After a crash a lease of this owner may be held
-                            // again (restart rule, or a release that did not
-                            // reach the disk): it comes back with its token.
-                            None => m.granted.get(&(n, o)).is_some_and(|t| t.contains(&token)),
-                        };
-                        if !same {
-                            assert!(
-                                token > m.max_token,
-                                "token {token} not above {} answered before",
-                                m.max_token
-                            );
-                        }
-                        for (&(bn, bo), b) in &m.beliefs {
-                            if bn == n && bo != o {
-                                assert!(
-                                    b.until_ms <= now,
-                                    "{} granted to {} while {} holds it until {} (now {now})",
-                                    NAMES[n],
-                                    OWNERS[o],
-                                    OWNERS[bo],
-                                    b.until_ms
-                                );
-                            }
-                        }
-                        m.granted.entry((n, o)).or_default().insert(token);
-                        m.max_token = m.max_token.max(token);
-                        let until = now + ttl_s * 1000;
-                        m.beliefs.insert(
-                            (n, o),
-                            Belief {
-                                token,
-                                until_ms: until,
-                            },
-                        );
-                        m.exact.insert(n, Some((o, token, until)));
-                        if fence {
-                            assert!(log.stat(NAMES[n]).unwrap().highest_token >= token);
-                        }
-                    }
-                    Err(Error::Held { remaining_ms }) => {
-                        if let Some(state) = m.exact.get(&n) {
-                            match state {
-                                Some((h, _, until)) if *until > now && *h != o => {
-                                    assert_eq!(remaining_ms, until - now);
-                                }
-                                other => panic!("HELD, but the lease is {other:?} (now {now})"),
-                            }
-                        }
-                    }
-                    Err(Error::Stale { presented, highest }) => {
-                        // Only the live holder re-acquiring with fence, after
-                        // the stream passed its token.
-                        assert!(fence && highest > presented);
-                        assert!(
-                            m.granted
-                                .get(&(n, o))
-                                .is_some_and(|t| t.contains(&presented))
-                        );
-                    }
-                    Err(Error::Failed { .. } | Error::Io(_)) if armed => {
-                        armed = false;
-                        crash(&mut sim, &mut log, &mut m, CrashMode::LoseUnsynced);
-                    }
-                    Err(e) => panic!("{e}"),
-                }
-            }
-            Action::Renew { n, o, ttl_s } => {
-                let Some(b) = m.beliefs.get(&(n, o)).copied() else {
-                    continue;
-                };
-                let token = Token::new(b.token).unwrap();
-                match log.renew(NAMES[n], OWNERS[o], token, Duration::from_secs(ttl_s)) {
-                    Ok(_) => {
-                        if let Some(state) = m.exact.get(&n) {
-                            assert!(
-                                matches!(state, Some((h, t, until)) if *h == o && *t == b.token && *until > now),
-                                "renewed a lease the engine should consider lost: {state:?}"
-                            );
-                        }
-                        let until = now + ttl_s * 1000;
-                        m.beliefs.insert(
-                            (n, o),
-                            Belief {
-                                token: b.token,
-                                until_ms: until,
-                            },
-                        );
-                        if m.exact.contains_key(&n) {
-                            m.exact.insert(n, Some((o, b.token, until)));
-                        }
-                    }
-                    Err(Error::Lost) => {
-                        if let Some(Some((h, t, until))) = m.exact.get(&n) {
-                            assert!(
-                                !(*h == o && *t == b.token && *until > now),
-                                "LOST for a live lease"
-                            );
-                        }
-                        m.beliefs.remove(&(n, o));
-                    }
-                    Err(Error::Failed { .. } | Error::Io(_)) if armed => {
-                        armed = false;
-                        crash(&mut sim, &mut log, &mut m, CrashMode::LoseUnsynced);
-                    }
-                    Err(e) => panic!("{e}"),
-                }
-            }
-            Action::Release { n, o } => {
-                let Some(b) = m.beliefs.get(&(n, o)).copied() else {
-                    continue;
-                };
-                match log.release(NAMES[n], OWNERS[o], Token::new(b.token).unwrap()) {
-                    Ok(released) => {
-                        if let Some(state) = m.exact.get(&n) {
-                            let live = matches!(state, Some((h, t, until)) if *h == o && *t == b.token && *until > now);
-                            assert_eq!(released, live);
-                            if released {
-                                m.exact.insert(n, None);
-                            }
-                        }
-                        m.beliefs.remove(&(n, o));
-                    }
-                    Err(Error::Failed { .. } | Error::Io(_)) if armed => {
-                        armed = false;
-                        m.beliefs.remove(&(n, o));
-                        crash(&mut sim, &mut log, &mut m, CrashMode::LoseUnsynced);
-                    }
-                    Err(e) => panic!("{e}"),
-                }
-            }
-            Action::Advance { ms } => clock.advance(Duration::from_millis(ms)),
+            Action::Acquire { n, o, ttl_s, fence } => w.acquire(n, o, ttl_s, fence, now),
+            Action::Renew { n, o, ttl_s } => w.renew(n, o, ttl_s, now),
+            Action::Release { n, o } => w.release(n, o, now),
+            Action::Advance { ms } => w.clock.advance(Duration::from_millis(ms)),
             Action::Filler => {
-                match log.append("filler", Token::new(1).unwrap(), &[vec![0u8; 12 << 10]]) {
-                    Ok(_) => {}
-                    Err(Error::Failed { .. } | Error::Io(_)) if armed => {
-                        armed = false;
-                        crash(&mut sim, &mut log, &mut m, CrashMode::LoseUnsynced);
-                    }
-                    Err(e) => panic!("{e}"),
+                let filler = w
+                    .log
+                    .append("filler", Token::new(1).unwrap(), &[vec![0u8; 12 << 10]]);
+                if let Err(e) = filler {
+                    w.cut_or_panic(e);
                 }
             }
             Action::Crash { mode } => {
-                armed = false;
-                crash(&mut sim, &mut log, &mut m, mode);
+                w.armed = false;
+                w.crash(mode);
             }
             Action::ArmCut { after } => {
-                if !armed {
-                    sim.cut_power_after(after, CrashMode::LoseUnsynced);
-                    armed = true;
+                if !w.armed {
+                    w.sim.cut_power_after(after, CrashMode::LoseUnsynced);
+                    w.armed = true;
                 }
             }
-            Action::Reopen => {
-                if armed {
-                    armed = false;
-                    crash(&mut sim, &mut log, &mut m, CrashMode::LoseUnsynced);
-                } else {
-                    // Close before reopening: the directory's lock admits
-                    // one open log (a throwaway one stands in meanwhile).
-                    drop(std::mem::replace(
-                        &mut log,
-                        open(&SimStorage::new(), &clock),
-                    ));
-                    log = open(&sim, &clock);
-                    m.exact.clear();
+            Action::Reopen => w.reopen(),
+        }
+    }
+}
+
+/// The log under test, its storage and clock, and the model.
+struct World {
+    clock: Arc<ManualClock>,
+    sim: SimStorage,
+    log: Log,
+    m: Model,
+    /// A power cut is armed: the next failure is it.
+    armed: bool,
+}
+
+impl World {
+    fn crash(&mut self, mode: CrashMode) {
+        self.sim = self.sim.image().unwrap_or_else(|| self.sim.cut_power(mode));
+        self.log = open(&self.sim, &self.clock);
+        // The restart rule and unsynced releases make the engine's view
+        // fuzzy until the next grant; beliefs stay what owners were told.
+        self.m.exact.clear();
+    }
+
+    /// A failure is the armed power cut (the log restarts from what was
+    /// durable), or a bug.
+    fn cut_or_panic(&mut self, e: Error) {
+        match e {
+            Error::Failed { .. } | Error::Io(_) if self.armed => {
+                self.armed = false;
+                self.crash(CrashMode::LoseUnsynced);
+            }
+            e => panic!("{e}"),
+        }
+    }
+
+    fn reopen(&mut self) {
+        if self.armed {
+            self.armed = false;
+            self.crash(CrashMode::LoseUnsynced);
+        } else {
+            // Close before reopening: the directory's lock admits one open
+            // log (a throwaway one stands in meanwhile).
+            drop(std::mem::replace(
+                &mut self.log,
+                open(&SimStorage::new(), &self.clock),
+            ));
+            self.log = open(&self.sim, &self.clock);
+            self.m.exact.clear();
+        }
+    }
+
+    fn acquire(&mut self, n: usize, o: usize, ttl_s: u64, fence: bool, now: u64) {
+        let opts = AcquireOptions { fence, wait: None };
+        let m = &mut self.m;
+        match self
+            .log
+            .acquire(NAMES[n], OWNERS[o], Duration::from_secs(ttl_s), opts)
+        {
+            Ok(g) => {
+                let token = g.token.get();
+                m.note_grant(n, o, token, now + ttl_s * 1000, now);
+                if fence {
+                    assert!(self.log.stat(NAMES[n]).unwrap().highest_token >= token);
                 }
+            }
+            Err(Error::Held { remaining_ms }) => {
+                if let Some(state) = m.exact.get(&n) {
+                    match state {
+                        Some((h, _, until)) if *until > now && *h != o => {
+                            assert_eq!(remaining_ms, until - now);
+                        }
+                        other => panic!("HELD, but the lease is {other:?} (now {now})"),
+                    }
+                }
+            }
+            Err(Error::Stale { presented, highest }) => {
+                // Only the live holder re-acquiring with fence, after the
+                // stream passed its token.
+                assert!(fence && highest > presented);
+                assert!(
+                    m.granted
+                        .get(&(n, o))
+                        .is_some_and(|t| t.contains(&presented))
+                );
+            }
+            Err(e) => self.cut_or_panic(e),
+        }
+    }
+
+    fn renew(&mut self, n: usize, o: usize, ttl_s: u64, now: u64) {
+        let Some(b) = self.m.beliefs.get(&(n, o)).copied() else {
+            return;
+        };
+        let token = Token::new(b.token).unwrap();
+        let m = &mut self.m;
+        match self
+            .log
+            .renew(NAMES[n], OWNERS[o], token, Duration::from_secs(ttl_s))
+        {
+            Ok(_) => {
+                if let Some(state) = m.exact.get(&n) {
+                    assert!(
+                        matches!(state, Some((h, t, until)) if *h == o && *t == b.token && *until > now),
+                        "renewed a lease the engine should consider lost: {state:?}"
+                    );
+                }
+                let until = now + ttl_s * 1000;
+                m.beliefs.insert(
+                    (n, o),
+                    Belief {
+                        token: b.token,
+                        until_ms: until,
+                    },
+                );
+                if m.exact.contains_key(&n) {
+                    m.exact.insert(n, Some((o, b.token, until)));
+                }
+            }
+            Err(Error::Lost) => {
+                if let Some(Some((h, t, until))) = m.exact.get(&n) {
+                    assert!(
+                        !(*h == o && *t == b.token && *until > now),
+                        "LOST for a live lease"
+                    );
+                }
+                m.beliefs.remove(&(n, o));
+            }
+            Err(e) => self.cut_or_panic(e),
+        }
+    }
+
+    fn release(&mut self, n: usize, o: usize, now: u64) {
+        let Some(b) = self.m.beliefs.get(&(n, o)).copied() else {
+            return;
+        };
+        match self
+            .log
+            .release(NAMES[n], OWNERS[o], Token::new(b.token).unwrap())
+        {
+            Ok(released) => {
+                if let Some(state) = self.m.exact.get(&n) {
+                    let live = matches!(state, Some((h, t, until)) if *h == o && *t == b.token && *until > now);
+                    assert_eq!(released, live);
+                    if released {
+                        self.m.exact.insert(n, None);
+                    }
+                }
+                self.m.beliefs.remove(&(n, o));
+            }
+            Err(e) => {
+                self.m.beliefs.remove(&(n, o));
+                self.cut_or_panic(e);
             }
         }
+    }
+}
+
+impl Model {
+    /// `token` granted to owner `o` of name `n` until `until`: checks it
+    /// against every answer before, then believes it.
+    fn note_grant(&mut self, n: usize, o: usize, token: u64, until: u64, now: u64) {
+        let same = match self.exact.get(&n) {
+            // Known exactly: the same token iff this owner holds it.
+            Some(state) => {
+                let live_here = matches!(state, Some((h, _, until)) if *h == o && *until > now);
+                if live_here {
+                    assert_eq!(
+                        Some(token),
+                        state.map(|s| s.1),
+                        "the live holder gets its token back"
+                    );
+                }
+                live_here
+            }
+            // After a crash a lease of this owner may be held again (restart
+            // rule, or a release that did not reach the disk): it comes back
+            // with its token.
+            None => self
+                .granted
+                .get(&(n, o))
+                .is_some_and(|t| t.contains(&token)),
+        };
+        if !same {
+            assert!(
+                token > self.max_token,
+                "token {token} not above {} answered before",
+                self.max_token
+            );
+        }
+        for (&(bn, bo), b) in &self.beliefs {
+            if bn == n && bo != o {
+                assert!(
+                    b.until_ms <= now,
+                    "{} granted to {} while {} holds it until {} (now {now})",
+                    NAMES[n],
+                    OWNERS[o],
+                    OWNERS[bo],
+                    b.until_ms
+                );
+            }
+        }
+        self.granted.entry((n, o)).or_default().insert(token);
+        self.max_token = self.max_token.max(token);
+        self.beliefs.insert(
+            (n, o),
+            Belief {
+                token,
+                until_ms: until,
+            },
+        );
+        self.exact.insert(n, Some((o, token, until)));
     }
 }
 

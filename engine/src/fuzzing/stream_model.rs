@@ -18,7 +18,7 @@ use std::sync::Arc;
 use fencelog_wal::{CrashMode, SimStorage, Storage};
 
 use super::Input;
-use crate::{Error, Log, ManualClock, Options, Token};
+use crate::{Error, Log, ManualClock, Options, Record, Token};
 
 /// The streams the actions touch (an action names one by index).
 pub const STREAMS: [&str; 3] = ["a", "b", "c"];
@@ -316,148 +316,45 @@ fn brief(a: &Action) -> String {
     }
 }
 
+/// With FENCELOG_MODEL_TRACE=FILE, the actions of each failing run are
+/// written there: after shrinking, it holds the minimal failing case.
+struct Trace(Option<std::path::PathBuf>, Vec<String>);
+
+impl Drop for Trace {
+    fn drop(&mut self) {
+        if let Some(path) = &self.0
+            && std::thread::panicking()
+        {
+            let _ = std::fs::write(path, self.1.join("\n"));
+        }
+    }
+}
+
+/// The last conditional append, for a retry: stream, token, expected
+/// offset, payloads.
+type LastAt = Option<(usize, u64, u64, Vec<Vec<u8>>)>;
+
 /// Runs `actions` on a fresh log on a [`SimStorage`], checking the engine
 /// against the model after every step (see the module docs); panics on any
 /// difference.
 pub fn run(actions: Vec<Action>) {
     let mut world = World::open(SimStorage::new());
     let mut model = Model::default();
-    let mut last_at: Option<(usize, u64, u64, Vec<Vec<u8>>)> = None;
+    let mut last_at: LastAt = None;
     let mut armed: Option<CrashMode> = None;
     let mut highest_seen = [0u64; STREAMS.len()];
-    // With FENCELOG_MODEL_TRACE=FILE, the actions of each failing run are
-    // written there: after shrinking, it holds the minimal failing case.
-    struct Trace(Option<std::path::PathBuf>, Vec<String>);
-    impl Drop for Trace {
-        fn drop(&mut self) {
-            if let Some(path) = &self.0
-                && std::thread::panicking()
-            {
-                let _ = std::fs::write(path, self.1.join("\n"));
-            }
-        }
-    }
     let mut trace = Trace(
         std::env::var_os("FENCELOG_MODEL_TRACE").map(Into::into),
         Vec::new(),
     );
     for action in actions {
         trace.1.push(brief(&action));
-        // Tokens are relative to the floor: after a cut raised it, the
-        // actions go on with tokens above it.
-        let base = model.floor;
         // Each write: what the engine answered, and the model's other
         // possible world in case the operation was cut short.
-        let (before, result, expect) = match &action {
-            Action::Append { s, t, payloads } => {
-                let before = model.clone();
-                let t = base + *t;
-                let r = world.log().append(STREAMS[*s], tok(t), payloads);
-                (before, answer(r), model.append(*s, t, payloads))
-            }
-            Action::AppendAt {
-                s,
-                t,
-                delta,
-                payloads,
-            } => {
-                let t = base + *t;
-                let next = model.get(*s).next;
-                let expected = (next as i64 + delta).max(0) as u64;
-                last_at = Some((*s, t, expected, payloads.clone()));
-                let before = model.clone();
-                let r = world
-                    .log()
-                    .append_at(STREAMS[*s], tok(t), expected, payloads);
-                (
-                    before,
-                    answer(r),
-                    model.append_at(*s, t, expected, payloads),
-                )
-            }
-            Action::Retry => {
-                let Some((s, t, expected, payloads)) = last_at.clone() else {
-                    continue;
-                };
-                let before = model.clone();
-                let r = world
-                    .log()
-                    .append_at(STREAMS[s], tok(t), expected, &payloads);
-                (
-                    before,
-                    answer(r),
-                    model.append_at(s, t, expected, &payloads),
-                )
-            }
-            Action::Fence { s, t } => {
-                let before = model.clone();
-                let t = base + *t;
-                let r = world.log().fence(STREAMS[*s], tok(t)).map(|t| t.get());
-                (before, answer(r), model.fence(*s, t))
-            }
-            Action::Trim { s, t, frac } => {
-                let before_off = (model.get(*s).next as f64 * frac) as u64;
-                let before = model.clone();
-                let t = base + *t;
-                let r = world.log().trim(STREAMS[*s], tok(t), before_off);
-                (before, answer(r), model.trim(*s, t, before_off))
-            }
-            Action::Delete { s, t } => {
-                let before = model.clone();
-                let t = base + *t;
-                let r = world.log().delete(STREAMS[*s], tok(t));
-                (before, answer(r), model.delete(*s, t))
-            }
-            Action::Read { s, frac, max } => {
-                let m = model.get(*s);
-                let from = (m.next as f64 * frac) as u64;
-                let got = world.log().read(STREAMS[*s], from, *max);
-                if matches!(got, Err(Error::Io(_))) && world.sim.image().is_some() {
-                    // An armed cut already took the machine down (in the
-                    // background, between operations): recover.
-                    let mode = armed.take().unwrap();
-                    world.recover(mode);
-                    sync_floor(&world, &mut model, None);
-                    check_all(world.log(), &model);
-                    continue;
-                }
-                if from < m.start {
-                    assert!(
-                        matches!(got, Err(Error::Trimmed { requested, start }) if requested == from && start == m.start)
-                    );
-                } else {
-                    let got = got.unwrap();
-                    let want: Vec<_> = m.records.range(from..).take(*max as usize).collect();
-                    assert_eq!(got.len(), want.len());
-                    for (r, (o, (t, p))) in got.iter().zip(want) {
-                        assert_eq!((r.offset, r.token.get(), &r.payload[..]), (*o, *t, &p[..]));
-                    }
-                }
-                continue;
-            }
-            Action::Cut { mode } => {
-                world.recover(armed.take().unwrap_or(*mode));
-                sync_floor(&world, &mut model, None);
-                check_all(world.log(), &model);
-                continue;
-            }
-            Action::ArmCut { after, mode } => {
-                if armed.is_none() {
-                    world.sim.cut_power_after(*after, *mode);
-                    armed = Some(*mode);
-                }
-                continue;
-            }
-            Action::Reopen => {
-                if let Some(mode) = armed.take() {
-                    world.recover(mode);
-                } else {
-                    world.reopen();
-                }
-                sync_floor(&world, &mut model, None);
-                check_all(world.log(), &model);
-                continue;
-            }
+        let Some((before, result, expect)) = write(&world, &mut model, &action, &mut last_at)
+        else {
+            other(&mut world, &mut model, &action, &mut armed);
+            continue;
         };
         match result {
             Ok(got) => assert_eq!(got, expect, "{}", brief(&action)),
@@ -469,33 +366,7 @@ pub fn run(actions: Vec<Action>) {
                 // allowed.
                 let mode = armed.take().unwrap();
                 world.recover(mode);
-                // What was acknowledged is what `before` holds.
-                sync_floor(&world, &mut model, Some(&before));
-                let mut before = before;
-                before.floor = model.floor;
-                let happened = model.clone();
-                let s = match &action {
-                    Action::Append { s, .. }
-                    | Action::AppendAt { s, .. }
-                    | Action::Fence { s, .. }
-                    | Action::Trim { s, .. }
-                    | Action::Delete { s, .. } => *s,
-                    Action::Retry => last_at.as_ref().unwrap().0,
-                    _ => unreachable!(),
-                };
-                let shown = engine_stream(world.log(), s);
-                if shown == happened.get(s) {
-                    model = happened;
-                } else {
-                    assert_eq!(
-                        shown,
-                        before.get(s),
-                        "neither outcome of the cut-short {}",
-                        brief(&action)
-                    );
-                    model = before;
-                }
-                check_all(world.log(), &model);
+                model = settle_cut_short(&world, model, before, &action, &last_at);
             }
             Err(e) => panic!("{}: unexpected error {e}", brief(&action)),
         }
@@ -505,13 +376,162 @@ pub fn run(actions: Vec<Action>) {
             *seen = h;
         }
     }
-    if let Some(mode) = armed.take() {
-        world.recover(mode);
-    } else {
-        world.recover(CrashMode::LoseUnsynced);
-    }
+    world.recover(armed.take().unwrap_or(CrashMode::LoseUnsynced));
     sync_floor(&world, &mut model, None);
     check_all(world.log(), &model);
+}
+
+/// Runs a write action on the engine and the model: the model before it,
+/// the engine's answer, the model's. `None` for an action that writes
+/// nothing (or a retry with nothing to retry).
+fn write(
+    world: &World,
+    model: &mut Model,
+    action: &Action,
+    last_at: &mut LastAt,
+) -> Option<(Model, Result<Answer, Error>, Answer)> {
+    // Tokens are relative to the floor: after a cut raised it, the actions
+    // go on with tokens above it.
+    let base = model.floor;
+    let before = model.clone();
+    let log = world.log();
+    Some(match action {
+        Action::Append { s, t, payloads } => {
+            let t = base + *t;
+            let r = log.append(STREAMS[*s], tok(t), payloads);
+            (before, answer(r), model.append(*s, t, payloads))
+        }
+        Action::AppendAt {
+            s,
+            t,
+            delta,
+            payloads,
+        } => {
+            let t = base + *t;
+            let next = model.get(*s).next;
+            let expected = (next as i64 + delta).max(0) as u64;
+            *last_at = Some((*s, t, expected, payloads.clone()));
+            let r = log.append_at(STREAMS[*s], tok(t), expected, payloads);
+            let expect = model.append_at(*s, t, expected, payloads);
+            (before, answer(r), expect)
+        }
+        Action::Retry => {
+            let (s, t, expected, payloads) = last_at.clone()?;
+            let r = log.append_at(STREAMS[s], tok(t), expected, &payloads);
+            let expect = model.append_at(s, t, expected, &payloads);
+            (before, answer(r), expect)
+        }
+        Action::Fence { s, t } => {
+            let t = base + *t;
+            let r = log.fence(STREAMS[*s], tok(t)).map(|t| t.get());
+            (before, answer(r), model.fence(*s, t))
+        }
+        Action::Trim { s, t, frac } => {
+            let before_off = (model.get(*s).next as f64 * frac) as u64;
+            let t = base + *t;
+            let r = log.trim(STREAMS[*s], tok(t), before_off);
+            (before, answer(r), model.trim(*s, t, before_off))
+        }
+        Action::Delete { s, t } => {
+            let t = base + *t;
+            let r = log.delete(STREAMS[*s], tok(t));
+            (before, answer(r), model.delete(*s, t))
+        }
+        Action::Read { .. } | Action::Cut { .. } | Action::ArmCut { .. } | Action::Reopen => {
+            return None;
+        }
+    })
+}
+
+/// Runs an action that writes nothing: a read, checked against the
+/// model, or a cut, an armed cut or a reopen, after which the engine must
+/// hold what the model does.
+fn other(world: &mut World, model: &mut Model, action: &Action, armed: &mut Option<CrashMode>) {
+    match action {
+        Action::Read { s, frac, max } => {
+            let m = model.get(*s);
+            let from = (m.next as f64 * frac) as u64;
+            let got = world.log().read(STREAMS[*s], from, *max);
+            if matches!(got, Err(Error::Io(_))) && world.sim.image().is_some() {
+                // An armed cut already took the machine down (in the
+                // background, between operations): recover.
+                let mode = armed.take().unwrap();
+                world.recover(mode);
+            } else {
+                check_read(&m, from, *max, got);
+                return;
+            }
+        }
+        Action::Cut { mode } => world.recover(armed.take().unwrap_or(*mode)),
+        Action::ArmCut { after, mode } => {
+            if armed.is_none() {
+                world.sim.cut_power_after(*after, *mode);
+                *armed = Some(*mode);
+            }
+            return;
+        }
+        Action::Reopen => match armed.take() {
+            Some(mode) => world.recover(mode),
+            None => world.reopen(),
+        },
+        _ => return,
+    }
+    sync_floor(world, model, None);
+    check_all(world.log(), model);
+}
+
+/// A read from `from` answers what the model holds there.
+fn check_read(m: &MStream, from: u64, max: u32, got: Result<Vec<Record>, Error>) {
+    if from < m.start {
+        assert!(
+            matches!(got, Err(Error::Trimmed { requested, start }) if requested == from && start == m.start)
+        );
+    } else {
+        let got = got.unwrap();
+        let want: Vec<_> = m.records.range(from..).take(max as usize).collect();
+        assert_eq!(got.len(), want.len());
+        for (r, (o, (t, p))) in got.iter().zip(want) {
+            assert_eq!((r.offset, r.token.get(), &r.payload[..]), (*o, *t, &p[..]));
+        }
+    }
+}
+
+/// After a power cut during `action`: the engine holds either the model
+/// with the action (`happened`) or without it (`before`), nothing else;
+/// answers the one it holds.
+fn settle_cut_short(
+    world: &World,
+    mut happened: Model,
+    mut before: Model,
+    action: &Action,
+    last_at: &LastAt,
+) -> Model {
+    // What was acknowledged is what `before` holds.
+    sync_floor(world, &mut happened, Some(&before));
+    before.floor = happened.floor;
+    let s = match action {
+        Action::Append { s, .. }
+        | Action::AppendAt { s, .. }
+        | Action::Fence { s, .. }
+        | Action::Trim { s, .. }
+        | Action::Delete { s, .. } => *s,
+        Action::Retry => last_at.as_ref().unwrap().0,
+        _ => unreachable!(),
+    };
+    let shown = engine_stream(world.log(), s);
+    let model = if shown == happened.get(s) {
+        happened
+    } else {
+        assert_eq!(
+            shown,
+            before.get(s),
+            "neither outcome of the cut-short {}",
+            brief(action)
+        );
+        before
+    };
+    check_all(world.log(), &model);
+    model
 }
 
 /// After a recovery: takes the engine's token floor into the model. It

@@ -236,14 +236,8 @@ fn median(v: &[f64]) -> Option<f64> {
 }
 
 fn compare(args: &BenchArgs) -> Result<String, String> {
-    let workloads = match args.workload {
-        Some(w) => vec![w],
-        None => vec![Workload::Append, Workload::Reject],
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    let workloads = args.workloads();
+    let runtime = super::runtime()?;
     let dialect = match args.redis_commands {
         RedisCommands::Lua => Dialect::Redis,
         RedisCommands::Plain => Dialect::RedisPlain,
@@ -394,21 +388,8 @@ fn compare(args: &BenchArgs) -> Result<String, String> {
             user(r),
         ]);
     }
-    let widths: Vec<usize> = (0..header.len())
-        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
-        .collect();
     s.push('\n');
-    for row in &rows {
-        let mut line = String::new();
-        for (c, cell) in row.iter().enumerate() {
-            if c == 0 {
-                let _ = write!(line, "{cell:<w$}", w = widths[c]);
-            } else {
-                let _ = write!(line, "  {cell:>w$}", w = widths[c]);
-            }
-        }
-        let _ = writeln!(s, "{}", line.trim_end());
-    }
+    super::write_columns(&mut s, &rows);
     for (w, workload) in workloads.iter().enumerate() {
         let f = &samples[0][w];
         if let Some(per_sync) = median(&f.entries_per_sync) {

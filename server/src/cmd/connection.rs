@@ -11,6 +11,18 @@ use crate::outcome::{Outcome, number};
 use crate::protocol::Reply;
 use crate::session::Session;
 
+/// The flags of a command a client may send before it authenticates (and
+/// while the server is loading or busy), as Redis flags `QUIT`, `AUTH` and
+/// `HELLO`.
+const PRE_AUTH_FLAGS: &[&str] = &[
+    "noscript",
+    "loading",
+    "stale",
+    "fast",
+    "no_auth",
+    "allow_busy",
+];
+
 /// The connection commands' specs, in the order `docs/COMMANDS.md` lists
 /// them.
 pub static SPECS: &[CommandSpec] = &[
@@ -39,14 +51,7 @@ pub static SPECS: &[CommandSpec] = &[
     cmd(
         "QUIT",
         -1,
-        &[
-            "noscript",
-            "loading",
-            "stale",
-            "fast",
-            "no_auth",
-            "allow_busy",
-        ],
+        PRE_AUTH_FLAGS,
         NO_KEYS,
         &["@fast", "@connection"],
         "connection",
@@ -57,14 +62,7 @@ pub static SPECS: &[CommandSpec] = &[
     cmd(
         "AUTH",
         -2,
-        &[
-            "noscript",
-            "loading",
-            "stale",
-            "fast",
-            "no_auth",
-            "allow_busy",
-        ],
+        PRE_AUTH_FLAGS,
         NO_KEYS,
         &["@fast", "@connection"],
         "connection",
@@ -75,14 +73,7 @@ pub static SPECS: &[CommandSpec] = &[
     cmd(
         "HELLO",
         -1,
-        &[
-            "noscript",
-            "loading",
-            "stale",
-            "fast",
-            "no_auth",
-            "allow_busy",
-        ],
+        PRE_AUTH_FLAGS,
         NO_KEYS,
         &["@fast", "@connection"],
         "connection",

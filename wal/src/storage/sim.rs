@@ -378,24 +378,7 @@ impl SimFs {
 
     fn image_after(&self, mode: CrashMode) -> SimStorage {
         if mode == CrashMode::ProcessCrash {
-            // The machine stays up: the page cache (and what is still
-            // unsynced in it) survives the process, durable or not.
-            let inodes = self
-                .inodes
-                .iter()
-                .map(|(&ino, inode)| (ino, Arc::new(Mutex::new(inode.lock().clone()))))
-                .collect();
-            return SimStorage {
-                fs: Arc::new(Mutex::new(SimFs {
-                    inodes,
-                    names: self.names.clone(),
-                    durable_names: self.durable_names.clone(),
-                    dirs: self.dirs.clone(),
-                    next_inode: self.next_inode,
-                    ..SimFs::default()
-                })),
-                faults: Arc::new(Faults::default()),
-            };
+            return self.page_cache_image();
         }
         let mut rng = SplitMix(match mode {
             CrashMode::Torn { seed } | CrashMode::TornSequence { seed } => seed,
@@ -410,57 +393,7 @@ impl SimFs {
             let Some(inode) = self.inodes.get(&ino) else {
                 continue;
             };
-            let inode = inode.lock();
-            let image = match mode {
-                CrashMode::ProcessCrash | CrashMode::LoseUnsynced => inode.durable.clone(),
-                CrashMode::LastWriteOnly => {
-                    let mut image = inode.durable.clone();
-                    if let Some((pos, bytes)) = inode.unsynced.last() {
-                        write_into(&mut image, *pos, bytes);
-                    }
-                    image
-                }
-                CrashMode::TornSequence { .. } => {
-                    let mut image = inode.durable.clone();
-                    for (pos, bytes) in &inode.unsynced {
-                        if rng.next().is_multiple_of(2) {
-                            write_into(&mut image, *pos, bytes);
-                        }
-                    }
-                    image
-                }
-                CrashMode::Prefix { bytes: budget } => {
-                    let mut image = inode.durable.clone();
-                    let mut left = budget;
-                    for (pos, bytes) in &inode.unsynced {
-                        if left == 0 {
-                            break;
-                        }
-                        let n = (bytes.len() as u64).min(left) as usize;
-                        write_into(&mut image, *pos, &bytes[..n]);
-                        left -= n as u64;
-                    }
-                    image
-                }
-                CrashMode::Torn { .. } => {
-                    let mut image = inode.durable.clone();
-                    for (pos, bytes) in &inode.unsynced {
-                        let end = pos + bytes.len() as u64;
-                        let mut sector_start = *pos;
-                        while sector_start < end {
-                            let sector_end = ((sector_start / SECTOR) + 1) * SECTOR;
-                            let piece_end = sector_end.min(end);
-                            if rng.next().is_multiple_of(2) {
-                                let from = (sector_start - pos) as usize;
-                                let to = (piece_end - pos) as usize;
-                                write_into(&mut image, sector_start, &bytes[from..to]);
-                            }
-                            sector_start = piece_end;
-                        }
-                    }
-                    image
-                }
-            };
+            let image = disk_after(&inode.lock(), mode, &mut rng);
             inodes.insert(
                 ino,
                 Arc::new(Mutex::new(Inode {
@@ -482,6 +415,82 @@ impl SimFs {
             fs: Arc::new(Mutex::new(after)),
             faults: Arc::new(Faults::default()),
         }
+    }
+
+    /// After a process crash the machine stays up: the page cache (and what
+    /// is still unsynced in it) survives the process, durable or not.
+    fn page_cache_image(&self) -> SimStorage {
+        let inodes = self
+            .inodes
+            .iter()
+            .map(|(&ino, inode)| (ino, Arc::new(Mutex::new(inode.lock().clone()))))
+            .collect();
+        SimStorage {
+            fs: Arc::new(Mutex::new(SimFs {
+                inodes,
+                names: self.names.clone(),
+                durable_names: self.durable_names.clone(),
+                dirs: self.dirs.clone(),
+                next_inode: self.next_inode,
+                ..SimFs::default()
+            })),
+            faults: Arc::new(Faults::default()),
+        }
+    }
+}
+
+/// What a file's bytes are on disk after a power cut of kind `mode`: the
+/// durable bytes, and of the unsynced writes what `mode` lets through.
+fn disk_after(inode: &Inode, mode: CrashMode, rng: &mut SplitMix) -> Vec<u8> {
+    let mut image = inode.durable.clone();
+    match mode {
+        CrashMode::ProcessCrash | CrashMode::LoseUnsynced => {}
+        CrashMode::LastWriteOnly => {
+            if let Some((pos, bytes)) = inode.unsynced.last() {
+                write_into(&mut image, *pos, bytes);
+            }
+        }
+        CrashMode::TornSequence { .. } => {
+            for (pos, bytes) in &inode.unsynced {
+                if rng.next().is_multiple_of(2) {
+                    write_into(&mut image, *pos, bytes);
+                }
+            }
+        }
+        CrashMode::Prefix { bytes: budget } => {
+            let mut left = budget;
+            for (pos, bytes) in &inode.unsynced {
+                if left == 0 {
+                    break;
+                }
+                let n = (bytes.len() as u64).min(left) as usize;
+                write_into(&mut image, *pos, &bytes[..n]);
+                left -= n as u64;
+            }
+        }
+        CrashMode::Torn { .. } => {
+            for (pos, bytes) in &inode.unsynced {
+                write_torn(&mut image, *pos, bytes, rng);
+            }
+        }
+    }
+    image
+}
+
+/// A write torn at sector boundaries: each sector's piece of it lands or
+/// not, at random.
+fn write_torn(image: &mut Vec<u8>, pos: u64, bytes: &[u8], rng: &mut SplitMix) {
+    let end = pos + bytes.len() as u64;
+    let mut sector_start = pos;
+    while sector_start < end {
+        let sector_end = ((sector_start / SECTOR) + 1) * SECTOR;
+        let piece_end = sector_end.min(end);
+        if rng.next().is_multiple_of(2) {
+            let from = (sector_start - pos) as usize;
+            let to = (piece_end - pos) as usize;
+            write_into(image, sector_start, &bytes[from..to]);
+        }
+        sector_start = piece_end;
     }
 }
 
