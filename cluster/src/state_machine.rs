@@ -110,6 +110,9 @@ pub fn engine_options(base: &Options, min_entry_bytes: u32) -> Options {
     let mut o = base.clone();
     o.replicated = true;
     o.wal.sync_every_batch = false;
+    // An entry's writes are decided one submit each and awaited together:
+    // one wake-up of the log's thread and one write per entry.
+    o.wal.flush_on_wait = true;
     if o.wal.max_entry_bytes < min_entry_bytes {
         o.wal.max_entry_bytes = min_entry_bytes;
     }
