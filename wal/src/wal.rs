@@ -780,13 +780,12 @@ impl<S: Sequencer> Wal<S> {
     /// log has failed.
     pub fn submit<R>(&self, f: impl FnOnce(&mut Writer<'_, S>) -> R) -> Result<R, WalError> {
         loop {
-            let locked = self.shared.locked.lock();
+            let mut locked = self.shared.locked.lock();
             self.shared.check_usable(&locked)?;
             if locked.pending.bytes < self.shared.opts.max_batch_bytes {
                 return Ok(self.shared.run(locked, f));
             }
             // Room comes once the batch is written: start it now.
-            let mut locked = locked;
             self.shared.wake_sync_thread(&mut locked);
             let listener = self.shared.space.listen();
             drop(locked);
