@@ -26,15 +26,7 @@ fn async_submitters_on_a_single_threaded_runtime() {
                 let mut acked = Vec::new();
                 for n in 0..20u32 {
                     let p = payload(t, n, 80);
-                    let (at, ticket) = wal
-                        .submit_async(|w| {
-                            let at = w.append(p.len(), |b| b.copy_from_slice(&p))?;
-                            w.state().records += 1;
-                            Ok::<_, WalError>((at, w.ticket()))
-                        })
-                        .await
-                        .unwrap()
-                        .unwrap();
+                    let (at, ticket) = append_async(&wal, &p).await.unwrap();
                     // Awaiting never blocks the only runtime thread: the
                     // other 49 tasks keep submitting meanwhile.
                     ticket.await.unwrap();
@@ -91,15 +83,7 @@ fn with_flush_on_wait_a_batch_starts_when_it_is_awaited() {
                 let mut tickets = Vec::new();
                 for n in 0..20u32 {
                     let p = payload(t, n, 80);
-                    let ticket = wal
-                        .submit_async(|w| {
-                            w.append(p.len(), |b| b.copy_from_slice(&p))?;
-                            w.state().records += 1;
-                            Ok::<_, WalError>(w.ticket())
-                        })
-                        .await
-                        .unwrap()
-                        .unwrap();
+                    let (_, ticket) = append_async(&wal, &p).await.unwrap();
                     tickets.push(ticket);
                     // Time for a sync thread woken by the submit to write
                     // it alone (it must not be woken).
