@@ -4,7 +4,9 @@
 # confirms leadership with a quorum) through a 3-node cluster on loopback
 # against a single node, driven by the same load generator (`fencelog
 # bench`) in alternating runs; prints every run and the medians (the ratio
-# column is cluster / single node).
+# column is cluster / single node), with the servers' CPU seconds per
+# million requests and their threads' context switches per request (both
+# summed over every node of the setup).
 #
 #   scripts/bench-cluster.sh [FENCELOG_BINARY] [RUNS] [SECONDS]
 #
@@ -53,6 +55,8 @@ for run in $(seq 1 "$runs"); do
                 if [ "$name" = single ]; then procs=$single_pids; else procs=$cluster_pids; fi
                 # shellcheck disable=SC2086 # a list of pids
                 before=$(cpu_ticks $procs)
+                # shellcheck disable=SC2086
+                switches_before=$(ctx_switches $procs)
                 # The bench follows the cluster's leader (CLUSTER SLOTS).
                 if ! "$bin" bench --addr "$addr" --clients 50 --pipeline "$pipeline" \
                     --workload "$workload" --duration "$secs" --warmup 1 --json \
@@ -63,9 +67,11 @@ for run in $(seq 1 "$runs"); do
                 fi
                 # shellcheck disable=SC2086
                 after=$(cpu_ticks $procs)
+                # shellcheck disable=SC2086
+                switches=$(($(ctx_switches $procs) - switches_before))
                 # CPU over the whole run (warmup included) per measured request:
                 # an upper bound, the same for both setups.
-                sed "s/^{/{\"node\":\"$name\",\"run\":$run,\"server_cpu_s\":$(python3 -c "print(($after - $before) / $tck)"),/" \
+                sed "s/^{/{\"node\":\"$name\",\"run\":$run,\"server_cpu_s\":$(python3 -c "print(($after - $before) / $tck)"),\"switches\":$switches,/" \
                     "$work/run.json" >>"$results"
             done
         done
@@ -78,20 +84,25 @@ rows = [json.loads(l) for l in open(sys.argv[1])]
 def cpu_per_m(r):
     # Server CPU seconds (all the setup's processes) per million requests.
     return r["server_cpu_s"] / max(r["requests"], 1) * 1e6
-print(f"{'run':>3} {'setup':8} {'workload':8} {'P':>3} {'ops/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'cpu s/M':>8}")
+def switches(r):
+    # Context switches of the setup's threads per request.
+    return r["switches"] / max(r["requests"], 1)
+print(f"{'run':>3} {'setup':8} {'workload':8} {'P':>3} {'ops/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'cpu s/M':>8} {'csw/req':>8}")
 for r in rows:
     l = r["latency_us"]
     print(f"{r['run']:>3} {r['node']:8} {r['workload']:8} {r['pipeline']:>3} {r['ops_per_sec']:>10.0f}"
-          f" {l['p50']/1000:>8.2f} {l['p99']/1000:>8.2f} {cpu_per_m(r):>8.1f}")
-print("\nmedians (ops/s; server CPU seconds per million requests, warmup included, all nodes):")
-print(f"{'workload':8} {'P':>3} {'single':>10} {'3 nodes':>10} {'ratio':>6} {'cpu single':>11} {'cpu 3 nodes':>12}")
+          f" {l['p50']/1000:>8.2f} {l['p99']/1000:>8.2f} {cpu_per_m(r):>8.1f} {switches(r):>8.2f}")
+print("\nmedians (ops/s; server CPU seconds per million requests and context switches per request, warmup included, all nodes):")
+print(f"{'workload':8} {'P':>3} {'single':>10} {'3 nodes':>10} {'ratio':>6} {'cpu single':>11} {'cpu 3 nodes':>12}"
+      f" {'csw single':>11} {'csw 3 nodes':>12}")
 keys = sorted({(r["workload"], r["pipeline"]) for r in rows})
 for w, p in keys:
     sel = lambda n: [r for r in rows if r["workload"] == w and r["pipeline"] == p and r["node"] == n]
     m = {n: statistics.median(r["ops_per_sec"] for r in sel(n)) for n in ("single", "cluster")}
     c = {n: statistics.median(cpu_per_m(r) for r in sel(n)) for n in ("single", "cluster")}
+    s = {n: statistics.median(switches(r) for r in sel(n)) for n in ("single", "cluster")}
     print(f"{w:8} {p:>3} {m['single']:>10.0f} {m['cluster']:>10.0f} {m['cluster']/m['single']:>6.2f}"
-          f" {c['single']:>11.1f} {c['cluster']:>12.1f}")
+          f" {c['single']:>11.1f} {c['cluster']:>12.1f} {s['single']:>11.2f} {s['cluster']:>12.2f}")
 bad = [r for r in rows if r["unexpected_errors"]]
 if bad:
     print(f"\n{len(bad)} runs had unexpected answers: {[r['unexpected_samples'] for r in bad]}")

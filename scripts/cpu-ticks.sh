@@ -20,3 +20,14 @@ cpu_user_ticks() {
     done
     echo "$total"
 }
+
+# ctx_switches PID... prints the context switches (voluntary and not) the
+# given processes' threads have made, from /proc/PID/task/*/status: a
+# thread that has ended no longer counts, so take it over long-lived
+# threads (a server's own) and read it before and after a run.
+ctx_switches() {
+    local p
+    for p in "$@"; do
+        cat /proc/"$p"/task/*/status 2>/dev/null
+    done | awk '/^(non)?voluntary_ctxt_switches:/ { n += $2 } END { print n + 0 }'
+}

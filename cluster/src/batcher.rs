@@ -46,8 +46,11 @@ use crate::node::{ClusterError, Queued as QueueStats};
 use crate::state_machine::Engine;
 use crate::types::{Raft, Request, Response, WireCommand};
 
-/// Entries proposed and not yet answered, at most.
-const IN_FLIGHT: usize = 2;
+/// Entries proposed and not yet answered, at most. Three, not two: while
+/// the followers sync entry N and the leader syncs N+1, N+2 already waits
+/// in Raft's queue, so the leader's next sync starts as soon as its last
+/// one ends instead of once N is answered.
+const IN_FLIGHT: usize = 3;
 
 /// Writes in one entry, at most (the state machine numbers an entry's
 /// writes within 16 bits; see `state_machine.rs`).

@@ -415,6 +415,10 @@ impl LogStore {
         let mut opts = WalOptions {
             segment_bytes,
             max_entry_bytes: opts_max_entry(segment_bytes),
+            // Appends, votes and purges are awaited (and start their batch
+            // then); a commit mark or a truncation rides with the next:
+            // one wake-up and one write per entry, not two.
+            flush_on_wait: true,
             ..WalOptions::default()
         };
         if inline_io {

@@ -110,6 +110,15 @@ pub fn engine_options(base: &Options, min_entry_bytes: u32) -> Options {
     let mut o = base.clone();
     o.replicated = true;
     o.wal.sync_every_batch = false;
+    // An entry's writes are decided one submit each and awaited together:
+    // one wake-up of the log's thread and one write per entry.
+    o.wal.flush_on_wait = true;
+    // Zeros written ahead make syncs cheaper; this log is synced only at
+    // a seal or a snapshot, so the fill would be a second write of every
+    // segment for nothing: the space is reserved instead.
+    if o.wal.preallocation == fencelog_wal::Preallocation::Fill {
+        o.wal.preallocation = fencelog_wal::Preallocation::Reserve;
+    }
     if o.wal.max_entry_bytes < min_entry_bytes {
         o.wal.max_entry_bytes = min_entry_bytes;
     }

@@ -84,6 +84,15 @@ pub struct WalOptions {
     /// decides. Default false (it gives up group commit and the
     /// preallocation ahead of need).
     pub inline_io: bool,
+    /// Start writing a batch when the first of its tickets is awaited (or
+    /// a submitter waits for room), not at every submit. Default false.
+    /// For a caller that submits many entries before it waits for any (a
+    /// replica's apply: one submit per write of a Raft entry), or whose
+    /// entries nobody waits for ride with the next batch (a Raft log's
+    /// commit marks): one wake-up of the sync thread and one write per
+    /// wait instead of one per submit. Entries nobody waits for are
+    /// written within 100 ms.
+    pub flush_on_wait: bool,
 }
 
 impl Default for WalOptions {
@@ -98,6 +107,7 @@ impl Default for WalOptions {
             footer_cache_bytes: 32 << 20,
             sync_every_batch: true,
             inline_io: false,
+            flush_on_wait: false,
         }
     }
 }

@@ -227,7 +227,9 @@ impl Future for Ticket {
             Inner::Done(None) => Poll::Ready(Ok(())),
             Inner::Done(Some(cause)) => Poll::Ready(Err(failed(Some(cause)))),
             Inner::Waiting {
-                batch, registered, ..
+                batch,
+                registered,
+                flush,
             } => {
                 if let Some(result) = batch.result() {
                     return Poll::Ready(result);
@@ -238,6 +240,12 @@ impl Future for Ticket {
                 if !batch.register_task(cx.waker()) {
                     // Finished between the check and the registration.
                     return Poll::Ready(batch.result().unwrap_or(Ok(())));
+                }
+                // Registered first: the batch cannot finish unseen.
+                if registered.is_none()
+                    && let Some(flush) = flush
+                {
+                    flush.waiting();
                 }
                 *registered = Some(cx.waker().clone());
                 Poll::Pending

@@ -799,11 +799,13 @@ impl<S: Sequencer> Wal<S> {
     /// log has failed.
     pub fn submit<R>(&self, f: impl FnOnce(&mut Writer<'_, S>) -> R) -> Result<R, WalError> {
         loop {
-            let locked = self.shared.locked.lock();
+            let mut locked = self.shared.locked.lock();
             self.shared.check_usable(&locked)?;
             if locked.pending.bytes < self.shared.opts.max_batch_bytes {
                 return Ok(self.shared.run(locked, f));
             }
+            // Room comes once the batch is written: start it now.
+            self.shared.wake_sync_thread(&mut locked);
             let listener = self.shared.space.listen();
             drop(locked);
             listener.wait();
@@ -817,11 +819,13 @@ impl<S: Sequencer> Wal<S> {
     ) -> Result<R, WalError> {
         loop {
             let listener = {
-                let locked = self.shared.locked.lock();
+                let mut locked = self.shared.locked.lock();
                 self.shared.check_usable(&locked)?;
                 if locked.pending.bytes < self.shared.opts.max_batch_bytes {
                     return Ok(self.shared.run(locked, f));
                 }
+                // Room comes once the batch is written: start it now.
+                self.shared.wake_sync_thread(&mut locked);
                 self.shared.space.listen()
             };
             listener.await;
@@ -1222,7 +1226,9 @@ impl<S: Sequencer> Shared<S> {
             let _ = self.flush_pending(&mut fs);
             return result;
         }
-        self.wake_sync_thread(&mut locked);
+        if !self.opts.flush_on_wait {
+            self.wake_sync_thread(&mut locked);
+        }
         result
     }
 
@@ -1294,12 +1300,21 @@ impl FlushState {
 pub(crate) trait InlineFlush: Send + Sync {
     /// Flushes the pending batch if no flush is under way; never waits.
     fn try_flush(&self);
+    /// A task waits for a ticket: with `flush_on_wait`, wakes the sync
+    /// thread for the pending batch (without it, the submit did).
+    fn waiting(&self);
 }
 
 impl<S: Sequencer> InlineFlush for Shared<S> {
     fn try_flush(&self) {
         if let Some(mut fs) = self.flush.try_lock() {
             self.flush_pending(&mut fs);
+        }
+    }
+
+    fn waiting(&self) {
+        if self.opts.flush_on_wait {
+            self.wake_sync_thread(&mut self.locked.lock());
         }
     }
 }

@@ -26,15 +26,7 @@ fn async_submitters_on_a_single_threaded_runtime() {
                 let mut acked = Vec::new();
                 for n in 0..20u32 {
                     let p = payload(t, n, 80);
-                    let (at, ticket) = wal
-                        .submit_async(|w| {
-                            let at = w.append(p.len(), |b| b.copy_from_slice(&p))?;
-                            w.state().records += 1;
-                            Ok::<_, WalError>((at, w.ticket()))
-                        })
-                        .await
-                        .unwrap()
-                        .unwrap();
+                    let (at, ticket) = append_async(&wal, &p).await.unwrap();
                     // Awaiting never blocks the only runtime thread: the
                     // other 49 tasks keep submitting meanwhile.
                     ticket.await.unwrap();
@@ -62,6 +54,73 @@ fn async_submitters_on_a_single_threaded_runtime() {
         "50 concurrent tasks share syncs: {:?}",
         stats.batch_entries
     );
+}
+
+/// `flush_on_wait`: a task that submits several entries before it waits
+/// for any (a replica applying a Raft entry's writes) gets them written
+/// together: the sync thread starts on a batch when a ticket of it is
+/// awaited, not at each submit. Submitters held back for room start the
+/// batch themselves.
+#[test]
+fn with_flush_on_wait_a_batch_starts_when_it_is_awaited() {
+    let sim: Arc<dyn Storage> = Arc::new(SimStorage::new());
+    let opts = fencelog_wal::WalOptions {
+        flush_on_wait: true,
+        ..small_opts()
+    };
+    let (wal, _) = open(&sim, Path::new("/db"), &opts).unwrap();
+    let wal = Arc::new(wal);
+    // What the open wrote (its first segment's opening) is not counted.
+    let opened = wal.stats().batch_entries;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut tasks = Vec::new();
+        for t in 0..10u32 {
+            let wal = Arc::clone(&wal);
+            tasks.push(tokio::spawn(async move {
+                let mut tickets = Vec::new();
+                for n in 0..20u32 {
+                    let p = payload(t, n, 80);
+                    let (_, ticket) = append_async(&wal, &p).await.unwrap();
+                    tickets.push(ticket);
+                    // Time for a sync thread woken by the submit to write
+                    // it alone (it must not be woken).
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                for ticket in tickets {
+                    ticket.await.unwrap();
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+    });
+    wal.with_state(|c| assert_eq!(c.records, 200));
+    // Each task's 20 entries were pending before anything waited (one
+    // thread runs the tasks in turn): about one batch per task, not one
+    // per entry (the sync thread's 100 ms idle round adds a few).
+    let batches = wal.stats().batch_entries;
+    let (count, sum) = (batches.count - opened.count, batches.sum - opened.sum);
+    assert_eq!(sum, 200);
+    assert!(
+        count < 50,
+        "entries were written before anyone waited: {count} batches"
+    );
+    // Blocking submitters over a small batch bound: each one held back
+    // for room starts the batch it waits behind.
+    let mut opts = opts;
+    opts.max_batch_bytes = 512;
+    let (wal, _) = open(&sim, Path::new("/db2"), &opts).unwrap();
+    let tickets: Vec<_> = (0..100)
+        .map(|n| append(&wal, &payload(0, n, 200)).unwrap().1)
+        .collect();
+    for ticket in tickets {
+        ticket.wait().unwrap();
+    }
+    wal.with_state(|c| assert_eq!(c.records, 100));
 }
 
 #[test]

@@ -93,6 +93,20 @@ pub fn append(wal: &Wal<Counter>, bytes: &[u8]) -> Result<(Appended, Ticket), Wa
     })?
 }
 
+/// As [`append`], from an async task: waits for room without blocking
+/// its runtime's thread.
+pub async fn append_async(
+    wal: &Wal<Counter>,
+    bytes: &[u8],
+) -> Result<(Appended, Ticket), WalError> {
+    wal.submit_async(|w| {
+        let at = w.append(bytes.len(), |buf| buf.copy_from_slice(bytes))?;
+        w.state().records += 1;
+        Ok((at, w.ticket()))
+    })
+    .await?
+}
+
 /// Every record in the directory, in log order: (lsn, payload).
 pub fn all_records(storage: &dyn Storage, dir: &Path) -> Vec<(u64, Vec<u8>)> {
     let mut out = Vec::new();
