@@ -6,7 +6,7 @@
 //! the test checks that it still decodes to the same engine commands.
 
 use bytes::Bytes;
-use fencelog::{Command, GroupLimits, Token, TxOp};
+use fencelog::{Command, GroupLimits, Refusal, Token, TxOp};
 use fencelog_cluster::Request;
 
 /// `bincode::serialize(&Request { time_ms: 123_456_789, cmds })` by the
@@ -42,9 +42,9 @@ fn b(s: &str) -> Bytes {
     Bytes::copy_from_slice(s.as_bytes())
 }
 
-/// What the fixture's commands are to the engine; `None`: refused alike on
-/// every replica (token 0).
-fn expected() -> Vec<Option<Command>> {
+/// What the fixture's commands are to the engine; the last is refused
+/// alike on every replica (token 0), as version 1 answered it.
+fn expected() -> Vec<Command> {
     let tx = vec![
         TxOp::Append {
             stream: b("t1"),
@@ -72,63 +72,67 @@ fn expected() -> Vec<Option<Command>> {
         },
     ];
     vec![
-        Some(Command::Append {
+        Command::Write(TxOp::Append {
             stream: b("s1"),
             token: t(7),
             payloads: vec![b("a"), b(""), b("ccc")],
         }),
-        Some(Command::AppendAt {
+        Command::Write(TxOp::AppendAt {
             stream: b("s2"),
             token: t(8),
             expected_offset: 3,
             payloads: vec![b("x")],
         }),
-        Some(Command::Fence {
+        Command::Write(TxOp::Fence {
             stream: b("s3"),
             token: t(9),
         }),
-        Some(Command::Trim {
+        Command::Write(TxOp::Trim {
             stream: b("s4"),
             token: t(10),
             before: 5,
         }),
-        Some(Command::Delete {
+        Command::Write(TxOp::Delete {
             stream: b("s5"),
             token: t(11),
         }),
-        Some(Command::Transact(tx)),
-        Some(Command::Acquire {
+        Command::Transact(tx),
+        Command::Acquire {
             name: b("l"),
             owner: b("me"),
             ttl_ms: 5000,
             fence: true,
-        }),
-        Some(Command::Renew {
+        },
+        Command::Renew {
             name: b("l"),
             owner: b("me"),
             token: t(12),
             ttl_ms: 6000,
-        }),
-        Some(Command::Release {
+        },
+        Command::Release {
             name: b("l"),
             owner: b("me"),
             token: t(13),
-        }),
-        Some(Command::Blank),
-        Some(Command::TakeOver),
-        Some(Command::SetLimits(GroupLimits {
+        },
+        Command::Blank,
+        Command::TakeOver,
+        Command::SetLimits(GroupLimits {
             max_payload_bytes: 1,
             max_records_per_append: 2,
             lease_ttl_min_ms: 3,
             lease_ttl_max_ms: 4,
             max_live_leases: 5,
             max_streams: 6,
-        })),
-        Some(Command::Check {
+        }),
+        Command::Check {
             index: 77,
             digest: 0xdead_beef,
+        },
+        Command::Refused(Refusal {
+            op: None,
+            what: "token",
+            reason: format!("0 is not in 1..={}", fencelog::MAX_TOKEN),
         }),
-        None,
     ]
 }
 
@@ -136,6 +140,12 @@ fn expected() -> Vec<Option<Command>> {
 fn a_version_1_request_decodes_to_the_same_commands() {
     let req: Request = bincode::deserialize(&v1_bytes()).expect("a version 1 request decodes");
     assert_eq!(req.time_ms, 123_456_789);
-    let got: Vec<Option<Command>> = req.cmds.iter().map(|c| c.to_engine().ok()).collect();
-    assert_eq!(got, expected());
+    assert_eq!(req.cmds, expected());
+    // Sent on (a leader's log to a follower) it is version 2, and the same.
+    let again = bincode::serialize(&req).expect("encodes");
+    assert_eq!(again[0], fencelog_cluster::REQUEST_VERSION);
+    assert_eq!(
+        bincode::deserialize::<Request>(&again).expect("decodes"),
+        req
+    );
 }
