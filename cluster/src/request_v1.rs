@@ -60,7 +60,10 @@ impl<'de> DeserializeSeed<'de> for Commands {
 /// One version 1 command, as the engine's.
 struct V1Command(Command);
 
-/// One version 1 transaction op, or the refusal of its token.
+/// One version 1 transaction op, or the refusal of its token. Its own
+/// visitor, knowing only the stream ops, rather than [`V1Command`]'s: a
+/// transaction inside a transaction would make decoding recurse as deep
+/// as crafted bytes nest.
 struct V1TxOp(Result<TxOp, Refusal>);
 
 /// Reads a struct variant's fields as the tuple `T` (bincode writes a

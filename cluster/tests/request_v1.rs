@@ -149,3 +149,17 @@ fn a_version_1_request_decodes_to_the_same_commands() {
         req
     );
 }
+
+/// Version 1 never had a transaction inside a transaction; reading one
+/// is an error, not a recursion as deep as crafted bytes nest.
+#[test]
+fn a_version_1_transaction_inside_a_transaction_is_an_error() {
+    let mut b = vec![1u8];
+    b.extend_from_slice(&0u64.to_le_bytes()); // time_ms
+    b.extend_from_slice(&1u64.to_le_bytes()); // one command
+    b.extend_from_slice(&5u32.to_le_bytes()); // Transact
+    b.extend_from_slice(&1u64.to_le_bytes()); // one op
+    b.extend_from_slice(&5u32.to_le_bytes()); // Transact again
+    b.extend_from_slice(&0u64.to_le_bytes());
+    assert!(bincode::deserialize::<Request>(&b).is_err());
+}
