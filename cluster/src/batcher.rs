@@ -18,10 +18,10 @@
 //! counts on from there with its own monotonic clock. So the group's clock
 //! never runs back: not across a restart of one node or of all of them,
 //! nor a change of leader. The leader's first entry is a take-over
-//! ([`WireCommand::TakeOver`]): every lease still live on the group's clock
+//! ([`Command::TakeOver`]): every lease still live on the group's clock
 //! is held for its full ttl from then, because how long the old leader was
 //! gone cannot be known. While it leads, the leader puts its clock in the
-//! log whenever a lease runs out on it ([`WireCommand::Tick`]), so the log
+//! log whenever a lease runs out on it ([`Command::Blank`], a tick), so the log
 //! knows the lease expired and no later take-over revives it.
 //!
 //! **Bounds.** The queue holds at most [`MAX_QUEUED`] writes and at most
@@ -44,7 +44,9 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::node::{ClusterError, Queued as QueueStats};
 use crate::state_machine::Engine;
-use crate::types::{Raft, Request, Response, WireCommand};
+use fencelog::Command;
+
+use crate::types::{Raft, Request, Response};
 
 /// Entries proposed and not yet answered, at most. Three, not two: while
 /// the followers sync entry N and the leader syncs N+1, N+2 already waits
@@ -70,7 +72,7 @@ const CHECK_EVERY: Duration = Duration::from_secs(1);
 
 /// A write waiting for its entry.
 struct Queued {
-    cmd: WireCommand,
+    cmd: Command,
     bytes: u64,
     /// Its client is answered by then: past it the write is dropped.
     deadline: Instant,
@@ -208,7 +210,7 @@ impl Batcher {
     /// taken into an empty queue whatever its size: it fits an entry).
     pub(crate) fn queue(
         &self,
-        cmd: WireCommand,
+        cmd: Command,
         bytes: u64,
         deadline: Instant,
     ) -> Result<oneshot::Receiver<Result<Response, ClusterError>>, ClusterError> {
@@ -273,7 +275,7 @@ async fn take_over(
     let base = clock.anchor(term, engine.log().group_clock_ms());
     let req = Request {
         time_ms: base,
-        cmds: vec![WireCommand::TakeOver],
+        cmds: vec![Command::TakeOver],
     };
     let pending = raft
         .client_write_ff(req)
@@ -406,7 +408,7 @@ async fn watch(raft: Raft, engine: Engine, batcher: Batcher) {
             // the group's clock is not carried on, and a lease read waits).
             if tick.is_none() {
                 let deadline = Instant::now() + Duration::from_secs(10);
-                tick = batcher.queue(WireCommand::Tick, 16, deadline).ok();
+                tick = batcher.queue(Command::Blank, 16, deadline).ok();
             }
             continue;
         };
@@ -416,7 +418,7 @@ async fn watch(raft: Raft, engine: Engine, batcher: Batcher) {
             && expiry <= now
         {
             let deadline = Instant::now() + Duration::from_secs(10);
-            tick = batcher.queue(WireCommand::Tick, 16, deadline).ok();
+            tick = batcher.queue(Command::Blank, 16, deadline).ok();
         }
         if checked.elapsed() >= CHECK_EVERY {
             checked = tokio::time::Instant::now();
@@ -429,7 +431,7 @@ async fn watch(raft: Raft, engine: Engine, batcher: Batcher) {
                 last_checked = at.index >> 16;
                 let deadline = Instant::now() + Duration::from_secs(10);
                 let _ = batcher.queue(
-                    WireCommand::Check {
+                    Command::Check {
                         index: at.index,
                         digest,
                     },
@@ -505,7 +507,7 @@ mod tests {
         // Into an empty queue a write goes whatever its size (it fits an
         // entry: the caller checked), so a bound below one write never
         // stops the group.
-        let _first = b.queue(WireCommand::Tick, 150, deadline).unwrap();
+        let _first = b.queue(Command::Blank, 150, deadline).unwrap();
         assert_eq!(
             b.queued(),
             QueueStats {
@@ -515,7 +517,7 @@ mod tests {
                 max_bytes: 100,
             }
         );
-        match b.queue(WireCommand::Tick, 1, deadline) {
+        match b.queue(Command::Blank, 1, deadline) {
             Err(ClusterError::Busy { queued, bytes }) => assert_eq!((queued, bytes), (1, 150)),
             other => panic!("{other:?}"),
         }
@@ -524,10 +526,10 @@ mod tests {
         // Taken out (as the batching task does), the room comes back.
         let q = rx.try_recv().unwrap();
         b.counts.left(1, q.bytes);
-        let _a = b.queue(WireCommand::Tick, 60, deadline).unwrap();
-        let _b = b.queue(WireCommand::Tick, 40, deadline).unwrap();
+        let _a = b.queue(Command::Blank, 60, deadline).unwrap();
+        let _b = b.queue(Command::Blank, 40, deadline).unwrap();
         assert!(matches!(
-            b.queue(WireCommand::Tick, 1, deadline),
+            b.queue(Command::Blank, 1, deadline),
             Err(ClusterError::Busy {
                 queued: 2,
                 bytes: 100

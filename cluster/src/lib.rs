@@ -35,6 +35,7 @@ pub mod log_store;
 pub mod network;
 pub mod node;
 mod reads;
+mod request_v1;
 mod snapshot;
 pub mod state_machine;
 pub mod types;
@@ -48,4 +49,4 @@ pub use node::{
     wait_for_leader,
 };
 pub use openraft::ChangeMembers;
-pub use types::{Member, NodeId, Request, Response, Responses, WireCommand, WireError, WireTxOp};
+pub use types::{Member, NodeId, REQUEST_VERSION, Request, Response, Responses, WireError};

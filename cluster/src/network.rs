@@ -82,8 +82,11 @@ const MAGIC: [u8; 4] = *b"FLRP";
 /// version 2 adds the incarnations to the hello, and carries versioned
 /// requests (a [`crate::Request`] begins with its own version byte), which
 /// a node of version 1 would misread; version 3 is both (the two were
-/// numbered 2 on two branches and never ran apart).
-pub const PROTOCOL_VERSION: u8 = 3;
+/// numbered 2 on two branches and never ran apart); version 4 carries
+/// requests of version 2 (the engine's encoding of its commands), which a
+/// node of version 3 refuses entry by entry: refused in the handshake
+/// instead.
+pub const PROTOCOL_VERSION: u8 = 4;
 
 /// Domain separation for the handshake proofs and the session keys: an
 /// HMAC computed for one purpose is never valid for another.
@@ -1543,7 +1546,7 @@ pub(crate) mod fuzz {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::{Request, WireCommand};
+    use crate::types::Request;
     use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Vote};
 
     fn entry(index: u64, bytes: usize) -> Entry<TypeConfig> {
@@ -1551,11 +1554,11 @@ mod tests {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
             payload: EntryPayload::Normal(Request {
                 time_ms: 1,
-                cmds: vec![WireCommand::Append {
-                    stream: b"s".to_vec(),
-                    token: 1,
-                    payloads: vec![serde_bytes::ByteBuf::from(vec![7u8; bytes])],
-                }],
+                cmds: vec![fencelog::Command::Write(fencelog::TxOp::Append {
+                    stream: bytes::Bytes::from_static(b"s"),
+                    token: fencelog::Token::new(1).unwrap(),
+                    payloads: vec![bytes::Bytes::from(vec![7u8; bytes])],
+                })],
             }),
         }
     }

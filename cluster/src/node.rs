@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use fencelog::Command;
 use openraft::{ChangeMembers, Config, ServerState, SnapshotPolicy};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -16,7 +17,7 @@ use crate::batcher::Batcher;
 use crate::log_store::LogStore;
 use crate::network::{self, Network};
 use crate::state_machine::{Engine, StateMachine};
-use crate::types::{Member, NodeId, Raft, Response, WireCommand};
+use crate::types::{Member, NodeId, Raft, Response};
 
 /// How a node is started.
 #[derive(Debug, Clone)]
@@ -680,7 +681,7 @@ impl Node {
 
     /// Proposes a write; answers once a majority holds it and it is applied
     /// here (the leader's own decision), or says who leads.
-    pub async fn write(&self, cmd: WireCommand) -> Result<Response, ClusterError> {
+    pub async fn write(&self, cmd: Command) -> Result<Response, ClusterError> {
         self.propose(cmd, Instant::now() + Duration::from_secs(10))
             .await?
             .await
@@ -704,13 +705,10 @@ impl Node {
     /// and a round of replication (see `batcher.rs`). A write still
     /// waiting for its entry at `deadline` (when its client is answered)
     /// is dropped, never proposed.
-    pub async fn propose(
-        &self,
-        cmd: WireCommand,
-        deadline: Instant,
-    ) -> Result<Proposal, ClusterError> {
+    pub async fn propose(&self, cmd: Command, deadline: Instant) -> Result<Proposal, ClusterError> {
         // Refused here: an entry the log cannot hold would stop Raft.
-        let len = bincode::serialized_size(&cmd).map_err(|e| ClusterError::Raft(e.to_string()))?;
+        // With its length in the entry's list of commands.
+        let len = 4 + cmd.encoded_len() as u64;
         if len > self.max_request {
             return Err(ClusterError::TooLarge {
                 len,

@@ -20,7 +20,7 @@ use openraft::{
 use parking_lot::RwLock;
 
 use crate::snapshot::{self, Store};
-use crate::types::{Member, NodeId, Response, Responses, TypeConfig, WireError};
+use crate::types::{Member, NodeId, Response, Responses, TypeConfig};
 
 /// The current engine, shared with readers (the server reads from it).
 #[derive(Clone)]
@@ -376,47 +376,36 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             // Entries come in log order, each once.
             debug_assert!(last_entry.is_none_or(|l| l < entry.log_id.index));
             last_entry = Some(entry.log_id.index);
-            let cmds: Vec<(u64, Command, Option<WireError>)> = match entry.payload {
+            let cmds: Vec<(u64, Command)> = match entry.payload {
                 // A new leader's first entry (openraft's): only a position.
                 // The take-over of the leases is the leader's own first
-                // entry (`WireCommand::TakeOver`), stamped with the group's
+                // entry (`Command::TakeOver`), stamped with the group's
                 // clock as the leader carries it on.
-                EntryPayload::Blank => vec![(0, Command::Blank, None)],
+                EntryPayload::Blank => vec![(0, Command::Blank)],
                 EntryPayload::Normal(req) if req.cmds.is_empty() => {
-                    vec![(req.time_ms, Command::Blank, None)]
+                    vec![(req.time_ms, Command::Blank)]
                 }
-                EntryPayload::Normal(req) => req
-                    .cmds
-                    .iter()
-                    .map(|c| match c.to_engine() {
-                        Ok(cmd) => (req.time_ms, cmd, None),
-                        // Decided alike on every replica; only the position
-                        // moves.
-                        Err(e) => (
-                            req.time_ms,
-                            Command::Blank,
-                            Some(WireError::from_engine(&e)),
-                        ),
-                    })
-                    .collect(),
+                // A command the entry could not carry is a
+                // `Command::Refused`: decided alike on every replica.
+                EntryPayload::Normal(req) => {
+                    let time_ms = req.time_ms;
+                    req.cmds.into_iter().map(|cmd| (time_ms, cmd)).collect()
+                }
                 EntryPayload::Membership(m) => {
                     let stored = StoredMembership::new(Some(entry.log_id), m);
                     let bytes = crate::codec::MEMBERSHIP.encode(&stored).map_err(sm_err)?;
-                    vec![(0, Command::Membership(bytes.into()), None)]
+                    vec![(0, Command::Membership(bytes.into()))]
                 }
             };
             let count = cmds.len();
             let mut answers = Vec::with_capacity(count);
-            for (sub, (time_ms, cmd, refused)) in cmds.into_iter().enumerate() {
+            for (sub, (time_ms, cmd)) in cmds.into_iter().enumerate() {
                 let at = position(&entry.log_id, sub, count);
                 if at.index <= done {
                     answers.push(Err(Response::Done));
                     continue;
                 }
-                match refused {
-                    Some(e) => answers.push(Err(Response::Rejected(e))),
-                    None => answers.push(Ok(batch.len())),
-                }
+                answers.push(Ok(batch.len()));
                 // Positions only grow: no write is applied twice.
                 debug_assert!(batch.last().is_none_or(|(p, ..)| *p < at));
                 batch.push((at, time_ms, cmd));
@@ -574,12 +563,12 @@ mod tests {
         assert!(all.windows(2).all(|w| w[0] < w[1]), "{all:?}");
     }
 
-    fn append(payload: &str) -> crate::types::WireCommand {
-        crate::types::WireCommand::Append {
-            stream: b"s".to_vec(),
-            token: 1,
-            payloads: vec![serde_bytes::ByteBuf::from(payload.as_bytes().to_vec())],
-        }
+    fn append(payload: &str) -> Command {
+        Command::Write(fencelog::TxOp::Append {
+            stream: bytes::Bytes::from_static(b"s"),
+            token: fencelog::Token::new(1).unwrap(),
+            payloads: vec![bytes::Bytes::copy_from_slice(payload.as_bytes())],
+        })
     }
 
     fn entry(index: u64, payloads: &[&str]) -> Entry<TypeConfig> {
@@ -612,7 +601,7 @@ mod tests {
             // engine is not synced per batch).
             let log = sm.engine().log();
             for (sub, p) in ["b0", "b1"].iter().enumerate() {
-                let cmd = append(p).to_engine().unwrap();
+                let cmd = append(p);
                 log.apply_replicated(position(&id(1, 2), sub, 3), 10, &cmd)
                     .await
                     .unwrap();

@@ -3,7 +3,7 @@
 //! configuration.
 
 use bytes::Bytes;
-use fencelog::{Applied, Command, Error, Token, TxOp};
+use fencelog::{Applied, Command, Error};
 use serde::{Deserialize, Serialize};
 
 openraft::declare_raft_types!(
@@ -101,26 +101,31 @@ pub type NodeId = u64;
 /// leader batches what clients sent while its last entry was on its way
 /// (openraft 0.9 syncs the leader's log once per entry, so one entry per
 /// write would cost a sync each, one after the other).
-// Request: { version: u8 (REQUEST_VERSION = 1) | time_ms: u64 | cmds: u64 count, then WireCommand* }
+// Request (bincode tuple): { version: u8 (REQUEST_VERSION = 2) | time_ms: u64 | len: u64 | commands: [u8; len] }
+//   commands: the engine's encoding (`Command::encode_all`); version 1 is read only (`request_v1.rs`)
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Request {
     /// The proposing leader's monotonic clock in ms (lease time follows it).
     pub time_ms: u64,
     /// What to decide when the entry is applied, in order.
-    pub cmds: Vec<WireCommand>,
+    pub cmds: Vec<Command>,
 }
 
 /// The format version of a [`Request`] (its first byte, in the Raft log
-/// and in peer frames).
-pub const REQUEST_VERSION: u8 = 1;
+/// and in peer frames). Version 1 (bincode of an enum of the cluster's own)
+/// is still read, never written.
+pub const REQUEST_VERSION: u8 = 2;
 
 impl Serialize for Request {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeTuple;
+        let len = 4 + self.cmds.iter().map(|c| 4 + c.encoded_len()).sum::<usize>();
+        let mut cmds = Vec::with_capacity(len);
+        Command::encode_all(&self.cmds, &mut cmds);
         let mut t = s.serialize_tuple(3)?;
         t.serialize_element(&REQUEST_VERSION)?;
         t.serialize_element(&self.time_ms)?;
-        t.serialize_element(&self.cmds)?;
+        t.serialize_element(serde_bytes::Bytes::new(&cmds))?;
         t.end()
     }
 }
@@ -142,13 +147,21 @@ impl<'de> Deserialize<'de> for Request {
                 // The version before anything else: a request of another
                 // version is never read as this one.
                 let version: u8 = a.next_element()?.ok_or_else(missing)?;
-                if version != REQUEST_VERSION {
-                    return Err(A::Error::custom(format!(
-                        "a Request of format version {version} (this build reads version {REQUEST_VERSION})"
-                    )));
-                }
-                let time_ms = a.next_element()?.ok_or_else(missing)?;
-                let cmds = a.next_element()?.ok_or_else(missing)?;
+                let time_ms = match version {
+                    1 | REQUEST_VERSION => a.next_element()?.ok_or_else(missing)?,
+                    _ => {
+                        return Err(A::Error::custom(format!(
+                            "a Request of format version {version} (this build reads versions 1 and {REQUEST_VERSION})"
+                        )));
+                    }
+                };
+                let cmds = if version == 1 {
+                    a.next_element_seed(crate::request_v1::Commands)?
+                        .ok_or_else(missing)?
+                } else {
+                    let b: serde_bytes::ByteBuf = a.next_element()?.ok_or_else(missing)?;
+                    Command::decode_all(&Bytes::from(b.into_vec())).map_err(A::Error::custom)?
+                };
                 Ok(Request { time_ms, cmds })
             }
         }
@@ -159,376 +172,6 @@ impl<'de> Deserialize<'de> for Request {
 /// The answers of an entry's commands, in order.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Responses(pub Vec<Response>);
-
-/// A transaction's op, as the log carries it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[allow(missing_docs)]
-pub enum WireTxOp {
-    Append {
-        #[serde(with = "serde_bytes")]
-        stream: Vec<u8>,
-        token: u64,
-        payloads: Vec<serde_bytes::ByteBuf>,
-    },
-    AppendAt {
-        #[serde(with = "serde_bytes")]
-        stream: Vec<u8>,
-        token: u64,
-        expected_offset: u64,
-        payloads: Vec<serde_bytes::ByteBuf>,
-    },
-    Fence {
-        #[serde(with = "serde_bytes")]
-        stream: Vec<u8>,
-        token: u64,
-    },
-    Trim {
-        #[serde(with = "serde_bytes")]
-        stream: Vec<u8>,
-        token: u64,
-        before: u64,
-    },
-    Delete {
-        #[serde(with = "serde_bytes")]
-        stream: Vec<u8>,
-        token: u64,
-    },
-}
-
-/// A command, as the log carries it (see [`fencelog::Command`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[allow(missing_docs)]
-pub enum WireCommand {
-    Append {
-        #[serde(with = "serde_bytes")]
-        stream: Vec<u8>,
-        token: u64,
-        payloads: Vec<serde_bytes::ByteBuf>,
-    },
-    AppendAt {
-        #[serde(with = "serde_bytes")]
-        stream: Vec<u8>,
-        token: u64,
-        expected_offset: u64,
-        payloads: Vec<serde_bytes::ByteBuf>,
-    },
-    Fence {
-        #[serde(with = "serde_bytes")]
-        stream: Vec<u8>,
-        token: u64,
-    },
-    Trim {
-        #[serde(with = "serde_bytes")]
-        stream: Vec<u8>,
-        token: u64,
-        before: u64,
-    },
-    Delete {
-        #[serde(with = "serde_bytes")]
-        stream: Vec<u8>,
-        token: u64,
-    },
-    Transact(Vec<WireTxOp>),
-    Acquire {
-        #[serde(with = "serde_bytes")]
-        name: Vec<u8>,
-        #[serde(with = "serde_bytes")]
-        owner: Vec<u8>,
-        ttl_ms: u64,
-        fence: bool,
-    },
-    Renew {
-        #[serde(with = "serde_bytes")]
-        name: Vec<u8>,
-        #[serde(with = "serde_bytes")]
-        owner: Vec<u8>,
-        token: u64,
-        ttl_ms: u64,
-    },
-    Release {
-        #[serde(with = "serde_bytes")]
-        name: Vec<u8>,
-        #[serde(with = "serde_bytes")]
-        owner: Vec<u8>,
-        token: u64,
-    },
-    /// Nothing but the leader's clock: moves lease time forward on every
-    /// replica (a leader sends one when a lease runs out on its clock, so
-    /// the log knows it expired and no take-over revives it).
-    Tick,
-    /// A leader's first entry: every lease still live on the group's clock
-    /// is held for its full ttl from the entry's time.
-    TakeOver,
-    /// The group's limits (see [`fencelog::GroupLimits`]).
-    SetLimits {
-        max_payload_bytes: u32,
-        max_records_per_append: u32,
-        lease_ttl_min_ms: u64,
-        lease_ttl_max_ms: u64,
-        max_live_leases: u64,
-        max_streams: u64,
-    },
-    /// The leader's digest after an engine position: a replica whose own
-    /// differs there stops (see [`fencelog::Command::Check`]).
-    Check {
-        index: u64,
-        digest: u64,
-    },
-}
-
-impl WireCommand {
-    /// The group's limits, as the log carries them.
-    pub fn set_limits(l: &fencelog::GroupLimits) -> WireCommand {
-        WireCommand::SetLimits {
-            max_payload_bytes: l.max_payload_bytes,
-            max_records_per_append: l.max_records_per_append,
-            lease_ttl_min_ms: l.lease_ttl_min_ms,
-            lease_ttl_max_ms: l.lease_ttl_max_ms,
-            max_live_leases: l.max_live_leases,
-            max_streams: l.max_streams,
-        }
-    }
-}
-
-fn token(n: u64) -> Result<Token, Error> {
-    Token::new(n)
-}
-
-fn payloads(p: &[serde_bytes::ByteBuf]) -> Vec<Bytes> {
-    p.iter().map(|b| Bytes::copy_from_slice(b)).collect()
-}
-
-impl WireTxOp {
-    fn to_engine(&self) -> Result<TxOp, Error> {
-        Ok(match self {
-            WireTxOp::Append {
-                stream,
-                token: t,
-                payloads: p,
-            } => TxOp::Append {
-                stream: Bytes::copy_from_slice(stream),
-                token: token(*t)?,
-                payloads: payloads(p),
-            },
-            WireTxOp::AppendAt {
-                stream,
-                token: t,
-                expected_offset,
-                payloads: p,
-            } => TxOp::AppendAt {
-                stream: Bytes::copy_from_slice(stream),
-                token: token(*t)?,
-                expected_offset: *expected_offset,
-                payloads: payloads(p),
-            },
-            WireTxOp::Fence { stream, token: t } => TxOp::Fence {
-                stream: Bytes::copy_from_slice(stream),
-                token: token(*t)?,
-            },
-            WireTxOp::Trim {
-                stream,
-                token: t,
-                before,
-            } => TxOp::Trim {
-                stream: Bytes::copy_from_slice(stream),
-                token: token(*t)?,
-                before: *before,
-            },
-            WireTxOp::Delete { stream, token: t } => TxOp::Delete {
-                stream: Bytes::copy_from_slice(stream),
-                token: token(*t)?,
-            },
-        })
-    }
-
-    /// The op as the log carries it.
-    pub fn from_engine(op: &TxOp) -> WireTxOp {
-        let buf = |v: &[Bytes]| {
-            v.iter()
-                .map(|b| serde_bytes::ByteBuf::from(b.to_vec()))
-                .collect()
-        };
-        match op {
-            TxOp::Append {
-                stream,
-                token,
-                payloads,
-            } => WireTxOp::Append {
-                stream: stream.to_vec(),
-                token: token.get(),
-                payloads: buf(payloads),
-            },
-            TxOp::AppendAt {
-                stream,
-                token,
-                expected_offset,
-                payloads,
-            } => WireTxOp::AppendAt {
-                stream: stream.to_vec(),
-                token: token.get(),
-                expected_offset: *expected_offset,
-                payloads: buf(payloads),
-            },
-            TxOp::Fence { stream, token } => WireTxOp::Fence {
-                stream: stream.to_vec(),
-                token: token.get(),
-            },
-            TxOp::Trim {
-                stream,
-                token,
-                before,
-            } => WireTxOp::Trim {
-                stream: stream.to_vec(),
-                token: token.get(),
-                before: *before,
-            },
-            TxOp::Delete { stream, token } => WireTxOp::Delete {
-                stream: stream.to_vec(),
-                token: token.get(),
-            },
-        }
-    }
-}
-
-impl WireCommand {
-    /// A single write, as the log carries it.
-    pub fn from_op(op: &TxOp) -> WireCommand {
-        match WireTxOp::from_engine(op) {
-            WireTxOp::Append {
-                stream,
-                token,
-                payloads,
-            } => WireCommand::Append {
-                stream,
-                token,
-                payloads,
-            },
-            WireTxOp::AppendAt {
-                stream,
-                token,
-                expected_offset,
-                payloads,
-            } => WireCommand::AppendAt {
-                stream,
-                token,
-                expected_offset,
-                payloads,
-            },
-            WireTxOp::Fence { stream, token } => WireCommand::Fence { stream, token },
-            WireTxOp::Trim {
-                stream,
-                token,
-                before,
-            } => WireCommand::Trim {
-                stream,
-                token,
-                before,
-            },
-            WireTxOp::Delete { stream, token } => WireCommand::Delete { stream, token },
-        }
-    }
-
-    /// The engine's command; a token out of range is a rejection every
-    /// replica reaches alike.
-    pub fn to_engine(&self) -> Result<Command, Error> {
-        Ok(match self {
-            WireCommand::Append {
-                stream,
-                token: t,
-                payloads: p,
-            } => Command::Append {
-                stream: Bytes::copy_from_slice(stream),
-                token: token(*t)?,
-                payloads: payloads(p),
-            },
-            WireCommand::AppendAt {
-                stream,
-                token: t,
-                expected_offset,
-                payloads: p,
-            } => Command::AppendAt {
-                stream: Bytes::copy_from_slice(stream),
-                token: token(*t)?,
-                expected_offset: *expected_offset,
-                payloads: payloads(p),
-            },
-            WireCommand::Fence { stream, token: t } => Command::Fence {
-                stream: Bytes::copy_from_slice(stream),
-                token: token(*t)?,
-            },
-            WireCommand::Trim {
-                stream,
-                token: t,
-                before,
-            } => Command::Trim {
-                stream: Bytes::copy_from_slice(stream),
-                token: token(*t)?,
-                before: *before,
-            },
-            WireCommand::Delete { stream, token: t } => Command::Delete {
-                stream: Bytes::copy_from_slice(stream),
-                token: token(*t)?,
-            },
-            WireCommand::Transact(ops) => Command::Transact(
-                ops.iter()
-                    .map(WireTxOp::to_engine)
-                    .collect::<Result<Vec<_>, _>>()?,
-            ),
-            WireCommand::Acquire {
-                name,
-                owner,
-                ttl_ms,
-                fence,
-            } => Command::Acquire {
-                name: Bytes::copy_from_slice(name),
-                owner: Bytes::copy_from_slice(owner),
-                ttl_ms: *ttl_ms,
-                fence: *fence,
-            },
-            WireCommand::Renew {
-                name,
-                owner,
-                token: t,
-                ttl_ms,
-            } => Command::Renew {
-                name: Bytes::copy_from_slice(name),
-                owner: Bytes::copy_from_slice(owner),
-                token: token(*t)?,
-                ttl_ms: *ttl_ms,
-            },
-            WireCommand::Release {
-                name,
-                owner,
-                token: t,
-            } => Command::Release {
-                name: Bytes::copy_from_slice(name),
-                owner: Bytes::copy_from_slice(owner),
-                token: token(*t)?,
-            },
-            WireCommand::Tick => Command::Blank,
-            WireCommand::TakeOver => Command::TakeOver,
-            WireCommand::SetLimits {
-                max_payload_bytes,
-                max_records_per_append,
-                lease_ttl_min_ms,
-                lease_ttl_max_ms,
-                max_live_leases,
-                max_streams,
-            } => Command::SetLimits(fencelog::GroupLimits {
-                max_payload_bytes: *max_payload_bytes,
-                max_records_per_append: *max_records_per_append,
-                lease_ttl_min_ms: *lease_ttl_min_ms,
-                lease_ttl_max_ms: *lease_ttl_max_ms,
-                max_live_leases: *max_live_leases,
-                max_streams: *max_streams,
-            }),
-            WireCommand::Check { index, digest } => Command::Check {
-                index: *index,
-                digest: *digest,
-            },
-        })
-    }
-}
 
 /// Why a command was rejected, as the log's answer carries it (the
 /// engine's [`Error`], the kinds a rejection can be).
@@ -644,22 +287,7 @@ impl WireError {
 /// The engine's error kinds name what they concern with static strings;
 /// the few that travel are mapped back to them.
 fn static_what(s: &str) -> &'static str {
-    [
-        "payload bytes",
-        "records per append",
-        "entry bytes",
-        "streams",
-        "token",
-        "stream name",
-        "owner",
-        "ttl",
-        "transaction",
-        "payloads",
-        "mode",
-    ]
-    .into_iter()
-    .find(|w| *w == s)
-    .unwrap_or("argument")
+    fencelog::Refusal::what_of(s.as_bytes())
 }
 
 /// What applying an entry answered.

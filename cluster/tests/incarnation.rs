@@ -10,7 +10,9 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use fencelog_cluster::{ChangeMembers, Member, Node, NodeConfig, Response, WireCommand};
+use bytes::Bytes;
+use fencelog::{Command, Token, TxOp};
+use fencelog_cluster::{ChangeMembers, Member, Node, NodeConfig, Response};
 
 use common::free_addr;
 
@@ -31,12 +33,12 @@ fn config(id: u64, dir: &Path, addr: SocketAddr) -> NodeConfig {
     cfg
 }
 
-fn append(token: u64) -> WireCommand {
-    WireCommand::Append {
-        stream: b"s".to_vec(),
-        token,
-        payloads: vec![serde_bytes::ByteBuf::from(b"x".to_vec())],
-    }
+fn append(token: u64) -> Command {
+    Command::Write(TxOp::Append {
+        stream: Bytes::from_static(b"s"),
+        token: Token::new(token).unwrap(),
+        payloads: vec![Bytes::from_static(b"x")],
+    })
 }
 
 async fn leader(nodes: &BTreeMap<u64, Node>) -> &Node {

@@ -8,7 +8,9 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use fencelog_cluster::{ClusterError, Member, Node, NodeConfig, Response, WireCommand, WireError};
+use bytes::Bytes;
+use fencelog::{Command, Token, TxOp};
+use fencelog_cluster::{ClusterError, Member, Node, NodeConfig, Response, WireError};
 
 mod common;
 // Ports below the ephemeral range: a stopped node's port must still be
@@ -37,16 +39,16 @@ fn config(id: u64, dir: &Path, addr: SocketAddr) -> NodeConfig {
     cfg
 }
 
-fn append(stream: &str, token: u64, payload: &str) -> WireCommand {
-    WireCommand::Append {
-        stream: stream.as_bytes().to_vec(),
-        token,
-        payloads: vec![serde_bytes::ByteBuf::from(payload.as_bytes().to_vec())],
-    }
+fn append(stream: &str, token: u64, payload: &str) -> Command {
+    Command::Write(TxOp::Append {
+        stream: Bytes::copy_from_slice(stream.as_bytes()),
+        token: Token::new(token).unwrap(),
+        payloads: vec![Bytes::copy_from_slice(payload.as_bytes())],
+    })
 }
 
 /// Writes through whichever node leads, retrying while there is none.
-async fn write(nodes: &BTreeMap<u64, Node>, cmd: WireCommand) -> Response {
+async fn write(nodes: &BTreeMap<u64, Node>, cmd: Command) -> Response {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         for node in nodes.values() {
@@ -139,9 +141,9 @@ async fn three_nodes_fence_across_a_leader_change_and_catch_up_a_fourth_by_snaps
     );
     let grant = write(
         &nodes,
-        WireCommand::Acquire {
-            name: b"lock".to_vec(),
-            owner: b"a".to_vec(),
+        Command::Acquire {
+            name: Bytes::from_static(b"lock"),
+            owner: Bytes::from_static(b"a"),
             ttl_ms: 60_000,
             fence: true,
         },
@@ -178,9 +180,9 @@ async fn three_nodes_fence_across_a_leader_change_and_catch_up_a_fourth_by_snaps
     // The lease survived the take-over: held, its token not reissued.
     let held = write(
         &nodes,
-        WireCommand::Acquire {
-            name: b"lock".to_vec(),
-            owner: b"b".to_vec(),
+        Command::Acquire {
+            name: Bytes::from_static(b"lock"),
+            owner: Bytes::from_static(b"b"),
             ttl_ms: 1000,
             fence: true,
         },
@@ -192,9 +194,9 @@ async fn three_nodes_fence_across_a_leader_change_and_catch_up_a_fourth_by_snaps
     );
     let other = write(
         &nodes,
-        WireCommand::Acquire {
-            name: b"other".to_vec(),
-            owner: b"b".to_vec(),
+        Command::Acquire {
+            name: Bytes::from_static(b"other"),
+            owner: Bytes::from_static(b"b"),
             ttl_ms: 1000,
             fence: true,
         },

@@ -10,8 +10,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use fencelog::{Command, Token, TxOp};
 use fencelog_cluster::types::TypeConfig;
-use fencelog_cluster::{ClusterSecret, Member, Node, NodeConfig, Response, WireCommand};
+use fencelog_cluster::{ClusterSecret, Member, Node, NodeConfig, Response};
 use openraft::raft::{AppendEntriesRequest, VoteRequest};
 use openraft::{CommittedLeaderId, LogId, Vote};
 use serde::Serialize;
@@ -40,12 +42,12 @@ fn config(id: u64, dir: &Path, secret: &[u8]) -> NodeConfig {
     cfg
 }
 
-fn append(token: u64) -> WireCommand {
-    WireCommand::Append {
-        stream: b"s".to_vec(),
-        token,
-        payloads: vec![serde_bytes::ByteBuf::from(b"x".to_vec())],
-    }
+fn append(token: u64) -> Command {
+    Command::Write(TxOp::Append {
+        stream: Bytes::from_static(b"s"),
+        token: Token::new(token).unwrap(),
+        payloads: vec![Bytes::from_static(b"x")],
+    })
 }
 
 struct Group {

@@ -56,6 +56,7 @@
 #![warn(missing_docs)]
 
 mod checkpoint;
+mod command_codec;
 mod core;
 mod error;
 mod footer;
@@ -77,6 +78,7 @@ mod token;
 mod tx;
 mod view;
 
+pub use command_codec::CommandDecodeError;
 pub use error::{Error, Result};
 pub use fencelog_wal::{self as wal, RecoveryMode, RecoveryReport, WalOptions};
 pub use lease::{Clock, ManualClock, MonotonicClock};
@@ -84,6 +86,6 @@ pub use lease_api::{AcquireOptions, Grant, LeaseInfo, MAX_OWNER};
 pub use log::{Deferred, Log, ReadOptions, Record, StreamStat};
 pub use metrics::Metrics;
 pub use options::Options;
-pub use replicated::{Applied, Command, GroupLimits, LogPosition};
+pub use replicated::{Applied, Command, GroupLimits, LogPosition, Refusal};
 pub use token::{MAX_STREAM_NAME, MAX_TOKEN, Offset, Token};
 pub use tx::TxOp;

@@ -31,18 +31,18 @@
 //! A release is written but not waited for; a renewal is written (and
 //! waited for) only when it lengthens the ttl the log holds.
 
-const APPEND: u8 = 1;
-const FENCE: u8 = 2;
-const TRIM: u8 = 3;
-const DELETE: u8 = 4;
-const ACQUIRE: u8 = 5;
-const RELEASE: u8 = 6;
-const RENEW: u8 = 7;
-const BATCH: u8 = 8;
-const REPLICATED: u8 = 9;
-const MEMBERSHIP: u8 = 10;
-const TAKE_OVER: u8 = 11;
-const LIMITS: u8 = 12;
+pub(crate) const APPEND: u8 = 1;
+pub(crate) const FENCE: u8 = 2;
+pub(crate) const TRIM: u8 = 3;
+pub(crate) const DELETE: u8 = 4;
+pub(crate) const ACQUIRE: u8 = 5;
+pub(crate) const RELEASE: u8 = 6;
+pub(crate) const RENEW: u8 = 7;
+pub(crate) const BATCH: u8 = 8;
+pub(crate) const REPLICATED: u8 = 9;
+pub(crate) const MEMBERSHIP: u8 = 10;
+pub(crate) const TAKE_OVER: u8 = 11;
+pub(crate) const LIMITS: u8 = 12;
 
 /// Bytes of a Replicated op's header, before its inner op.
 pub(crate) const REPLICATED_HEADER: usize = 33;
@@ -168,6 +168,13 @@ pub(crate) fn encode(op: &Op<'_>) -> Vec<u8> {
         out: &mut buf,
         at: 0,
     };
+    put(&mut w, op);
+    debug_assert_eq!(w.at, len);
+    buf
+}
+
+/// Writes `op`'s fields, in its layout, into `w`.
+pub(crate) fn put(w: &mut impl Put, op: &Op<'_>) {
     match *op {
         Op::Append {
             stream,
@@ -260,8 +267,6 @@ pub(crate) fn encode(op: &Op<'_>) -> Vec<u8> {
             w.bytes(&limits.encode());
         }
     }
-    debug_assert_eq!(w.at, len);
-    buf
 }
 
 /// The header of a Replicated op; its inner op follows.
@@ -313,11 +318,11 @@ struct Cursor<'a> {
     at: usize,
 }
 
-impl Cursor<'_> {
-    fn bytes(&mut self, b: &[u8]) {
-        self.out[self.at..self.at + b.len()].copy_from_slice(b);
-        self.at += b.len();
-    }
+/// Where encoded fields go, little-endian: an entry's bytes sized in
+/// advance ([`Cursor`]), or a growing buffer (a proposed command's bytes,
+/// `command_codec.rs`).
+pub(crate) trait Put {
+    fn bytes(&mut self, b: &[u8]);
     fn u8(&mut self, v: u8) {
         self.bytes(&[v]);
     }
@@ -327,9 +332,25 @@ impl Cursor<'_> {
     fn u64(&mut self, v: u64) {
         self.bytes(&v.to_le_bytes());
     }
+    /// A name or owner: its length in one byte (the caller has checked
+    /// that it fits), then its bytes.
     fn name(&mut self, n: &[u8]) {
+        debug_assert!(n.len() <= usize::from(u8::MAX));
         self.u8(n.len() as u8);
         self.bytes(n);
+    }
+}
+
+impl Put for Cursor<'_> {
+    fn bytes(&mut self, b: &[u8]) {
+        self.out[self.at..self.at + b.len()].copy_from_slice(b);
+        self.at += b.len();
+    }
+}
+
+impl Put for Vec<u8> {
+    fn bytes(&mut self, b: &[u8]) {
+        self.extend_from_slice(b);
     }
 }
 
@@ -392,10 +413,23 @@ impl<'a> Reader<'a> {
     pub(crate) fn is_empty(&self) -> bool {
         self.at == self.b.len()
     }
+
+    /// Bytes not read yet.
+    pub(crate) fn rest_len(&self) -> usize {
+        self.b.len() - self.at
+    }
 }
 
 /// Decodes an op; an error (never a panic) on anything malformed.
 pub(crate) fn decode(b: &[u8]) -> Result<Op<'_>, String> {
+    let op = decode_layout(b)?;
+    check_fields(&op)?;
+    Ok(op)
+}
+
+/// Decodes an op's layout, without [`check_fields`] on its own fields (a
+/// proposed command's are refused, not malformed, when out of range).
+pub(crate) fn decode_layout(b: &[u8]) -> Result<Op<'_>, String> {
     let mut r = Reader::new(b);
     let op = match r.u8()? {
         APPEND => {
@@ -523,7 +557,6 @@ pub(crate) fn decode(b: &[u8]) -> Result<Op<'_>, String> {
     if !r.is_empty() {
         return Err("bytes after the op".into());
     }
-    check_fields(&op)?;
     Ok(op)
 }
 

@@ -37,7 +37,7 @@ use crate::error::{Error, Result};
 use crate::lease::Clock;
 use crate::log::Log;
 use crate::op;
-use crate::token::{Offset, Token};
+use crate::token::Token;
 use crate::tx::TxOp;
 
 /// The position of an entry in the replicated log: the term and node of
@@ -52,53 +52,14 @@ pub struct LogPosition {
     pub index: u64,
 }
 
-/// A write as the replicated log carries it, decided when applied.
+/// A write as the replicated log carries it, decided when applied. Its
+/// bytes in the log are [`Command::encode`]'s.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
-    /// As [`Log::append`].
-    Append {
-        /// The stream.
-        stream: Bytes,
-        /// The fencing token.
-        token: Token,
-        /// The records.
-        payloads: Vec<Bytes>,
-    },
-    /// As [`Log::append_at`] (a retry of one that succeeded answers its
-    /// offset).
-    AppendAt {
-        /// The stream.
-        stream: Bytes,
-        /// The fencing token.
-        token: Token,
-        /// The offset the first record must get.
-        expected_offset: Offset,
-        /// The records.
-        payloads: Vec<Bytes>,
-    },
-    /// As [`Log::fence`].
-    Fence {
-        /// The stream.
-        stream: Bytes,
-        /// The fencing token.
-        token: Token,
-    },
-    /// As [`Log::trim`].
-    Trim {
-        /// The stream.
-        stream: Bytes,
-        /// The fencing token.
-        token: Token,
-        /// Records below this offset are trimmed.
-        before: Offset,
-    },
-    /// As [`Log::delete`].
-    Delete {
-        /// The stream.
-        stream: Bytes,
-        /// The fencing token.
-        token: Token,
-    },
+    /// One stream write, as [`Log::append`], [`Log::append_at`] (a retry
+    /// of one that succeeded answers its offset), [`Log::fence`],
+    /// [`Log::trim`] or [`Log::delete`].
+    Write(TxOp),
     /// As [`Log::transact`].
     Transact(Vec<TxOp>),
     /// As [`Log::acquire`] without waiting (the caller retries while held).
@@ -153,6 +114,80 @@ pub enum Command {
     /// Changes nothing but the applied position (and the clock, to the
     /// entry's time: a leader's tick lets leases expire in the log).
     Blank,
+    /// What an entry carried that is refused without being decided (a
+    /// token of 0 decoded from the log, a name too long to encode):
+    /// answered alike on every replica, and only the position moves.
+    Refused(Refusal),
+}
+
+/// Why a [`Command::Refused`] is refused: the engine's
+/// [`Error::Invalid`], inside [`Error::Aborted`] when it concerns one op of
+/// a transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The transaction op it concerns, if any.
+    pub op: Option<u32>,
+    /// What is refused (a token, a stream name, an owner, …).
+    pub what: &'static str,
+    /// Why.
+    pub reason: String,
+}
+
+impl Refusal {
+    /// The refusal of `e` (a rejection named by kind and reason), for
+    /// the transaction op `op` if any.
+    pub fn of(e: &Error, op: Option<u32>) -> Refusal {
+        match e {
+            Error::Invalid { what, reason } => Refusal {
+                op,
+                what,
+                reason: reason.clone(),
+            },
+            Error::Aborted { index, cause } => {
+                Refusal::of(cause, Some(u32::try_from(*index).unwrap_or(u32::MAX)))
+            }
+            other => Refusal {
+                op,
+                what: "argument",
+                reason: other.to_string(),
+            },
+        }
+    }
+
+    /// The engine's name for what an error concerns, as bytes from the
+    /// log or a peer carry it (the engine's errors name it with static
+    /// strings); one it does not use reads as "argument".
+    pub fn what_of(b: &[u8]) -> &'static str {
+        [
+            "token",
+            "stream name",
+            "owner",
+            "ttl",
+            "payload bytes",
+            "records per append",
+            "payloads",
+            "entry bytes",
+            "streams",
+            "transaction",
+            "limits",
+            "mode",
+        ]
+        .into_iter()
+        .find(|w| w.as_bytes() == b)
+        .unwrap_or("argument")
+    }
+
+    /// The answer every replica gives.
+    pub fn error(&self) -> Error {
+        let e = Error::invalid(self.what, self.reason.clone());
+        match self.op {
+            Some(index) => Error::Aborted {
+                index: index as usize,
+                cause: Box::new(e),
+            },
+            None => e,
+        }
+    }
 }
 
 /// What applying a [`Command`] answered.

@@ -49,32 +49,27 @@ fn precheck(limits: &GroupLimits, cmd: &Command) -> Result<()> {
         }
         Ok(())
     };
+    // A stream op's name, then an append's records.
+    let op_ok = |op: &TxOp| {
+        check_stream_name(op.stream())?;
+        match op {
+            TxOp::Append { payloads, .. } | TxOp::AppendAt { payloads, .. } => {
+                payloads_ok(payloads)
+            }
+            TxOp::Fence { .. } | TxOp::Trim { .. } | TxOp::Delete { .. } => Ok(()),
+        }
+    };
     match cmd {
-        Command::Append {
-            stream, payloads, ..
-        }
-        | Command::AppendAt {
-            stream, payloads, ..
-        } => {
-            check_stream_name(stream)?;
-            payloads_ok(payloads)
-        }
-        Command::Fence { stream, .. }
-        | Command::Trim { stream, .. }
-        | Command::Delete { stream, .. } => check_stream_name(stream),
+        Command::Write(op) => op_ok(op),
         Command::Transact(ops) => {
             if ops.is_empty() {
                 return Err(Error::invalid("transaction", "no ops"));
             }
             for (index, tx_op) in ops.iter().enumerate() {
-                let aborted = |cause| Error::Aborted {
+                op_ok(tx_op).map_err(|cause| Error::Aborted {
                     index,
                     cause: Box::new(cause),
-                };
-                check_stream_name(tx_op.stream()).map_err(aborted)?;
-                if let TxOp::Append { payloads, .. } | TxOp::AppendAt { payloads, .. } = tx_op {
-                    payloads_ok(payloads).map_err(aborted)?;
-                }
+                })?;
             }
             Ok(())
         }
@@ -99,6 +94,7 @@ fn precheck(limits: &GroupLimits, cmd: &Command) -> Result<()> {
             crate::lease_api::check_owner(owner)
         }
         Command::SetLimits(new) => new.check(),
+        Command::Refused(r) => Err(r.error()),
         Command::TakeOver | Command::Membership(_) | Command::Blank | Command::Check { .. } => {
             Ok(())
         }
@@ -111,32 +107,7 @@ fn decide_command(
     cmd: &Command,
 ) -> Result<Pending> {
     Ok(match cmd {
-        Command::Append {
-            stream,
-            token,
-            payloads,
-        } => Pending::Op(decide_append(w, stream, token.get(), payloads, None)?),
-        Command::AppendAt {
-            stream,
-            token,
-            expected_offset,
-            payloads,
-        } => Pending::Op(decide_append(
-            w,
-            stream,
-            token.get(),
-            payloads,
-            Some(*expected_offset),
-        )?),
-        Command::Fence { stream, token } => Pending::Op(decide_fence(w, stream, token.get())?),
-        Command::Trim {
-            stream,
-            token,
-            before,
-        } => Pending::Op(decide_trim(w, stream, token.get(), *before, false)?),
-        Command::Delete { stream, token } => {
-            Pending::Op(decide_trim(w, stream, token.get(), 0, true)?)
-        }
+        Command::Write(op) => Pending::Op(decide_write(w, op)?),
         Command::Transact(ops) => Pending::Tx(tx::decide(w, ops)?),
         Command::Acquire {
             name,
@@ -204,7 +175,34 @@ fn decide_command(
             w.state().leases.sweep();
             Pending::Done(w.ticket_for(0))
         }
+        // Refused by `precheck`, never decided.
+        Command::Refused(r) => return Err(r.error()),
     })
+}
+
+/// Decides one stream write as a single node does (an `AppendAt` with its
+/// retry rule, settled in [`finish`]).
+fn decide_write(w: &mut Writer<'_, Core>, op: &TxOp) -> Result<Decision> {
+    match op {
+        TxOp::Append {
+            stream,
+            token,
+            payloads,
+        } => decide_append(w, stream, token.get(), payloads, None),
+        TxOp::AppendAt {
+            stream,
+            token,
+            expected_offset,
+            payloads,
+        } => decide_append(w, stream, token.get(), payloads, Some(*expected_offset)),
+        TxOp::Fence { stream, token } => decide_fence(w, stream, token.get()),
+        TxOp::Trim {
+            stream,
+            token,
+            before,
+        } => decide_trim(w, stream, token.get(), *before, false),
+        TxOp::Delete { stream, token } => decide_trim(w, stream, token.get(), 0, true),
+    }
 }
 
 /// Decides `cmd` with every entry it writes wrapped in `header`. Every
@@ -258,7 +256,7 @@ pub(crate) async fn apply_many(
         // An exact retry's answer reads the stream when it is settled:
         // settled at once, as alone, so it cannot depend on where a
         // replica's batch of entries ends.
-        let alone = matches!(cmd, Command::AppendAt { .. });
+        let alone = matches!(cmd, Command::Write(TxOp::AppendAt { .. }));
         if alone {
             settle(log, &mut pending, &mut out).await?;
         }
@@ -324,12 +322,12 @@ async fn finish(log: &Log, cmd: &Command, pending: Pending) -> Result<Applied> {
                         next,
                         highest,
                     },
-                    Command::AppendAt {
+                    Command::Write(TxOp::AppendAt {
                         stream,
                         token,
                         payloads,
                         ..
-                    },
+                    }),
                 ) => log.settle_retry(stream, *token, expected, next, highest, payloads),
                 (other, _) => other.value(),
             };

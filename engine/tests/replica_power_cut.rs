@@ -64,30 +64,30 @@ fn entries() -> Vec<(LogPosition, u64, Command)> {
         push(
             1,
             1_000_020 + i,
-            Command::Append {
+            Command::Write(TxOp::Append {
                 stream: b(&format!("s{}", i % 7)),
                 token: t(1 + i % 3),
                 payloads: vec![Bytes::from(vec![i as u8; 200])],
-            },
+            }),
         );
     }
     push(
         1,
         1_000_400,
-        Command::Fence {
+        Command::Write(TxOp::Fence {
             stream: b("s1"),
             token: t(50),
-        },
+        }),
     );
     // Stale now: rejected alike everywhere.
     push(
         1,
         1_000_401,
-        Command::Append {
+        Command::Write(TxOp::Append {
             stream: b("s1"),
             token: t(49),
             payloads: vec![b("late")],
-        },
+        }),
     );
     push(
         1,

@@ -55,30 +55,30 @@ fn entries() -> Vec<(LogPosition, u64, Command)> {
         push(
             1,
             1_000_020 + i,
-            Command::Append {
+            Command::Write(TxOp::Append {
                 stream: b(&format!("s{}", i % 7)),
                 token: t(1 + i % 3),
                 payloads: vec![Bytes::from(vec![i as u8; 200])],
-            },
+            }),
         );
     }
     push(
         1,
         1_000_400,
-        Command::Fence {
+        Command::Write(TxOp::Fence {
             stream: b("s1"),
             token: t(50),
-        },
+        }),
     );
     // Stale now: rejected alike everywhere.
     push(
         1,
         1_000_401,
-        Command::Append {
+        Command::Write(TxOp::Append {
             stream: b("s1"),
             token: t(49),
             payloads: vec![b("late")],
-        },
+        }),
     );
     push(
         1,
@@ -258,11 +258,11 @@ async fn a_synced_replica_reopens_at_its_exact_position_even_after_entries_that_
     entries.push((
         at(n + 1),
         5_200,
-        Command::Append {
+        Command::Write(TxOp::Append {
             stream: b("s1"),
             token: t(3),
             payloads: vec![b("late")],
-        },
+        }),
     ));
     entries.push((at(n + 2), 0, Command::Blank));
     let sim = SimStorage::new();
@@ -298,12 +298,12 @@ async fn a_batch_of_entries_answers_and_ends_as_the_same_entries_one_by_one() {
             index: n + 1,
         },
         5_300,
-        Command::AppendAt {
+        Command::Write(TxOp::AppendAt {
             stream: b("retry"),
             token: t(9),
             expected_offset: 0,
             payloads: vec![b("once")],
-        },
+        }),
     ));
     entries.push((
         LogPosition {
@@ -312,12 +312,12 @@ async fn a_batch_of_entries_answers_and_ends_as_the_same_entries_one_by_one() {
             index: n + 2,
         },
         5_301,
-        Command::AppendAt {
+        Command::Write(TxOp::AppendAt {
             stream: b("retry"),
             token: t(9),
             expected_offset: 0,
             payloads: vec![b("once")],
-        },
+        }),
     ));
     let one_by_one = open(&SimStorage::new());
     let answers = apply_all(&one_by_one, &entries).await;

@@ -123,30 +123,30 @@ fn command(c: &Cmd, index: u64, reference: &Log) -> Command {
             .collect()
     };
     match c {
-        Cmd::Append(s, tok, p) => Command::Append {
+        Cmd::Append(s, tok, p) => Command::Write(TxOp::Append {
             stream: name(*s),
             token: t(*tok),
             payloads: payloads(p),
-        },
-        Cmd::AppendAt(s, tok, at, n) => Command::AppendAt {
+        }),
+        Cmd::AppendAt(s, tok, at, n) => Command::Write(TxOp::AppendAt {
             stream: name(*s),
             token: t(*tok),
             expected_offset: *at,
             payloads: vec![Bytes::from(vec![7u8; *n])],
-        },
-        Cmd::Fence(s, tok) => Command::Fence {
+        }),
+        Cmd::Fence(s, tok) => Command::Write(TxOp::Fence {
             stream: name(*s),
             token: t(*tok),
-        },
-        Cmd::Trim(s, tok, before) => Command::Trim {
+        }),
+        Cmd::Trim(s, tok, before) => Command::Write(TxOp::Trim {
             stream: name(*s),
             token: t(*tok),
             before: *before,
-        },
-        Cmd::Delete(s, tok) => Command::Delete {
+        }),
+        Cmd::Delete(s, tok) => Command::Write(TxOp::Delete {
             stream: name(*s),
             token: t(*tok),
-        },
+        }),
         Cmd::Tx(a, ta, b, tb) => Command::Transact(vec![
             TxOp::Append {
                 stream: name(*a),
@@ -316,37 +316,37 @@ async fn every_refusal_is_a_decision() {
     let mut cmds = vec![
         // Fencing: STALE, MISMATCH, TRIMMED (none here: a read), a trim
         // past the end.
-        Command::Fence {
+        Command::Write(TxOp::Fence {
             stream: Bytes::from_static(b"s"),
             token: t(5),
-        },
-        Command::Append {
+        }),
+        Command::Write(TxOp::Append {
             stream: Bytes::from_static(b"s"),
             token: t(4),
             payloads: vec![Bytes::from_static(b"late")],
-        },
-        Command::AppendAt {
+        }),
+        Command::Write(TxOp::AppendAt {
             stream: Bytes::from_static(b"s"),
             token: t(5),
             expected_offset: 9,
             payloads: vec![Bytes::from_static(b"x")],
-        },
-        Command::Trim {
+        }),
+        Command::Write(TxOp::Trim {
             stream: Bytes::from_static(b"s"),
             token: t(5),
             before: 99,
-        },
+        }),
         // Invalid arguments: no payloads, an empty name, a bad owner, a ttl
         // out of bounds, an empty transaction, limits that cannot be.
-        Command::Append {
+        Command::Write(TxOp::Append {
             stream: Bytes::from_static(b"s"),
             token: t(5),
             payloads: vec![],
-        },
-        Command::Fence {
+        }),
+        Command::Write(TxOp::Fence {
             stream: Bytes::new(),
             token: t(5),
-        },
+        }),
         Command::Acquire {
             name: Bytes::from_static(b"l"),
             owner: Bytes::from_static(b"a b"),
@@ -366,11 +366,11 @@ async fn every_refusal_is_a_decision() {
             ..GroupLimits::default()
         }),
         // Too large: a payload over the group's limit.
-        Command::Append {
+        Command::Write(TxOp::Append {
             stream: Bytes::from_static(b"s"),
             token: t(5),
             payloads: vec![Bytes::from(vec![0u8; 2 << 20])],
-        },
+        }),
         // The live lease limit: one, then a second refused.
         Command::SetLimits(GroupLimits {
             max_live_leases: 1,
@@ -405,10 +405,10 @@ async fn every_refusal_is_a_decision() {
     ];
     // The stream limit (3 with "s" and the lease's): the fourth refused.
     for s in ["x1", "x2", "x3"] {
-        cmds.push(Command::Fence {
+        cmds.push(Command::Write(TxOp::Fence {
             stream: Bytes::copy_from_slice(s.as_bytes()),
             token: t(1),
-        });
+        }));
     }
     let mut refused = Vec::new();
     for (i, cmd) in cmds.iter().enumerate() {
@@ -453,9 +453,11 @@ async fn a_replica_that_decided_differently_is_stopped_by_the_next_check() {
         node: 1,
         index,
     };
-    let fence = |tok| Command::Fence {
-        stream: Bytes::from_static(b"s"),
-        token: t(tok),
+    let fence = |tok| {
+        Command::Write(TxOp::Fence {
+            stream: Bytes::from_static(b"s"),
+            token: t(tok),
+        })
     };
     a.apply_replicated(at(1), 10, &fence(3)).await.unwrap();
     // b applies another command at the same position: it diverged.
@@ -489,11 +491,11 @@ async fn a_replica_restored_from_a_checkpoint_lets_a_lease_expire_when_the_other
     // Enough records to start new segments (each opens with a checkpoint
     // holding the lease), the group's clock moving 100 ms an entry.
     for _ in 0..20 {
-        entries.push(Command::Append {
+        entries.push(Command::Write(TxOp::Append {
             stream: Bytes::from_static(b"s"),
             token: t(1),
             payloads: vec![Bytes::from(vec![1u8; 12_000])],
-        });
+        }));
     }
     let at = |i: usize| LogPosition {
         term: 1,

@@ -5,7 +5,8 @@
 //! the same bytes. Nothing may panic, nothing may allocate more than the
 //! input could hold, and a record that decodes re-encodes to the very same
 //! bytes (an entry: to bytes that decode to the same entry, since a
-//! membership's sets come back sorted).
+//! membership's sets come back sorted; a request, of version 2 or of the
+//! read-only version 1: to a version 2 request of the same commands).
 
 #![no_main]
 

@@ -32,9 +32,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use bytes::Bytes;
+use fencelog::{Command, Token, TxOp};
 use fencelog_cluster::{
     ChangeMembers, ClusterError, Hooks, LocalClock, Member, Node, NodeConfig, NodeId, Response,
-    WireCommand,
 };
 use fencelog_tests::history::{self, Event, Op, Outcome, Record, Violation};
 use fencelog_wal::{CrashMode, SimStorage};
@@ -842,6 +843,12 @@ struct Client {
     held: BTreeMap<&'static str, u64>,
 }
 
+/// A client's token as the engine takes it: one out of range is refused
+/// before it is proposed (as the server does).
+fn token_of(n: u64) -> Result<Token, Outcome> {
+    Token::new(n).map_err(|e| Outcome::Refused(e.to_string()))
+}
+
 fn refusal(e: &ClusterError) -> Option<String> {
     match e {
         ClusterError::NotLeader { .. } => Some("MOVED".into()),
@@ -866,7 +873,7 @@ impl Client {
         live.get(&id).cloned()
     }
 
-    async fn write(&mut self, node: &Node, cmd: WireCommand) -> Result<Response, Outcome> {
+    async fn write(&mut self, node: &Node, cmd: Command) -> Result<Response, Outcome> {
         // A deadline in the OS's time far away: the simulation's own
         // timeout (simulated time) is the client's.
         let deadline = std::time::Instant::now() + Duration::from_secs(3_600);
@@ -898,10 +905,13 @@ impl Client {
                 token,
                 payload,
             } => {
-                let cmd = WireCommand::Append {
-                    stream: stream.as_bytes().to_vec(),
-                    token: *token,
-                    payloads: vec![serde_bytes::ByteBuf::from(payload.clone())],
+                let cmd = match token_of(*token) {
+                    Ok(token) => Command::Write(TxOp::Append {
+                        stream: Bytes::copy_from_slice(stream.as_bytes()),
+                        token,
+                        payloads: vec![Bytes::copy_from_slice(payload)],
+                    }),
+                    Err(o) => return o,
                 };
                 match self.write(node, cmd).await {
                     Ok(Response::Value(o)) => Outcome::Appended(o),
@@ -910,9 +920,12 @@ impl Client {
                 }
             }
             Op::Fence { stream, token } => {
-                let cmd = WireCommand::Fence {
-                    stream: stream.as_bytes().to_vec(),
-                    token: *token,
+                let cmd = match token_of(*token) {
+                    Ok(token) => Command::Write(TxOp::Fence {
+                        stream: Bytes::copy_from_slice(stream.as_bytes()),
+                        token,
+                    }),
+                    Err(o) => return o,
                 };
                 match self.write(node, cmd).await {
                     Ok(Response::Value(t)) => Outcome::Fenced(t),
@@ -921,9 +934,9 @@ impl Client {
                 }
             }
             Op::Acquire { name, owner } => {
-                let cmd = WireCommand::Acquire {
-                    name: name.as_bytes().to_vec(),
-                    owner: owner.as_bytes().to_vec(),
+                let cmd = Command::Acquire {
+                    name: Bytes::copy_from_slice(name.as_bytes()),
+                    owner: Bytes::copy_from_slice(owner.as_bytes()),
                     ttl_ms: TTL_MS,
                     fence: false,
                 };
@@ -934,11 +947,14 @@ impl Client {
                 }
             }
             Op::Renew { name, owner, token } => {
-                let cmd = WireCommand::Renew {
-                    name: name.as_bytes().to_vec(),
-                    owner: owner.as_bytes().to_vec(),
-                    token: *token,
-                    ttl_ms: TTL_MS,
+                let cmd = match token_of(*token) {
+                    Ok(token) => Command::Renew {
+                        name: Bytes::copy_from_slice(name.as_bytes()),
+                        owner: Bytes::copy_from_slice(owner.as_bytes()),
+                        token,
+                        ttl_ms: TTL_MS,
+                    },
+                    Err(o) => return o,
                 };
                 match self.write(node, cmd).await {
                     Ok(_) => Outcome::Renewed,

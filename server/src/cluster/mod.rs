@@ -146,7 +146,7 @@ async fn set_limits(
         if leads {
             let req = fencelog_cluster::Request {
                 time_ms: 0,
-                cmds: vec![fencelog_cluster::WireCommand::set_limits(&limits)],
+                cmds: vec![fencelog::Command::SetLimits(limits)],
             };
             match raft.client_write(req).await {
                 Ok(_) => {

@@ -27,8 +27,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use fencelog::{AcquireOptions, Error, LeaseInfo, Log, Token, TxOp};
-use fencelog_cluster::{ClusterError, Proposal, Response, WireCommand, WireError, WireTxOp};
+use fencelog::{AcquireOptions, Command, Error, LeaseInfo, Log, Token, TxOp};
+use fencelog_cluster::{ClusterError, Proposal, Response, WireError};
 
 use super::Cluster;
 use super::slots::key_slot;
@@ -161,7 +161,7 @@ impl Group {
     async fn propose<T: Send + 'static>(
         &self,
         key: Bytes,
-        cmd: WireCommand,
+        cmd: Command,
         want: fn(Response) -> Result<T, Failure>,
     ) -> Result<Pending<T>, Failure> {
         let c = &self.cluster;
@@ -217,7 +217,7 @@ impl Store for Group {
     fn write(&self, op: TxOp) -> BoxFuture<'_, Result<Written, Failure>> {
         Box::pin(async move {
             let key = op.stream().clone();
-            let answer = self.propose(key, WireCommand::from_op(&op), value).await?;
+            let answer = self.propose(key, Command::Write(op), value).await?;
             Ok(Written::Applied(answer))
         })
     }
@@ -228,8 +228,9 @@ impl Store for Group {
                 .first()
                 .map(|op| op.stream().clone())
                 .unwrap_or_default();
-            let wire = WireCommand::Transact(ops.iter().map(WireTxOp::from_engine).collect());
-            self.propose(key, wire, values).await?.await
+            self.propose(key, Command::Transact(ops), values)
+                .await?
+                .await
         })
     }
 
@@ -259,9 +260,9 @@ impl Store for Group {
         opts: AcquireOptions,
     ) -> BoxFuture<'_, Ticket<Granted>> {
         Box::pin(async move {
-            let wire = WireCommand::Acquire {
-                name: lease.name.to_vec(),
-                owner: lease.owner.to_vec(),
+            let wire = Command::Acquire {
+                name: lease.name.clone(),
+                owner: lease.owner,
                 ttl_ms: ttl.as_millis() as u64,
                 fence: opts.fence,
             };
@@ -279,10 +280,10 @@ impl Store for Group {
 
     fn renew(&self, lease: LeaseArgs, token: Token, ttl_ms: u64) -> BoxFuture<'_, Ticket<u64>> {
         Box::pin(async move {
-            let wire = WireCommand::Renew {
-                name: lease.name.to_vec(),
-                owner: lease.owner.to_vec(),
-                token: token.get(),
+            let wire = Command::Renew {
+                name: lease.name.clone(),
+                owner: lease.owner,
+                token,
                 ttl_ms,
             };
             in_order(self.propose(lease.name, wire, value).await)
@@ -291,10 +292,10 @@ impl Store for Group {
 
     fn release(&self, lease: LeaseArgs, token: Token) -> BoxFuture<'_, Ticket<bool>> {
         Box::pin(async move {
-            let wire = WireCommand::Release {
-                name: lease.name.to_vec(),
-                owner: lease.owner.to_vec(),
-                token: token.get(),
+            let wire = Command::Release {
+                name: lease.name.clone(),
+                owner: lease.owner,
+                token,
             };
             in_order(self.propose(lease.name, wire, released).await)
         })
@@ -349,7 +350,7 @@ impl Store for Group {
 async fn acquire_until(
     c: Arc<Cluster>,
     name: Bytes,
-    wire: WireCommand,
+    wire: Command,
     opts: AcquireOptions,
     first: Result<Proposal, ClusterError>,
 ) -> Result<Granted, Failure> {
