@@ -132,6 +132,28 @@ fn cluster_local_starts_a_cluster_and_sigterm_stops_every_node() {
         matches!(a, common::Value::Int(0)) && matches!(b, common::Value::Int(9))
     });
     assert!(written, "no node took the writes");
+    // A follower learns that an entry is committed from the leader's next
+    // message: wait until every node has applied both writes, so that the
+    // replicas' engines checked below hold them (on a loaded machine the
+    // SIGTERM could otherwise come first; they would apply on restart).
+    let addrs: Vec<std::net::SocketAddr> = (0..3)
+        .map(|i| format!("127.0.0.1:{}", port + i).parse().unwrap())
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let infos: Vec<_> = addrs
+            .iter()
+            .filter_map(|a| common::cluster::cluster_info(*a))
+            .collect();
+        if common::cluster::caught_up(infos.iter(), 3) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the nodes never all applied the writes: {infos:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     stop_and_check(child, port);
     // The offline tools read a replica's engine, and send a user who names
     // the node's directory to it.

@@ -406,19 +406,8 @@ impl Cluster {
         let deadline = Instant::now() + timeout;
         loop {
             let infos = self.infos();
-            let applied: Vec<u64> = infos
-                .values()
-                .filter_map(|i| i.get("raft_last_applied")?.parse().ok())
-                .collect();
-            let logs: Vec<u64> = infos
-                .values()
-                .filter_map(|i| i.get("raft_last_log_index")?.parse().ok())
-                .collect();
             let running = self.nodes.values().filter(|n| n.child.is_some()).count();
-            if applied.len() == running
-                && let (Some(min), Some(max)) = (applied.iter().min(), logs.iter().max())
-                && min >= max
-            {
+            if caught_up(infos.values(), running) {
                 return;
             }
             assert!(
@@ -489,6 +478,26 @@ impl Drop for Cluster {
 
 /// `CLUSTER INFO` of the node at `addr`, or `None` if it does not answer
 /// within a second.
+/// Whether `running` nodes answered (`infos`, their CLUSTER INFO) and each
+/// has applied every entry the longest log among them holds.
+pub fn caught_up<'a>(
+    infos: impl Iterator<Item = &'a BTreeMap<String, String>>,
+    running: usize,
+) -> bool {
+    let (mut answered, mut min_applied, mut max_log) = (0, u64::MAX, 0);
+    for i in infos {
+        let field = |k: &str| i.get(k).and_then(|v| v.parse::<u64>().ok());
+        let (Some(applied), Some(log)) = (field("raft_last_applied"), field("raft_last_log_index"))
+        else {
+            continue;
+        };
+        answered += 1;
+        min_applied = min_applied.min(applied);
+        max_log = max_log.max(log);
+    }
+    answered == running && min_applied >= max_log
+}
+
 pub fn cluster_info(addr: SocketAddr) -> Option<BTreeMap<String, String>> {
     let mut c = Resp::connect(addr, Duration::from_secs(1)).ok()?;
     match c.cmd(&[b"CLUSTER", b"INFO"]).ok()? {
