@@ -406,16 +406,14 @@ impl Core {
     /// Replays one op entry.
     pub(crate) fn apply_op(&mut self, op: &Op<'_>, at: Appended) -> Result<Effect, String> {
         match *op {
-            Op::Append {
-                stream,
-                token,
-                first_offset,
-                count,
-                records,
-            } => {
-                let bytes: u64 = op::records(records).map(|(s, e)| (e - s) as u64).sum();
-                self.apply_append(stream, token, first_offset, count, bytes, at)
-            }
+            Op::Append(a) => self.apply_append(
+                a.stream,
+                a.token,
+                a.first_offset,
+                a.count,
+                a.payload_bytes(),
+                at,
+            ),
             Op::Fence { stream, token } => self.apply_fence(stream, token, at.lsn),
             Op::Trim {
                 stream,

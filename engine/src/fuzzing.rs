@@ -49,17 +49,11 @@ pub fn decode_op(bytes: &[u8]) {
         return;
     };
     let again = match decoded {
-        Op::Append {
-            stream,
-            token,
-            first_offset,
-            count,
-            records,
-        } => {
-            let payloads: Vec<&[u8]> = op::records(records).map(|(s, e)| &records[s..e]).collect();
-            assert_eq!(payloads.len(), count as usize, "records walked");
-            let mut buf = vec![0u8; op::append_len(stream, &payloads)];
-            op::encode_append(&mut buf, stream, token, first_offset, &payloads);
+        Op::Append(a) => {
+            let payloads: Vec<&[u8]> = a.payloads().collect();
+            assert_eq!(payloads.len(), a.count as usize, "records walked");
+            let mut buf = vec![0u8; op::append_len(a.stream, &payloads)];
+            op::encode_append(&mut buf, a.stream, a.token, a.first_offset, &payloads);
             assert_eq!(buf, op::encode(&decoded), "the two append encoders");
             buf
         }
@@ -333,23 +327,18 @@ pub fn describe_entry(kind: EntryKind, bytes: &[u8]) {
                 assert!(!name.is_empty());
                 assert!(view.concerns(name));
             }
-            if let EntryView::Append {
-                stream,
-                records,
-                payloads,
-                ..
-            } = &view
-            {
-                assert_eq!(payloads.len(), *records as usize);
+            if let EntryView::Op(Op::Append(a)) = view {
+                let payloads: Vec<&[u8]> = a.payloads().collect();
+                assert_eq!(payloads.len(), a.count as usize);
                 let inside = bytes.as_ptr_range();
-                for p in payloads {
+                for p in &payloads {
                     let r = p.as_ptr_range();
                     assert!(inside.start <= r.start && r.end <= inside.end);
                 }
                 // A bare append (not inside a wrapper) is the whole entry.
                 if bytes.first() == Some(&1) {
                     let sum: usize = payloads.iter().map(|p| 4 + p.len()).sum();
-                    let header = op::append_len(stream, &[] as &[&[u8]]);
+                    let header = op::append_len(a.stream, &[] as &[&[u8]]);
                     assert_eq!(sum, bytes.len() - header);
                 }
             }
@@ -365,13 +354,15 @@ pub fn describe_entry(kind: EntryKind, bytes: &[u8]) {
 /// the entry's count, and each payload is the record's bytes.
 pub fn decode_records(bytes: &[u8], first: u64, from: u64, end: u64) {
     let payload = Bytes::copy_from_slice(bytes);
-    let Ok(Op::Append {
-        token,
-        first_offset,
-        count,
-        records,
-        ..
-    }) = op::decode(&payload)
+    let Ok(Op::Append(
+        append @ op::Append {
+            token,
+            first_offset,
+            count,
+            records,
+            ..
+        },
+    )) = op::decode(&payload)
     else {
         return;
     };
@@ -395,7 +386,7 @@ pub fn decode_records(bytes: &[u8], first: u64, from: u64, end: u64) {
         }
     }
     assert!(out.len() <= count as usize);
-    let walked: Vec<&[u8]> = op::records(records).map(|(s, e)| &records[s..e]).collect();
+    let walked: Vec<&[u8]> = append.payloads().collect();
     for (k, r) in out.iter().enumerate() {
         assert!(from <= r.offset && r.offset < end);
         if k > 0 {

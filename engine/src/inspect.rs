@@ -1,11 +1,12 @@
 //! Log entries as tools see them (`fencelog verify`, `fencelog dump`): what
 //! an entry of the write-ahead log means to the engine, decoded and checked
-//! the way recovery decodes it.
+//! the way recovery decodes it: a checkpoint, a link, or the engine's own
+//! [`Op`].
 //!
 //! # Examples
 //!
 //! ```
-//! use fencelog::inspect::{EntryView, describe};
+//! use fencelog::inspect::{EntryView, Op, describe};
 //! use fencelog::wal::{EntryKind, FsStorage, verify};
 //! use fencelog::{Log, Options, Token};
 //!
@@ -16,17 +17,18 @@
 //!
 //! let mut appends = Vec::new();
 //! verify(&FsStorage, dir.path(), |e| {
-//!     if let Ok(EntryView::Append { stream, token, records, .. }) = describe(e.kind, e.payload) {
-//!         appends.push((stream.to_vec(), token, records));
+//!     if let Ok(EntryView::Op(Op::Append(a))) = describe(e.kind, e.payload) {
+//!         appends.push((a.stream.to_vec(), a.token, a.payloads().map(<[u8]>::to_vec).collect::<Vec<_>>()));
 //!     }
 //! }, |_, _| {}).unwrap();
-//! assert_eq!(appends, vec![(b"s".to_vec(), 3, 2)]);
+//! assert_eq!(appends, vec![(b"s".to_vec(), 3, vec![b"a".to_vec(), b"b".to_vec()])]);
 //! ```
 
 use fencelog_wal::EntryKind;
 
 use crate::checkpoint;
-use crate::op::{self, Op};
+use crate::op;
+pub use crate::op::{Append, Op};
 
 /// A stream as a checkpoint records it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,137 +59,23 @@ pub enum EntryView<'a> {
     /// A segment that opens without a checkpoint (replay reaches it from
     /// an older segment's).
     Link,
-    /// Records appended.
-    Append {
-        /// The stream.
-        stream: &'a [u8],
-        /// The token the append carried.
-        token: u64,
-        /// The offset of its first record.
-        first_offset: u64,
-        /// How many records.
-        records: u32,
-        /// Each record's payload.
-        payloads: Vec<&'a [u8]>,
-    },
-    /// The stream's highest token raised.
-    Fence {
-        /// The stream.
-        stream: &'a [u8],
-        /// The new highest token.
-        token: u64,
-    },
-    /// Records below `before` trimmed.
-    Trim {
-        /// The stream.
-        stream: &'a [u8],
-        /// The token.
-        token: u64,
-        /// The new start offset (at least).
-        before: u64,
-    },
-    /// Every record deleted.
-    Delete {
-        /// The stream.
-        stream: &'a [u8],
-        /// The token.
-        token: u64,
-    },
-    /// A lease granted.
-    Acquire {
-        /// The lease (and, with `fence`, the stream).
-        name: &'a [u8],
-        /// The holder.
-        owner: &'a [u8],
-        /// The token issued.
-        token: u64,
-        /// Its ttl.
-        ttl_ms: u64,
-        /// Whether the stream of the same name was fenced with it.
-        fence: bool,
-    },
-    /// A lease released.
-    Release {
-        /// The lease.
-        name: &'a [u8],
-        /// The holder.
-        owner: &'a [u8],
-        /// Its token.
-        token: u64,
-    },
-    /// A lease's ttl lengthened.
-    Renew {
-        /// The lease.
-        name: &'a [u8],
-        /// The holder.
-        owner: &'a [u8],
-        /// Its token.
-        token: u64,
-        /// The new ttl.
-        ttl_ms: u64,
-    },
-    /// A transaction: stream ops (appends, fences, trims, deletes) decided
-    /// together, in order, written as one entry.
-    Transaction {
-        /// Its ops, in order.
-        ops: Vec<EntryView<'a>>,
-    },
-    /// A replica applied an entry of the replicated log (cluster mode).
-    Replicated {
-        /// The leader's term.
-        term: u64,
-        /// The leader's node id.
-        node: u64,
-        /// The entry's index in the replicated log.
-        index: u64,
-        /// The leader's clock when it proposed the entry, in ms.
-        time_ms: u64,
-        /// What it changed (none: only the position moved).
-        op: Option<Box<EntryView<'a>>>,
-    },
-    /// The cluster's membership (opaque to the engine).
-    Membership {
-        /// As the replication layer encodes it.
-        config: &'a [u8],
-    },
-    /// A new leader took over: every live lease restarted its full ttl.
-    TakeOver,
-    /// The group's limits changed (cluster mode).
-    Limits {
-        /// The new limits.
-        limits: crate::GroupLimits,
-    },
+    /// An op the engine wrote (a record entry).
+    Op(Op<'a>),
 }
 
 impl EntryView<'_> {
-    /// Whether the entry concerns stream or lease `name` (a transaction:
-    /// any of its ops).
+    /// Whether the entry concerns stream or lease `name` (see
+    /// [`Op::concerns`]; never a checkpoint or a link).
     pub fn concerns(&self, name: &[u8]) -> bool {
-        match self {
-            EntryView::Transaction { ops } => ops.iter().any(|o| o.concerns(name)),
-            EntryView::Replicated { op, .. } => op.as_ref().is_some_and(|o| o.concerns(name)),
-            other => other.name() == Some(name),
-        }
+        matches!(self, EntryView::Op(op) if op.concerns(name))
     }
 
-    /// The stream or lease the entry concerns, if one (`None` for a
-    /// checkpoint and a transaction).
+    /// The stream or lease the entry concerns, if one (see [`Op::name`];
+    /// `None` for a checkpoint and a link).
     pub fn name(&self) -> Option<&[u8]> {
         match self {
-            EntryView::Checkpoint { .. }
-            | EntryView::Transaction { .. }
-            | EntryView::Link
-            | EntryView::Membership { .. }
-            | EntryView::TakeOver
-            | EntryView::Limits { .. } => None,
-            EntryView::Replicated { op, .. } => op.as_ref().and_then(|o| o.name()),
-            EntryView::Append { stream, .. }
-            | EntryView::Fence { stream, .. }
-            | EntryView::Trim { stream, .. }
-            | EntryView::Delete { stream, .. } => Some(stream),
-            EntryView::Acquire { name, .. }
-            | EntryView::Release { name, .. }
-            | EntryView::Renew { name, .. } => Some(name),
+            EntryView::Op(op) => op.name(),
+            EntryView::Checkpoint { .. } | EntryView::Link => None,
         }
     }
 }
@@ -218,90 +106,6 @@ pub fn describe(kind: EntryKind, payload: &[u8]) -> Result<EntryView<'_>, String
             "a link of {} bytes (links are empty)",
             payload.len()
         )),
-        EntryKind::Record => Ok(view_of(op::decode(payload)?)),
-    }
-}
-
-fn view_of(op: Op<'_>) -> EntryView<'_> {
-    match op {
-        Op::Replicated {
-            term,
-            node,
-            index,
-            time_ms,
-            inner,
-        } => EntryView::Replicated {
-            term,
-            node,
-            index,
-            time_ms,
-            // Checked by the decoder when it decoded the wrapper.
-            op: op::decode(inner).ok().map(|o| Box::new(view_of_op(o))),
-        },
-        Op::Membership { config } => EntryView::Membership { config },
-        Op::TakeOver => EntryView::TakeOver,
-        Op::Limits { limits } => EntryView::Limits { limits },
-        other => view_of_op(other),
-    }
-}
-
-fn view_of_op(op: Op<'_>) -> EntryView<'_> {
-    match op {
-        Op::Append {
-            stream,
-            token,
-            first_offset,
-            count,
-            records,
-        } => EntryView::Append {
-            stream,
-            token,
-            first_offset,
-            records: count,
-            payloads: op::records(records).map(|(s, e)| &records[s..e]).collect(),
-        },
-        Op::Fence { stream, token } => EntryView::Fence { stream, token },
-        Op::Trim {
-            stream,
-            token,
-            before,
-        } => EntryView::Trim {
-            stream,
-            token,
-            before,
-        },
-        Op::Delete { stream, token } => EntryView::Delete { stream, token },
-        Op::Acquire {
-            name,
-            owner,
-            token,
-            ttl_ms,
-            fence,
-        } => EntryView::Acquire {
-            name,
-            owner,
-            token,
-            ttl_ms,
-            fence,
-        },
-        Op::Release { name, owner, token } => EntryView::Release { name, owner, token },
-        Op::Renew {
-            name,
-            owner,
-            token,
-            ttl_ms,
-        } => EntryView::Renew {
-            name,
-            owner,
-            token,
-            ttl_ms,
-        },
-        Op::Batch { ops, .. } => EntryView::Transaction {
-            ops: op::batch_ops(ops).map(view_of).collect(),
-        },
-        // Handled by `view_of`; a wrapper is never inside another.
-        Op::Replicated { .. } | Op::Membership { .. } | Op::TakeOver | Op::Limits { .. } => {
-            view_of(op)
-        }
+        EntryKind::Record => Ok(EntryView::Op(op::decode(payload)?)),
     }
 }

@@ -1421,19 +1421,18 @@ impl Log {
         let op = match op {
             Op::Batch { ops, .. } => op::batch_ops(ops)
                 .find(|o| {
-                    matches!(o, Op::Append { stream, first_offset, .. }
-                        if *stream == &view.name[..] && *first_offset == first)
+                    matches!(o, Op::Append(a) if a.stream == &view.name[..] && a.first_offset == first)
                 })
                 .unwrap_or(op),
             other => other,
         };
-        let Op::Append {
+        let Op::Append(op::Append {
             stream,
             token,
             first_offset,
             records,
             ..
-        } = op
+        }) = op
         else {
             return Err(self.damaged(
                 segment,

@@ -47,66 +47,147 @@ pub(crate) const LIMITS: u8 = 12;
 /// Bytes of a Replicated op's header, before its inner op.
 pub(crate) const REPLICATED_HEADER: usize = 33;
 
-/// A decoded op, borrowing the entry's payload.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Op<'a> {
-    Append {
-        stream: &'a [u8],
-        token: u64,
-        first_offset: u64,
-        count: u32,
-        /// `[len: u32 | payload]*`, `count` times.
-        records: &'a [u8],
-    },
+/// An append op: records added to a stream, borrowing the entry's payload.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Append<'a> {
+    /// The stream.
+    pub stream: &'a [u8],
+    /// The token the append carried.
+    pub token: u64,
+    /// The offset of its first record.
+    pub first_offset: u64,
+    /// How many records.
+    pub count: u32,
+    /// The records as written, `[len: u32 | payload]*`, `count` times
+    /// (checked by the decoder; each payload: [`Append::payloads`]).
+    pub records: &'a [u8],
+}
+
+impl<'a> Append<'a> {
+    /// Each record's payload, in order.
+    pub fn payloads(&self) -> impl Iterator<Item = &'a [u8]> + use<'a> {
+        let records = self.records;
+        self::records(records).map(move |(s, e)| &records[s..e])
+    }
+
+    /// The bytes of the payloads, together.
+    pub fn payload_bytes(&self) -> u64 {
+        self.payloads().map(|p| p.len() as u64).sum()
+    }
+
+    /// The offset after its last record.
+    pub fn end_offset(&self) -> u64 {
+        self.first_offset.saturating_add(u64::from(self.count))
+    }
+}
+
+/// The form tools printed before [`Op`] was public (`fencelog dump` prints
+/// it inside a replicated entry): the payloads, not the bytes.
+impl std::fmt::Debug for Append<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Append")
+            .field("stream", &self.stream)
+            .field("token", &self.token)
+            .field("first_offset", &self.first_offset)
+            .field("records", &self.count)
+            .field("payloads", &self.payloads().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+/// What one log entry (an op) means to the engine, decoded and checked the
+/// way recovery decodes it, borrowing the entry's payload. Tools see it
+/// through [`crate::inspect`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Op<'a> {
+    /// Records appended.
+    Append(Append<'a>),
+    /// The stream's highest token raised.
     Fence {
+        /// The stream.
         stream: &'a [u8],
+        /// The new highest token.
         token: u64,
     },
+    /// Records below `before` trimmed.
     Trim {
+        /// The stream.
         stream: &'a [u8],
+        /// The token.
         token: u64,
+        /// The new start offset (at least).
         before: u64,
     },
+    /// Every record deleted.
     Delete {
+        /// The stream.
         stream: &'a [u8],
+        /// The token.
         token: u64,
     },
+    /// A lease granted.
     Acquire {
+        /// The lease (and, with `fence`, the stream).
         name: &'a [u8],
+        /// The holder.
         owner: &'a [u8],
+        /// The token issued.
         token: u64,
+        /// Its ttl.
         ttl_ms: u64,
+        /// Whether the stream of the same name was fenced with it.
         fence: bool,
     },
+    /// A lease released.
     Release {
+        /// The lease.
         name: &'a [u8],
+        /// The holder.
         owner: &'a [u8],
+        /// Its token.
         token: u64,
     },
+    /// A lease's ttl lengthened.
     Renew {
+        /// The lease.
         name: &'a [u8],
+        /// The holder.
         owner: &'a [u8],
+        /// Its token.
         token: u64,
+        /// The new ttl.
         ttl_ms: u64,
     },
-    /// Stream ops decided together: `[len: u32 | op]*`, `count` times, each
-    /// checked by [`decode`] (see [`batch_ops`]).
+    /// A transaction: stream ops (appends, fences, trims, deletes) decided
+    /// together, in order, written as one entry.
     Batch {
+        /// How many ops.
         count: u32,
+        /// The ops as written, `[len: u32 | op]*`, `count` times, each
+        /// checked by the decoder (each decoded: [`Op::batch_ops`]).
         ops: &'a [u8],
     },
-    /// A replicated log entry applied: its position, the leader's clock,
-    /// and the op decided (empty: nothing changed but the position).
+    /// A replica applied an entry of the replicated log (cluster mode): its
+    /// position, the leader's clock, and the op decided.
     Replicated {
+        /// The leader's term.
         term: u64,
+        /// The leader's node id.
         node: u64,
+        /// The entry's index in the replicated log.
         index: u64,
+        /// The leader's clock when it proposed the entry, in ms.
         time_ms: u64,
-        /// An op other than Replicated (checked by [`decode`]), or empty.
+        /// The op it decided as written: an op other than Replicated
+        /// (checked by the decoder), or empty when nothing changed but the
+        /// position (decoded: [`Op::replicated_op`]).
         inner: &'a [u8],
     },
-    /// The cluster's membership, as the replication layer encodes it.
+    /// The cluster's membership (only inside Replicated).
     Membership {
+        /// As the replication layer encodes it (opaque to the engine).
         config: &'a [u8],
     },
     /// A new leader took over: every live lease restarts its full ttl.
@@ -114,8 +195,118 @@ pub(crate) enum Op<'a> {
     /// The group's limits changed (cluster mode: the limits that decide
     /// are replicated state, never a node's flags).
     Limits {
+        /// The new limits.
         limits: crate::replicated::GroupLimits,
     },
+}
+
+impl<'a> Op<'a> {
+    /// The ops of a transaction, in order (none for other ops).
+    pub fn batch_ops(&self) -> impl Iterator<Item = Op<'a>> + use<'a> {
+        let ops: &'a [u8] = match *self {
+            Op::Batch { ops, .. } => ops,
+            _ => &[],
+        };
+        batch_ops(ops)
+    }
+
+    /// The op a replicated entry decided (`None` for other ops, and for a
+    /// replicated entry that changed nothing but the position).
+    pub fn replicated_op(&self) -> Option<Op<'a>> {
+        match *self {
+            // Checked by the decoder when it decoded the wrapper.
+            Op::Replicated { inner, .. } if !inner.is_empty() => decode(inner).ok(),
+            _ => None,
+        }
+    }
+
+    /// The stream or lease the op concerns, if one (`None` for a
+    /// transaction and the cluster's ops; a replicated entry: its op's).
+    pub fn name(&self) -> Option<&'a [u8]> {
+        match *self {
+            Op::Append(Append { stream, .. })
+            | Op::Fence { stream, .. }
+            | Op::Trim { stream, .. }
+            | Op::Delete { stream, .. } => Some(stream),
+            Op::Acquire { name, .. } | Op::Release { name, .. } | Op::Renew { name, .. } => {
+                Some(name)
+            }
+            Op::Replicated { .. } => self.replicated_op().and_then(|o| o.name()),
+            Op::Batch { .. } | Op::Membership { .. } | Op::TakeOver | Op::Limits { .. } => None,
+        }
+    }
+
+    /// Whether the op concerns stream or lease `name` (a transaction: any
+    /// of its ops).
+    pub fn concerns(&self, name: &[u8]) -> bool {
+        match self {
+            Op::Batch { .. } => self.batch_ops().any(|o| o.concerns(name)),
+            _ => self.name() == Some(name),
+        }
+    }
+}
+
+/// Shows what the op means rather than its bytes: an append's payloads, a
+/// transaction's ops, a replicated entry's op, each decoded. `fencelog dump`
+/// prints this for the ops it has no line of its own for, so its form (the
+/// names of the view tools had before `Op` was public) stays as it was.
+impl std::fmt::Debug for Op<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use std::fmt::Debug;
+        // Each field bound by the pattern, under its own name.
+        macro_rules! fields {
+            ($($field:ident),*) => { &[$((stringify!($field), $field as &dyn Debug)),*] };
+        }
+        // Filled only for the ops whose form shows them.
+        let (ops, op);
+        let (kind, fields): (&str, &[(&str, &dyn Debug)]) = match self {
+            Op::Append(a) => return a.fmt(f),
+            Op::TakeOver => return f.write_str("TakeOver"),
+            Op::Fence { stream, token } => ("Fence", fields!(stream, token)),
+            Op::Trim {
+                stream,
+                token,
+                before,
+            } => ("Trim", fields!(stream, token, before)),
+            Op::Delete { stream, token } => ("Delete", fields!(stream, token)),
+            Op::Acquire {
+                name,
+                owner,
+                token,
+                ttl_ms,
+                fence,
+            } => ("Acquire", fields!(name, owner, token, ttl_ms, fence)),
+            Op::Release { name, owner, token } => ("Release", fields!(name, owner, token)),
+            Op::Renew {
+                name,
+                owner,
+                token,
+                ttl_ms,
+            } => ("Renew", fields!(name, owner, token, ttl_ms)),
+            Op::Batch { .. } => {
+                ops = self.batch_ops().collect::<Vec<_>>();
+                ("Transaction", &[("ops", &ops)])
+            }
+            Op::Replicated {
+                term,
+                node,
+                index,
+                time_ms,
+                ..
+            } => {
+                op = self.replicated_op();
+                let op = &op;
+                ("Replicated", fields!(term, node, index, time_ms, op))
+            }
+            Op::Membership { config } => ("Membership", fields!(config)),
+            Op::Limits { limits } => ("Limits", fields!(limits)),
+        };
+        let mut s = f.debug_struct(kind);
+        for (name, value) in fields {
+            s.field(name, value);
+        }
+        s.finish()
+    }
 }
 
 /// Bytes of an append op with these payloads.
@@ -148,9 +339,7 @@ pub(crate) fn encode_append<P: AsRef<[u8]>>(
 /// Encodes any op but an append into a new buffer (they are small).
 pub(crate) fn encode(op: &Op<'_>) -> Vec<u8> {
     let len = match op {
-        Op::Append {
-            records, stream, ..
-        } => 22 + stream.len() + records.len(),
+        Op::Append(a) => 22 + a.stream.len() + a.records.len(),
         Op::Fence { stream, .. } => 10 + stream.len(),
         Op::Trim { stream, .. } => 18 + stream.len(),
         Op::Delete { stream, .. } => 10 + stream.len(),
@@ -176,13 +365,13 @@ pub(crate) fn encode(op: &Op<'_>) -> Vec<u8> {
 /// Writes `op`'s fields, in its layout, into `w`.
 pub(crate) fn put(w: &mut impl Put, op: &Op<'_>) {
     match *op {
-        Op::Append {
+        Op::Append(Append {
             stream,
             token,
             first_offset,
             count,
             records,
-        } => {
+        }) => {
             w.u8(APPEND);
             w.name(stream);
             w.u64(token);
@@ -450,13 +639,13 @@ pub(crate) fn decode_layout(b: &[u8]) -> Result<Op<'_>, String> {
             if count == 0 {
                 return Err("an append with no records".into());
             }
-            Op::Append {
+            Op::Append(Append {
                 stream,
                 token,
                 first_offset,
                 count,
                 records,
-            }
+            })
         }
         FENCE => Op::Fence {
             stream: r.name()?,
@@ -510,7 +699,7 @@ pub(crate) fn decode_layout(b: &[u8]) -> Result<Op<'_>, String> {
                     return Err("a batch may hold only appends, fences, trims and deletes".into());
                 }
                 match decode(sub)? {
-                    Op::Append { .. } | Op::Fence { .. } | Op::Trim { .. } | Op::Delete { .. } => {}
+                    Op::Append(_) | Op::Fence { .. } | Op::Trim { .. } | Op::Delete { .. } => {}
                     _ => {
                         return Err(
                             "a batch may hold only appends, fences, trims and deletes".into()
@@ -564,7 +753,7 @@ pub(crate) fn decode_layout(b: &[u8]) -> Result<Op<'_>, String> {
 /// a token in range.
 fn check_fields(op: &Op<'_>) -> Result<(), String> {
     let (name, owner, token) = match *op {
-        Op::Append { stream, token, .. }
+        Op::Append(Append { stream, token, .. })
         | Op::Fence { stream, token }
         | Op::Trim { stream, token, .. }
         | Op::Delete { stream, token } => (stream, None, token),
@@ -626,13 +815,13 @@ mod tests {
         let payloads: [&[u8]; 3] = [b"a", b"", b"ccc"];
         let mut buf = vec![0u8; append_len(b"orders", &payloads)];
         encode_append(&mut buf, b"orders", 42, 7, &payloads);
-        let Op::Append {
+        let Op::Append(Append {
             stream,
             token,
             first_offset,
             count,
             records: recs,
-        } = decode(&buf).unwrap()
+        }) = decode(&buf).unwrap()
         else {
             panic!("not an append");
         };
@@ -682,6 +871,57 @@ mod tests {
         for op in ops {
             assert_eq!(decode(&encode(&op)).unwrap(), op);
         }
+    }
+
+    /// `fencelog dump` prints this form for the ops it has no line of its
+    /// own for (a replica's entries): the form it printed before `Op` was
+    /// public, when tools had a copy of it.
+    #[test]
+    fn debug_form_shows_what_an_op_means() {
+        let payloads: [&[u8]; 2] = [b"x", b""];
+        let mut append = vec![0u8; append_len(b"s", &payloads)];
+        encode_append(&mut append, b"s", 5, 0, &payloads);
+        let fence = encode(&Op::Fence {
+            stream: b"s",
+            token: 6,
+        });
+        let acquire = encode(&Op::Acquire {
+            name: b"l",
+            owner: b"me",
+            token: 7,
+            ttl_ms: 1000,
+            fence: true,
+        });
+        let ops = [append, fence];
+        let mut batch = vec![0u8; batch_len(&ops)];
+        encode_batch(&mut batch, &ops);
+        let shown = |inner: &[u8]| {
+            let mut entry = replicated_header(1, 2, 3, 4).to_vec();
+            entry.extend_from_slice(inner);
+            format!("{:?}", decode(&entry).unwrap())
+        };
+        let head = "Replicated { term: 1, node: 2, index: 3, time_ms: 4, op:";
+        assert_eq!(
+            shown(&batch),
+            format!(
+                "{head} Some(Transaction {{ ops: [Append {{ stream: [115], token: 5, \
+                 first_offset: 0, records: 2, payloads: [[120], []] }}, \
+                 Fence {{ stream: [115], token: 6 }}] }}) }}"
+            )
+        );
+        assert_eq!(
+            shown(&acquire),
+            format!(
+                "{head} Some(Acquire {{ name: [108], owner: [109, 101], token: 7, \
+                 ttl_ms: 1000, fence: true }}) }}"
+            )
+        );
+        assert_eq!(shown(&[]), format!("{head} None }}"));
+        assert_eq!(shown(&[TAKE_OVER]), format!("{head} Some(TakeOver) }}"));
+        assert_eq!(
+            shown(&[MEMBERSHIP, 1, 2]),
+            format!("{head} Some(Membership {{ config: [1, 2] }}) }}")
+        );
     }
 
     #[test]

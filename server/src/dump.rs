@@ -20,7 +20,7 @@ use std::io::{self, BufWriter, Write};
 use std::path::Path;
 use std::process::ExitCode;
 
-use fencelog::inspect::{CheckpointStream, EntryView, describe};
+use fencelog::inspect::{CheckpointStream, EntryView, Op, describe};
 use fencelog_wal::{EntryKind, VerifiedEntry, VerifyReport};
 
 use crate::verify::{
@@ -98,7 +98,7 @@ fn try_format_entry(
         return Ok(());
     }
     match view {
-        EntryView::Transaction { ops } => format_transaction(o, e, ops, opts),
+        EntryView::Op(op) => format_op(o, e, op, opts),
         EntryView::Checkpoint {
             streams,
             leases,
@@ -120,27 +120,43 @@ fn try_format_entry(
             )?;
             format_checkpoint_rows(o, &rows, opts)
         }
-        EntryView::Append {
-            stream,
-            token,
-            first_offset,
-            records,
-            payloads,
-        } => {
-            prefix(o, e)?;
-            let bytes: u64 = payloads.iter().map(|p| p.len() as u64).sum();
-            write!(
-                o,
-                " append stream={} token={token} offsets={first_offset}..{} records={records} bytes={bytes} sizes=[",
-                escape(stream, None),
-                first_offset.saturating_add(u64::from(*records)),
-            )?;
-            format_payloads(o, payloads, opts)
-        }
+        // A link, or a kind added after this tool.
         other => {
             prefix(o, e)?;
-            format_small_op(o, other)
+            write!(o, " {other:?}")
         }
+    }
+}
+
+/// An op's line: the prefix, then the op.
+fn format_op(
+    o: &mut String,
+    e: &VerifiedEntry<'_>,
+    op: &Op<'_>,
+    opts: &DumpOptions,
+) -> std::fmt::Result {
+    prefix(o, e)?;
+    format_op_body(o, op, opts)
+}
+
+/// An op's line after the prefix, starting with a space.
+fn format_op_body(o: &mut String, op: &Op<'_>, opts: &DumpOptions) -> std::fmt::Result {
+    match *op {
+        Op::Batch { .. } => format_transaction(o, op, opts),
+        Op::Append(a) => {
+            write!(
+                o,
+                " append stream={} token={} offsets={}..{} records={} bytes={} sizes=[",
+                escape(a.stream, None),
+                a.token,
+                a.first_offset,
+                a.end_offset(),
+                a.count,
+                a.payload_bytes(),
+            )?;
+            format_payloads(o, &a.payloads().collect::<Vec<_>>(), opts)
+        }
+        _ => format_small_op(o, op),
     }
 }
 
@@ -156,26 +172,16 @@ fn shown(n: usize, opts: &DumpOptions) -> usize {
 
 /// A transaction: its ops on one line, each as its own entry would show
 /// it, without the prefix.
-fn format_transaction(
-    o: &mut String,
-    e: &VerifiedEntry<'_>,
-    ops: &[EntryView<'_>],
-    opts: &DumpOptions,
-) -> std::fmt::Result {
-    prefix(o, e)?;
-    write!(o, " transaction ops={}:", ops.len())?;
-    let all = DumpOptions {
-        stream: None,
-        ..opts.clone()
-    };
-    for (i, op) in ops.iter().enumerate() {
+fn format_transaction(o: &mut String, batch: &Op<'_>, opts: &DumpOptions) -> std::fmt::Result {
+    write!(o, " transaction ops={}:", batch.batch_ops().count())?;
+    for (i, op) in batch.batch_ops().enumerate() {
         o.push_str(if i == 0 { " " } else { " | " });
         let at = o.len();
-        try_format_entry(o, e, &Ok(op.clone()), &all)?;
-        // Each op is written after the entry's prefix
-        // (`segment=… pos=… lsn=… `), which the line already has once.
-        let prefix_end = o[at..].match_indices(' ').nth(2).map_or(0, |(i, _)| i + 1);
-        o.replace_range(at..at + prefix_end, "");
+        format_op_body(o, &op, opts)?;
+        // The space that follows the prefix on the op's own line.
+        if o[at..].starts_with(' ') {
+            o.remove(at);
+        }
     }
     Ok(())
 }
@@ -237,12 +243,12 @@ fn format_payloads(o: &mut String, payloads: &[&[u8]], opts: &DumpOptions) -> st
 
 /// The entries of one line each without lists: fences, trims, deletes
 /// and the lease entries.
-fn format_small_op(o: &mut String, view: &EntryView<'_>) -> std::fmt::Result {
-    match view {
-        EntryView::Fence { stream, token } => {
+fn format_small_op(o: &mut String, op: &Op<'_>) -> std::fmt::Result {
+    match op {
+        Op::Fence { stream, token } => {
             write!(o, " fence stream={} token={token}", escape(stream, None))
         }
-        EntryView::Trim {
+        Op::Trim {
             stream,
             token,
             before,
@@ -251,10 +257,10 @@ fn format_small_op(o: &mut String, view: &EntryView<'_>) -> std::fmt::Result {
             " trim stream={} token={token} before={before}",
             escape(stream, None)
         ),
-        EntryView::Delete { stream, token } => {
+        Op::Delete { stream, token } => {
             write!(o, " delete stream={} token={token}", escape(stream, None))
         }
-        EntryView::Acquire {
+        Op::Acquire {
             name,
             owner,
             token,
@@ -266,13 +272,13 @@ fn format_small_op(o: &mut String, view: &EntryView<'_>) -> std::fmt::Result {
             escape(name, None),
             escape(owner, None)
         ),
-        EntryView::Release { name, owner, token } => write!(
+        Op::Release { name, owner, token } => write!(
             o,
             " release lease={} owner={} token={token}",
             escape(name, None),
             escape(owner, None)
         ),
-        EntryView::Renew {
+        Op::Renew {
             name,
             owner,
             token,
@@ -283,7 +289,8 @@ fn format_small_op(o: &mut String, view: &EntryView<'_>) -> std::fmt::Result {
             escape(name, None),
             escape(owner, None)
         ),
-        // A kind added after this tool.
+        // A replica's entries, and kinds added after this tool: the op's
+        // debug form (kept as it was; see `Op`'s `Debug`).
         other => write!(o, " {other:?}"),
     }
 }

@@ -20,7 +20,7 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use fencelog::inspect::{self, EntryView};
+use fencelog::inspect::{self, Append, EntryView, Op};
 use fencelog_wal::format::{self, ALIGN, ENTRY_HEADER_LEN, HEADER_LEN, Probe};
 use fencelog_wal::{Cut, CutKind, FsStorage, RecoveryMode, RecoveryReport, Storage, WalOptions};
 
@@ -360,7 +360,9 @@ fn scan(data: &[u8], seq: u64, from: u64, t: &mut Touched) {
                     && let Ok(view) = inspect::describe(h.kind, payload)
                 {
                     t.entries += 1;
-                    note(&view, t);
+                    if let EntryView::Op(op) = view {
+                        note(&op, t);
+                    }
                 }
                 pos += h.encoded_len() as usize;
             }
@@ -369,26 +371,27 @@ fn scan(data: &[u8], seq: u64, from: u64, t: &mut Touched) {
     }
 }
 
-fn note(view: &EntryView<'_>, t: &mut Touched) {
-    match view {
-        EntryView::Append { stream, .. }
-        | EntryView::Fence { stream, .. }
-        | EntryView::Trim { stream, .. }
-        | EntryView::Delete { stream, .. } => {
+/// Notes the streams and leases an op touches.
+fn note(op: &Op<'_>, t: &mut Touched) {
+    match *op {
+        Op::Append(Append { stream, .. })
+        | Op::Fence { stream, .. }
+        | Op::Trim { stream, .. }
+        | Op::Delete { stream, .. } => {
             t.streams.insert(stream.to_vec());
         }
-        EntryView::Acquire { name, fence, .. } => {
+        Op::Acquire { name, fence, .. } => {
             t.leases.insert(name.to_vec());
-            if *fence {
+            if fence {
                 t.streams.insert(name.to_vec());
             }
         }
-        EntryView::Release { name, .. } | EntryView::Renew { name, .. } => {
+        Op::Release { name, .. } | Op::Renew { name, .. } => {
             t.leases.insert(name.to_vec());
         }
-        EntryView::Transaction { ops } => {
-            for op in ops {
-                note(op, t);
+        Op::Batch { .. } => {
+            for inner in op.batch_ops() {
+                note(&inner, t);
             }
         }
         _ => {}
