@@ -394,6 +394,44 @@ fn note(op: &Op<'_>, t: &mut Touched) {
                 note(&inner, t);
             }
         }
+        // A replica's entry (cluster mode): what it decided is inside.
+        Op::Replicated { .. } => {
+            if let Some(inner) = op.replicated_op() {
+                note(&inner, t);
+            }
+        }
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The streams a replica's entry touches are listed, as a single
+    /// node's are (they were missed: a cut of a replica's engine listed
+    /// none).
+    #[test]
+    fn a_replicated_entry_notes_what_its_op_touches() {
+        let samples = fencelog::fuzzing::sample_encodings();
+        let bytes = |name: &str| {
+            samples
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, b)| b.clone())
+                .unwrap_or_else(|| panic!("no sample {name}"))
+        };
+        for name in ["op/batch", "op/replicated_batch"] {
+            let payload = bytes(name);
+            let Ok(EntryView::Op(op)) =
+                inspect::describe(fencelog_wal::EntryKind::Record, &payload)
+            else {
+                panic!("{name} does not decode as an op");
+            };
+            let mut t = Touched::default();
+            note(&op, &mut t);
+            let streams: Vec<&[u8]> = t.streams.iter().map(Vec::as_slice).collect();
+            assert_eq!(streams, [b"orders".as_slice()], "{name}");
+        }
     }
 }
