@@ -427,7 +427,14 @@ async fn a_lease_shorter_than_the_outage_is_lost_every_time() {
             .unwrap();
         let next_token = next.token();
         assert!(next_token > token, "round {r}");
-        next.append("short", &[format!("n{r}")]).await.unwrap();
+        next.append("short", &[format!("n{r}")])
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "round {r} ({}): the next holder's append: {e:?}",
+                    OUTAGES[mode]
+                )
+            });
         assert!(next.release().await.unwrap());
         nodes.converge(Duration::from_secs(20)).await;
 

@@ -48,11 +48,12 @@ use fencelog::Command;
 
 use crate::types::{Raft, Request, Response};
 
-/// Entries proposed and not yet answered, at most. Three, not two: while
-/// the followers sync entry N and the leader syncs N+1, N+2 already waits
-/// in Raft's queue, so the leader's next sync starts as soon as its last
-/// one ends instead of once N is answered.
-const IN_FLIGHT: usize = 3;
+/// Entries proposed and not yet answered, at most. Three were tried
+/// (the leader's next sync could start as soon as its last one ended): a
+/// weak gain at pipeline 16, and the lease failover test's next holder got
+/// `UNCERTAIN` in 2 of 6 runs with it, 0 of 7 with two; the cause is not
+/// known yet (docs/CLUSTER.md), so two it stays.
+const IN_FLIGHT: usize = 2;
 
 /// Writes in one entry, at most (the state machine numbers an entry's
 /// writes within 16 bits; see `state_machine.rs`).
