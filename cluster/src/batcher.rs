@@ -50,9 +50,9 @@ use crate::types::{Raft, Request, Response};
 
 /// Entries proposed and not yet answered, at most. Three were tried
 /// (the leader's next sync could start as soon as its last one ended): a
-/// weak gain at pipeline 16, and the lease failover test's next holder got
-/// `UNCERTAIN` in 2 of 6 runs with it, 0 of 7 with two; the cause is not
-/// known yet (docs/CLUSTER.md), so two it stays.
+/// weak gain at pipeline 16, not confirmed, and a lease failover test that
+/// failed twice in its first runs with it (not again in 8 more; see
+/// docs/CLUSTER.md), so two it stays until three is measured to pay.
 const IN_FLIGHT: usize = 2;
 
 /// Writes in one entry, at most (the state machine numbers an entry's
