@@ -119,8 +119,7 @@ pub const REQUEST_VERSION: u8 = 2;
 impl Serialize for Request {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeTuple;
-        let len = 4 + self.cmds.iter().map(|c| 4 + c.encoded_len()).sum::<usize>();
-        let mut cmds = Vec::with_capacity(len);
+        let mut cmds = Vec::new();
         Command::encode_all(&self.cmds, &mut cmds);
         let mut t = s.serialize_tuple(3)?;
         t.serialize_element(&REQUEST_VERSION)?;

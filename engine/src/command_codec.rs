@@ -178,8 +178,15 @@ impl Command {
         Ok(decoded.unwrap_or_else(Command::Refused))
     }
 
-    /// Appends `cmds` as a list: `{ count: u32 | [len: u32 | command]* }`.
+    /// Bytes [`Command::encode_all`] writes for `cmds`.
+    pub fn encoded_len_all(cmds: &[Command]) -> usize {
+        4 + cmds.iter().map(|c| 4 + c.encoded_len()).sum::<usize>()
+    }
+
+    /// Appends `cmds` as a list: `{ count: u32 | [len: u32 | command]* }`
+    /// (reserving its whole length first: one allocation per list).
     pub fn encode_all(cmds: &[Command], out: &mut Vec<u8>) {
+        out.reserve(Command::encoded_len_all(cmds));
         out.u32(cmds.len() as u32);
         for cmd in cmds {
             framed(out, |out| cmd.encode(out));

@@ -16,7 +16,7 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(cmds) = Command::decode_all(&input) {
         let mut again = Vec::new();
         Command::encode_all(&cmds, &mut again);
-        let expected = 4 + cmds.iter().map(|c| 4 + c.encoded_len()).sum::<usize>();
+        let expected = Command::encoded_len_all(&cmds);
         assert_eq!(again.len(), expected, "encoded_len differs from the encoding");
         let back = Command::decode_all(&Bytes::from(again)).expect("re-encoded commands decode");
         assert_eq!(back, cmds, "commands re-encode to other commands");
