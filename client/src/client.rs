@@ -348,8 +348,10 @@ impl Client {
                 Ok(v) => v,
                 // A read changes nothing, so a lost reply is simply asked
                 // again (a pooled connection to a node that just died fails
-                // so); a write's outcome is the caller's to decide.
-                Err(e @ Error::Io(_)) if is_read(args) => {
+                // so); so is a command whose retry answers what the first
+                // try would have. Any other write's outcome is the
+                // caller's to decide.
+                Err(e @ Error::Io(_)) if answer_survives_retry(args) => {
                     if !self.backoff(started, &mut backoff, backoff_max).await {
                         return Err(e);
                     }
@@ -370,7 +372,11 @@ impl Client {
                         _ => return Err(Error::Server(e)),
                     }
                 }
-                Value::Error(e) if e.starts_with("TRYAGAIN") || e.starts_with("CLUSTERDOWN") => {
+                Value::Error(e)
+                    if e.starts_with("TRYAGAIN")
+                        || e.starts_with("CLUSTERDOWN")
+                        || (e.starts_with("UNCERTAIN") && answer_survives_retry(args)) =>
+                {
                     if !self.backoff(started, &mut backoff, backoff_max).await {
                         return Err(Error::Server(e));
                     }
@@ -686,6 +692,8 @@ impl Client {
     /// ([`Error::Held`] otherwise, or after `options.wait`). With
     /// `options.fence` the stream `name` is fenced at the new token. No
     /// keeper: see [`Client::lease`] for a lease that renews itself.
+    /// Asked again after a lost reply or `UNCERTAIN`: an acquire by the
+    /// owner that holds the lease answers its token again.
     pub async fn acquire(
         &self,
         name: impl AsRef<[u8]>,
@@ -877,6 +885,19 @@ fn is_read(args: &[&[u8]]) -> bool {
         .is_some_and(|c| READS.iter().any(|r| r.eq_ignore_ascii_case(c)))
 }
 
+/// Whether sending a command again after its reply was lost (an I/O
+/// error, a timeout, `UNCERTAIN` from a leader that stepped down with it in
+/// flight) answers what the first try would have: a read, or
+/// `LEASE.ACQUIRE`, since an acquire by the owner that holds the lease
+/// answers its token again (a retry never takes a second token). Not
+/// `LEASE.RELEASE`: a retry of one that landed answers 0.
+fn answer_survives_retry(args: &[&[u8]]) -> bool {
+    is_read(args)
+        || args
+            .first()
+            .is_some_and(|c| c.eq_ignore_ascii_case(b"LEASE.ACQUIRE"))
+}
+
 fn with_records<'a, R: AsRef<[u8]>>(
     args: &mut Vec<&'a [u8]>,
     records: &'a [R],
@@ -983,5 +1004,19 @@ mod tests {
         assert!(!is_read(&[b"LEASE.RENEW"]));
         assert!(!is_read(&[b"CLUSTER", b"ADDNODE"]));
         assert!(!is_read(&[]));
+        assert!(answer_survives_retry(&[
+            b"lease.acquire",
+            b"l",
+            b"me",
+            b"100"
+        ]));
+        assert!(answer_survives_retry(&[b"LOG.READ", b"s", b"0"]));
+        assert!(!answer_survives_retry(&[
+            b"LEASE.RELEASE",
+            b"l",
+            b"me",
+            b"7"
+        ]));
+        assert!(!answer_survives_retry(&[b"LOG.APPEND", b"s", b"1", b"x"]));
     }
 }

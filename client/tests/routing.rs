@@ -137,3 +137,45 @@ async fn no_node_listening_ends_within_the_retry_time() {
         started.elapsed()
     );
 }
+
+/// `UNCERTAIN` (a leader stepped down with the command in flight) on an
+/// acquire is asked again: an acquire by the owner that holds the lease
+/// answers its token again, so the retry cannot take a second one. An
+/// append that met it is not sent again: it could land twice.
+#[tokio::test]
+async fn an_uncertain_acquire_is_asked_again_and_an_uncertain_append_is_not() {
+    static ACQUIRES: AtomicUsize = AtomicUsize::new(0);
+    let (addr, count) = fake_node(|req, _| {
+        if req.contains("HELLO") {
+            "%1\r\n$6\r\nserver\r\n$8\r\nfencelog\r\n".into()
+        } else if req.contains("CLUSTER") {
+            "-ERR This instance has cluster support disabled\r\n".into()
+        } else if req.contains("LEASE.ACQUIRE") && ACQUIRES.fetch_add(1, Ordering::SeqCst) < 2 {
+            "-UNCERTAIN the leader stepped down with it in flight\r\n".into()
+        } else if req.contains("LEASE.ACQUIRE") {
+            "*2\r\n:7\r\n:1000\r\n".into()
+        } else {
+            "-UNCERTAIN the leader stepped down with it in flight\r\n".into()
+        }
+    })
+    .await;
+    let c = Client::connect(config(&addr)).await.unwrap();
+    let options = fencelog_client::LeaseOptions::default();
+    let grant = c
+        .acquire("l", "me", Duration::from_secs(1), &options)
+        .await
+        .unwrap();
+    assert_eq!((grant.token, grant.ttl), (7, Duration::from_secs(1)));
+    assert_eq!(
+        ACQUIRES.load(Ordering::SeqCst),
+        3,
+        "two UNCERTAIN, then the grant"
+    );
+
+    let before = count.load(Ordering::SeqCst);
+    assert!(matches!(
+        c.append("s", 1, &["x"]).await,
+        Err(Error::Uncertain)
+    ));
+    assert_eq!(count.load(Ordering::SeqCst) - before, 1, "sent once");
+}

@@ -157,8 +157,11 @@ class ClientCore:
         """One command, routed: the raw reply, or a typed exception. What
         cannot have been applied (a refused connection, ``-MOVED``,
         ``-TRYAGAIN``, ``-CLUSTERDOWN``) is retried in cluster mode, and a
-        read whose reply was lost; a write whose reply was lost never."""
+        read or a ``LEASE.ACQUIRE`` whose reply was lost (or answered
+        ``UNCERTAIN``: an acquire by the owner that holds the lease answers
+        its token again); any other write whose reply was lost never."""
         t = self.socket_timeout if timeout is DEFAULT else timeout
+        survives_retry = read_only or _is_acquire(args)
         backoff = P.Backoff(self.max_tries, self.max_wait, deadline=deadline)
         while True:
             addr = self._current
@@ -180,7 +183,7 @@ class ClientCore:
                 reply = yield lambda: conn.read_response()
             except (rex.ConnectionError, rex.TimeoutError) as e:
                 yield conn.disconnect
-                if not (self.cluster and read_only):
+                if not (self.cluster and survives_retry):
                     raise P.translate(e) from e
                 self._rotate(addr)
                 delay = backoff.next_delay(e)
@@ -189,6 +192,8 @@ class ClientCore:
             except rex.ResponseError as e:
                 node.checkin(conn, t)
                 kind, target = P.redirect(e) if self.cluster else ("", None)
+                if self.cluster and survives_retry and str(e).startswith("UNCERTAIN"):
+                    kind = "UNCERTAIN"
                 if kind == "MOVED" and target is not None:
                     self._node(target)
                     with self._lock:
@@ -205,6 +210,15 @@ class ClientCore:
                 raise
             node.checkin(conn, t)
             return reply
+
+
+def _is_acquire(args: Tuple[Any, ...]) -> bool:
+    if not args:
+        return False
+    name = args[0]
+    if isinstance(name, (bytes, bytearray)):
+        name = bytes(name).decode("latin-1")
+    return isinstance(name, str) and name.upper() == "LEASE.ACQUIRE"
 
 
 class LeaseCore:

@@ -22,6 +22,7 @@ from fencelog import (
     ClusterUnavailableError,
     CommandError,
     Record,
+    UncertainError,
 )
 
 
@@ -86,6 +87,31 @@ def test_tryagain_and_clusterdown_are_retried_with_backoff() -> None:
         c = Client("127.0.0.1", fake.port, cluster=True)
         assert c.fence("s", 7) == 7
         assert len(fake.sent(b"LOG.FENCE")) == 5
+    finally:
+        fake.close()
+
+
+def test_an_uncertain_acquire_is_asked_again_and_an_uncertain_append_is_not() -> None:
+    # A re-acquire by the owner that holds the lease answers its token
+    # again, so an acquire whose leader stepped down is safe to resend; an
+    # append is not (it could land twice).
+    uncertain = b"-UNCERTAIN the leader stepped down with it in flight\r\n"
+    acquires = [uncertain, uncertain, b"*2\r\n:7\r\n:1000\r\n"]
+
+    def answer(args: list) -> bytes:
+        if args[0].upper() == b"LEASE.ACQUIRE":
+            return acquires.pop(0)
+        return uncertain
+
+    fake = FakeServer(answer)
+    try:
+        c = Client("127.0.0.1", fake.port, cluster=True)
+        g = c.acquire("l", "me", 1000)
+        assert (g.token, g.ttl_ms) == (7, 1000)
+        assert len(fake.sent(b"LEASE.ACQUIRE")) == 3
+        with pytest.raises(UncertainError):
+            c.append("s", 1, b"x")
+        assert len(fake.sent(b"LOG.APPEND")) == 1
     finally:
         fake.close()
 
