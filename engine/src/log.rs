@@ -953,6 +953,17 @@ impl Log {
 
     /// The deferred form of [`Log::fence`] (see [`Log::append_deferred`]).
     pub async fn fence_deferred(&self, stream: &[u8], token: Token) -> Result<Deferred<Token>> {
+        self.fence_deferred_as(stream, token, |t| t).await
+    }
+
+    /// [`Log::fence_deferred`] answering `answer(highest)`: one boxed
+    /// future whichever type the caller wants.
+    pub(crate) async fn fence_deferred_as<T: Send + 'static>(
+        &self,
+        stream: &[u8],
+        token: Token,
+        answer: fn(Token) -> T,
+    ) -> Result<Deferred<T>> {
         self.precheck(stream, token)?;
         let d = self
             .decide_async(|w| decide_fence(w, stream, token.get()))
@@ -960,6 +971,7 @@ impl Log {
         let log = self.clone();
         Ok(Deferred::new(async move {
             log.finish_fence(d.wait_async().await.and_then(Decided::value))
+                .map(answer)
         }))
     }
 

@@ -317,6 +317,39 @@ impl Log {
         }))
     }
 
+    /// Any one write, decided now as its own method decides it (not as a
+    /// transaction of one) and answered once durable: an append's first
+    /// offset, a fence's highest token, a trim's new start offset, a
+    /// delete's count of records removed. The one place a caller that holds
+    /// a [`TxOp`] (the server's commands) meets the single-op methods.
+    pub async fn write_deferred(&self, op: TxOp) -> Result<Deferred<u64>> {
+        match op {
+            TxOp::Append {
+                stream,
+                token,
+                payloads,
+            } => self.append_deferred(&stream, token, payloads).await,
+            TxOp::AppendAt {
+                stream,
+                token,
+                expected_offset,
+                payloads,
+            } => {
+                self.append_at_deferred(&stream, token, expected_offset, payloads)
+                    .await
+            }
+            TxOp::Fence { stream, token } => {
+                self.fence_deferred_as(&stream, token, Token::get).await
+            }
+            TxOp::Trim {
+                stream,
+                token,
+                before,
+            } => self.trim_deferred(&stream, token, before).await,
+            TxOp::Delete { stream, token } => self.delete_deferred(&stream, token).await,
+        }
+    }
+
     /// The checks before the write lock: arguments, limits, and the fast
     /// path (a token below a durable highest rejects the whole
     /// transaction at once).

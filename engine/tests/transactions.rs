@@ -260,3 +260,65 @@ fn reads_stop_at_the_byte_limit_but_always_answer_one_record() {
     };
     assert_eq!(log.read_with("s", 0, &two).unwrap().len(), 2);
 }
+
+/// `write_deferred` (the server's one path for a single write) answers
+/// what each op's own method answers, and decides it as that method does
+/// (an `AppendAt` retry of a landed append answers its offset again, which
+/// a transaction of one would refuse as a mismatch).
+#[test]
+fn write_deferred_answers_as_each_ops_own_method() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), opts()).unwrap();
+    let write = |op: TxOp| rt.block_on(async { log.write_deferred(op).await?.await });
+    assert_eq!(write(append("s", 5, &["a", "b"])).unwrap(), 0);
+    let at = TxOp::AppendAt {
+        stream: b("s"),
+        token: t(5),
+        expected_offset: 2,
+        payloads: vec![b("c")],
+    };
+    assert_eq!(write(at.clone()).unwrap(), 2);
+    assert_eq!(
+        write(at).unwrap(),
+        2,
+        "an exact retry answers the original offset"
+    );
+    let fence = |token| TxOp::Fence {
+        stream: b("s"),
+        token: t(token),
+    };
+    assert_eq!(write(fence(9)).unwrap(), 9);
+    assert_eq!(
+        write(fence(7)).unwrap_err().to_string(),
+        log.fence("s", t(7)).unwrap_err().to_string()
+    );
+    assert_eq!(
+        write(TxOp::Trim {
+            stream: b("s"),
+            token: t(9),
+            before: 1,
+        })
+        .unwrap(),
+        1
+    );
+    assert_eq!(
+        write(TxOp::Delete {
+            stream: b("s"),
+            token: t(9),
+        })
+        .unwrap(),
+        2
+    );
+    assert!(matches!(
+        write(append("s", 8, &["late"])),
+        Err(Error::Stale {
+            presented: 8,
+            highest: 9
+        })
+    ));
+    assert_eq!(log.stat("s").unwrap().next_offset, 3);
+}

@@ -6,29 +6,22 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use fencelog::{Deferred, Error, Token};
+use fencelog::{Deferred, Error};
 
 use crate::protocol::Reply;
 
 /// A boxed future that may move between threads.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// A decided write's answer to come, once durable (a single node's).
-pub enum Later {
-    /// An offset or a count.
-    Integer(Deferred<u64>),
-    /// A stream's highest token (`LOG.FENCE`).
-    Token(Deferred<Token>),
-}
+/// A decided write's answer to come, once durable (a single node's): an
+/// offset, a count or a token, as [`fencelog::Log::write_deferred`] says.
+pub struct Later(pub Deferred<u64>);
 
 impl Later {
     /// The answer, if it has come (polled in place: a connection keeps its
     /// answers in a queue without boxing each again).
     pub fn poll_result(&mut self, cx: &mut Context<'_>) -> Poll<fencelog::Result<u64>> {
-        match self {
-            Later::Integer(d) => Pin::new(d).poll(cx),
-            Later::Token(d) => Pin::new(d).poll(cx).map(|r| r.map(Token::get)),
-        }
+        Pin::new(&mut self.0).poll(cx)
     }
 
     /// Waits for the answer.

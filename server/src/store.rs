@@ -209,36 +209,7 @@ impl Store for Log {
     }
 
     fn write(&self, op: TxOp) -> BoxFuture<'_, Result<Written, Failure>> {
-        Box::pin(async move {
-            let later = match op {
-                TxOp::Append {
-                    stream,
-                    token,
-                    payloads,
-                } => Later::Integer(self.append_deferred(&stream, token, payloads).await?),
-                TxOp::AppendAt {
-                    stream,
-                    token,
-                    expected_offset,
-                    payloads,
-                } => Later::Integer(
-                    self.append_at_deferred(&stream, token, expected_offset, payloads)
-                        .await?,
-                ),
-                TxOp::Fence { stream, token } => {
-                    Later::Token(self.fence_deferred(&stream, token).await?)
-                }
-                TxOp::Trim {
-                    stream,
-                    token,
-                    before,
-                } => Later::Integer(self.trim_deferred(&stream, token, before).await?),
-                TxOp::Delete { stream, token } => {
-                    Later::Integer(self.delete_deferred(&stream, token).await?)
-                }
-            };
-            Ok(Written::Durable(later))
-        })
+        Box::pin(async move { Ok(Written::Durable(Later(self.write_deferred(op).await?))) })
     }
 
     fn transact(&self, ops: Vec<TxOp>) -> BoxFuture<'_, Result<Vec<u64>, Failure>> {
