@@ -71,7 +71,9 @@ class Client(ClientCore):
     there, and retries ``-TRYAGAIN`` / ``-CLUSTERDOWN`` and unreachable nodes
     with capped exponential backoff, at most ``max_tries`` times and
     ``max_wait`` seconds. A request whose reply was lost is never resent by
-    the client, except reads (in cluster mode); :meth:`Lease.append` retries
+    the client, except reads and ``LEASE.ACQUIRE`` (in cluster mode; an
+    acquire by the owner that holds the lease answers its token again, and
+    an acquire that met ``UNCERTAIN`` is resent too); :meth:`Lease.append` retries
     an append exactly once, through ``LOG.APPENDAT``.
 
     Commands mirror the wire protocol (``docs/COMMANDS.md``): times in
