@@ -239,24 +239,10 @@ type RuntimeHandle = (
     std::thread::JoinHandle<()>,
 );
 
-/// What starting on the Raft runtime hands back.
-struct Parts {
-    incarnation: u64,
-    network: Network,
-    raft: Raft,
-    engine: Engine,
-    log_store: LogStore,
-    max_request: u64,
-    batcher: Batcher,
-    election: Arc<crate::election::Election>,
-    answers: Arc<crate::health::PeerAnswers>,
-    listener: Option<JoinHandle<()>>,
-    endpoint: network::PeerEndpoint,
-}
-
 /// Opens the logs and starts Raft and the peer listener on the runtime
-/// this runs on.
-async fn start_here(cfg: NodeConfig, hooks: Hooks) -> Result<Parts, ClusterError> {
+/// this runs on: the node, with no runtime of its own yet (the caller
+/// hands it the one it started, if any).
+async fn start_here(cfg: NodeConfig, hooks: Hooks) -> Result<Node, ClusterError> {
     let raft_dir = cfg.dir.join("raft");
     let segment = cfg.raft_segment_bytes;
     let log_store = match hooks.storage.clone() {
@@ -424,18 +410,21 @@ async fn start_here(cfg: NodeConfig, hooks: Hooks) -> Result<Parts, ClusterError
         cfg.max_queued_bytes,
         hooks.local_clock.clone(),
     );
-    Ok(Parts {
-        endpoint,
+    Ok(Node {
+        id: cfg.id,
         incarnation,
         network,
-        batcher,
         raft,
         engine,
         log_store: log_store_view,
         max_request,
+        batcher,
+        reads: Arc::default(),
         election,
         answers,
-        listener,
+        listener: parking_lot::Mutex::new(listener),
+        endpoint,
+        runtime: parking_lot::Mutex::new(None),
     })
 }
 
@@ -551,8 +540,8 @@ impl Node {
                 what: "start the Raft thread".into(),
                 source: e,
             })?;
-        let parts = match started_rx.await {
-            Ok(Ok(parts)) => parts,
+        let node = match started_rx.await {
+            Ok(Ok(node)) => node,
             Ok(Err(e)) => {
                 let _ = thread.join();
                 return Err(e);
@@ -564,7 +553,8 @@ impl Node {
                 ));
             }
         };
-        Ok(Node::assemble(id, parts, Some((stop_tx, thread))))
+        *node.runtime.lock() = Some((stop_tx, thread));
+        Ok(node)
     }
 
     /// Opens the node's logs and starts Raft on the runtime this is called
@@ -576,30 +566,7 @@ impl Node {
         cfg: NodeConfig,
         hooks: Hooks,
     ) -> Result<Node, ClusterError> {
-        let id = cfg.id;
-        let parts = start_here(cfg, hooks).await?;
-        Ok(Node::assemble(id, parts, None))
-    }
-
-    /// The node of `parts`; `runtime`: the thread and runtime it runs on,
-    /// if its own.
-    fn assemble(id: NodeId, parts: Parts, runtime: Option<RuntimeHandle>) -> Node {
-        Node {
-            id,
-            incarnation: parts.incarnation,
-            network: parts.network,
-            raft: parts.raft,
-            engine: parts.engine,
-            log_store: parts.log_store,
-            max_request: parts.max_request,
-            batcher: parts.batcher,
-            reads: Arc::default(),
-            election: parts.election,
-            answers: parts.answers,
-            listener: parking_lot::Mutex::new(parts.listener),
-            endpoint: parts.endpoint,
-            runtime: parking_lot::Mutex::new(runtime),
-        }
+        start_here(cfg, hooks).await
     }
 
     /// What a [`network::Transport`] delivers this node's peer messages to.

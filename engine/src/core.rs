@@ -21,7 +21,7 @@ use crate::checkpoint::{self, Row};
 use crate::footer::{self, StreamPart};
 use crate::gc::GcHandle;
 use crate::lease::{Clock, Leases};
-use crate::op::{self, Op};
+use crate::op::{self, Acquire, Op};
 use crate::options::Options;
 use crate::replicated::{GroupLimits, LogPosition, ReplState, ReplicatedClock};
 use crate::token::MAX_TOKEN;
@@ -347,22 +347,14 @@ impl Core {
 
     /// An accepted lease acquisition (with `fence`, a fence of the stream
     /// of the same name at its token).
-    fn apply_acquire(
-        &mut self,
-        name: &[u8],
-        owner: &[u8],
-        token: u64,
-        ttl_ms: u64,
-        fence: bool,
-        lsn: u64,
-    ) -> Result<Effect, String> {
-        self.max_token = self.max_token.max(token);
-        let fenced = if fence {
-            Some(self.apply_fence(name, token, lsn)?)
+    fn apply_acquire(&mut self, a: &Acquire<'_>, lsn: u64) -> Result<Effect, String> {
+        self.max_token = self.max_token.max(a.token);
+        let fenced = if a.fence {
+            Some(self.apply_fence(a.name, a.token, lsn)?)
         } else {
             None
         };
-        self.leases.apply_acquire(name, owner, token, ttl_ms, lsn)?;
+        self.leases.apply_acquire(a, lsn)?;
         Ok(fenced.unwrap_or(Effect::Many(Vec::new())))
     }
 
@@ -424,13 +416,7 @@ impl Core {
                 let next = self.streams.get(stream).map_or(0, |s| s.next_offset);
                 self.apply_trim(stream, token, next, at.lsn)
             }
-            Op::Acquire {
-                name,
-                owner,
-                token,
-                ttl_ms,
-                fence,
-            } => self.apply_acquire(name, owner, token, ttl_ms, fence, at.lsn),
+            Op::Acquire(a) => self.apply_acquire(&a, at.lsn),
             Op::Release { name, owner, token } => {
                 self.leases.apply_release(name, owner, token);
                 Ok(Effect::Many(Vec::new()))

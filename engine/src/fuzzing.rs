@@ -38,7 +38,7 @@ use fencelog_wal::EntryKind;
 use crate::checkpoint::{self, ReplRecord, Row};
 use crate::footer::{self, SegmentIndex, StreamPart};
 use crate::inspect::{EntryView, describe};
-use crate::op::{self, Op};
+use crate::op::{self, Acquire, Op};
 use crate::view::IndexEntry;
 
 /// Decodes a log entry's op. When it decodes, it re-encodes to the same
@@ -60,7 +60,7 @@ pub fn decode_op(bytes: &[u8]) {
         _ => op::encode(&decoded),
     };
     assert_eq!(op::decode(&again), Ok(decoded), "decode(encode(op))");
-    let canonical = !matches!(decoded, Op::Acquire { .. }) || bytes.last() <= Some(&1);
+    let canonical = !matches!(decoded, Op::Acquire(_)) || bytes.last() <= Some(&1);
     if canonical {
         assert_eq!(again, bytes, "encode(decode(bytes))");
     }
@@ -502,13 +502,13 @@ pub fn sample_encodings() -> Vec<(&'static str, Vec<u8>)> {
         ),
         (
             "op/acquire",
-            op::encode(&Op::Acquire {
+            op::encode(&Op::Acquire(Acquire {
                 name: b"lock",
                 owner: b"worker-1",
                 token: 45,
                 ttl_ms: 5000,
                 fence: true,
-            }),
+            })),
         ),
         (
             "op/release",

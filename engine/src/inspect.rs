@@ -28,7 +28,7 @@ use fencelog_wal::EntryKind;
 
 use crate::checkpoint;
 use crate::op;
-pub use crate::op::{Append, Op};
+pub use crate::op::{Acquire, Append, Op};
 
 /// A stream as a checkpoint records it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use hashbrown::HashMap;
 
 use crate::checkpoint::LeaseRecord;
+use crate::op::Acquire;
 
 /// A monotonic clock, in milliseconds from an arbitrary origin.
 ///
@@ -215,16 +216,17 @@ impl Leases {
         n
     }
 
-    /// An accepted acquisition: `token` is issued to `owner` for `ttl_ms`
-    /// from now (from the open, when replayed: the restart rule).
-    pub(crate) fn apply_acquire(
-        &mut self,
-        name: &[u8],
-        owner: &[u8],
-        token: u64,
-        ttl_ms: u64,
-        lsn: u64,
-    ) -> Result<(), String> {
+    /// An accepted acquisition: its token is issued to its owner for its
+    /// ttl from now (from the open, when replayed: the restart rule). Its
+    /// fence is the stream's business, not the table's.
+    pub(crate) fn apply_acquire(&mut self, a: &Acquire<'_>, lsn: u64) -> Result<(), String> {
+        let &Acquire {
+            name,
+            owner,
+            token,
+            ttl_ms,
+            ..
+        } = a;
         if token <= self.last_token {
             return Err(format!(
                 "an acquisition issued token {token}, not above the last issued {}",
@@ -360,9 +362,14 @@ mod tests {
         let mut leases = Leases::new(clock.clone());
         for i in 0..1000u64 {
             let name = format!("lease{i}");
-            leases
-                .apply_acquire(name.as_bytes(), b"o", i + 1, 10_000 + i, i + 1)
-                .unwrap();
+            let a = Acquire {
+                name: name.as_bytes(),
+                owner: b"o",
+                token: i + 1,
+                ttl_ms: 10_000 + i,
+                fence: false,
+            };
+            leases.apply_acquire(&a, i + 1).unwrap();
         }
         for _ in 0..10_000 {
             assert_eq!(leases.sweep(), 0);

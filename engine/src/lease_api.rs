@@ -10,7 +10,7 @@ use fencelog_wal::{Ticket, Writer};
 use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::log::Log;
-use crate::op::{self, Op};
+use crate::op::{self, Acquire, Op};
 use crate::token::{MAX_TOKEN, Token, check_stream_name};
 
 /// The longest owner name in bytes.
@@ -129,13 +129,13 @@ pub(crate) fn decide_acquire(
             format!("the token counter is exhausted ({MAX_TOKEN})"),
         ));
     }
-    let entry = op::encode(&Op::Acquire {
+    let entry = op::encode(&Op::Acquire(Acquire {
         name,
         owner,
         token,
         ttl_ms,
         fence,
-    });
+    }));
     let at = crate::replicated::write_op(w, entry.len(), |buf| buf.copy_from_slice(&entry))?;
     let acquire = op::decode(&entry)
         .map_err(|_| Error::invalid("internal state", "an acquisition that does not decode"))?;

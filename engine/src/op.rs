@@ -96,6 +96,23 @@ impl std::fmt::Debug for Append<'_> {
     }
 }
 
+/// An acquire op: a lease granted, borrowing the entry's payload. Its
+/// `Debug` is the form tools printed before [`Op`] was public.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[non_exhaustive]
+pub struct Acquire<'a> {
+    /// The lease (and, with `fence`, the stream).
+    pub name: &'a [u8],
+    /// The holder.
+    pub owner: &'a [u8],
+    /// The token issued.
+    pub token: u64,
+    /// Its ttl.
+    pub ttl_ms: u64,
+    /// Whether the stream of the same name was fenced with it.
+    pub fence: bool,
+}
+
 /// What one log entry (an op) means to the engine, decoded and checked the
 /// way recovery decodes it, borrowing the entry's payload. Tools see it
 /// through [`crate::inspect`].
@@ -128,18 +145,7 @@ pub enum Op<'a> {
         token: u64,
     },
     /// A lease granted.
-    Acquire {
-        /// The lease (and, with `fence`, the stream).
-        name: &'a [u8],
-        /// The holder.
-        owner: &'a [u8],
-        /// The token issued.
-        token: u64,
-        /// Its ttl.
-        ttl_ms: u64,
-        /// Whether the stream of the same name was fenced with it.
-        fence: bool,
-    },
+    Acquire(Acquire<'a>),
     /// A lease released.
     Release {
         /// The lease.
@@ -228,9 +234,9 @@ impl<'a> Op<'a> {
             | Op::Fence { stream, .. }
             | Op::Trim { stream, .. }
             | Op::Delete { stream, .. } => Some(stream),
-            Op::Acquire { name, .. } | Op::Release { name, .. } | Op::Renew { name, .. } => {
-                Some(name)
-            }
+            Op::Acquire(Acquire { name, .. })
+            | Op::Release { name, .. }
+            | Op::Renew { name, .. } => Some(name),
             Op::Replicated { .. } => self.replicated_op().and_then(|o| o.name()),
             Op::Batch { .. } | Op::Membership { .. } | Op::TakeOver | Op::Limits { .. } => None,
         }
@@ -261,6 +267,7 @@ impl std::fmt::Debug for Op<'_> {
         let (ops, op);
         let (kind, fields): (&str, &[(&str, &dyn Debug)]) = match self {
             Op::Append(a) => return a.fmt(f),
+            Op::Acquire(a) => return a.fmt(f),
             Op::TakeOver => return f.write_str("TakeOver"),
             Op::Fence { stream, token } => ("Fence", fields!(stream, token)),
             Op::Trim {
@@ -269,13 +276,6 @@ impl std::fmt::Debug for Op<'_> {
                 before,
             } => ("Trim", fields!(stream, token, before)),
             Op::Delete { stream, token } => ("Delete", fields!(stream, token)),
-            Op::Acquire {
-                name,
-                owner,
-                token,
-                ttl_ms,
-                fence,
-            } => ("Acquire", fields!(name, owner, token, ttl_ms, fence)),
             Op::Release { name, owner, token } => ("Release", fields!(name, owner, token)),
             Op::Renew {
                 name,
@@ -343,7 +343,7 @@ pub(crate) fn encode(op: &Op<'_>) -> Vec<u8> {
         Op::Fence { stream, .. } => 10 + stream.len(),
         Op::Trim { stream, .. } => 18 + stream.len(),
         Op::Delete { stream, .. } => 10 + stream.len(),
-        Op::Acquire { name, owner, .. } => 20 + name.len() + owner.len(),
+        Op::Acquire(a) => 20 + a.name.len() + a.owner.len(),
         Op::Release { name, owner, .. } => 11 + name.len() + owner.len(),
         Op::Renew { name, owner, .. } => 19 + name.len() + owner.len(),
         Op::Batch { ops, .. } => 5 + ops.len(),
@@ -399,19 +399,13 @@ pub(crate) fn put(w: &mut impl Put, op: &Op<'_>) {
             w.name(stream);
             w.u64(token);
         }
-        Op::Acquire {
-            name,
-            owner,
-            token,
-            ttl_ms,
-            fence,
-        } => {
+        Op::Acquire(a) => {
             w.u8(ACQUIRE);
-            w.name(name);
-            w.name(owner);
-            w.u64(token);
-            w.u64(ttl_ms);
-            w.u8(u8::from(fence));
+            w.name(a.name);
+            w.name(a.owner);
+            w.u64(a.token);
+            w.u64(a.ttl_ms);
+            w.u8(u8::from(a.fence));
         }
         Op::Release { name, owner, token } => {
             w.u8(RELEASE);
@@ -660,20 +654,13 @@ pub(crate) fn decode_layout(b: &[u8]) -> Result<Op<'_>, String> {
             stream: r.name()?,
             token: r.u64()?,
         },
-        ACQUIRE => {
-            let name = r.name()?;
-            let owner = r.name()?;
-            let token = r.u64()?;
-            let ttl_ms = r.u64()?;
-            let fence = r.u8()? != 0;
-            Op::Acquire {
-                name,
-                owner,
-                token,
-                ttl_ms,
-                fence,
-            }
-        }
+        ACQUIRE => Op::Acquire(Acquire {
+            name: r.name()?,
+            owner: r.name()?,
+            token: r.u64()?,
+            ttl_ms: r.u64()?,
+            fence: r.u8()? != 0,
+        }),
         RELEASE => Op::Release {
             name: r.name()?,
             owner: r.name()?,
@@ -757,9 +744,9 @@ fn check_fields(op: &Op<'_>) -> Result<(), String> {
         | Op::Fence { stream, token }
         | Op::Trim { stream, token, .. }
         | Op::Delete { stream, token } => (stream, None, token),
-        Op::Acquire {
+        Op::Acquire(Acquire {
             name, owner, token, ..
-        }
+        })
         | Op::Release { name, owner, token }
         | Op::Renew {
             name, owner, token, ..
@@ -849,13 +836,13 @@ mod tests {
                 stream: b"s",
                 token: 9,
             },
-            Op::Acquire {
+            Op::Acquire(Acquire {
                 name: b"lock",
                 owner: b"me",
                 token: 77,
                 ttl_ms: 5000,
                 fence: true,
-            },
+            }),
             Op::Release {
                 name: b"lock",
                 owner: b"me",
@@ -885,13 +872,13 @@ mod tests {
             stream: b"s",
             token: 6,
         });
-        let acquire = encode(&Op::Acquire {
+        let acquire = encode(&Op::Acquire(Acquire {
             name: b"l",
             owner: b"me",
             token: 7,
             ttl_ms: 1000,
             fence: true,
-        });
+        }));
         let ops = [append, fence];
         let mut batch = vec![0u8; batch_len(&ops)];
         encode_batch(&mut batch, &ops);

@@ -716,14 +716,19 @@ impl Connection {
 
     /// Bytes of requests held before they run.
     fn query_bytes(&self) -> usize {
+        self.input.len() + self.held_bytes()
+    }
+
+    /// Bytes of requests out of the input buffer but not run yet: the
+    /// arguments of one still arriving, one waiting for earlier writes, a
+    /// transaction's queue. The query limit and the memory budget both
+    /// count them, so they are counted once, here.
+    fn held_bytes(&self) -> usize {
         let held = match &self.held {
             Some(Held::Request(_, bytes)) => *bytes,
             _ => 0,
         };
-        self.input.len()
-            + self.parser.held_bytes()
-            + held
-            + self.session.multi.as_ref().map_or(0, Multi::bytes)
+        self.parser.held_bytes() + held + self.session.multi.as_ref().map_or(0, Multi::bytes)
     }
 
     fn query_limit(&self) -> usize {
@@ -761,16 +766,7 @@ impl Connection {
 
     /// Everything this connection holds, for the budget over all clients.
     fn memory_bytes(&self) -> usize {
-        let held = match &self.held {
-            Some(Held::Request(_, bytes)) => *bytes,
-            _ => 0,
-        };
-        self.input.capacity()
-            + self.parser.held_bytes()
-            + held
-            + self.pending_bytes
-            + self.session.multi.as_ref().map_or(0, Multi::bytes)
-            + self.output.memory_bytes()
+        self.input.capacity() + self.held_bytes() + self.pending_bytes + self.output.memory_bytes()
     }
 
     /// Logs why the connection ended, when that is news.

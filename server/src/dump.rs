@@ -260,17 +260,14 @@ fn format_small_op(o: &mut String, op: &Op<'_>) -> std::fmt::Result {
         Op::Delete { stream, token } => {
             write!(o, " delete stream={} token={token}", escape(stream, None))
         }
-        Op::Acquire {
-            name,
-            owner,
-            token,
-            ttl_ms,
-            fence,
-        } => write!(
+        Op::Acquire(a) => write!(
             o,
-            " acquire lease={} owner={} token={token} ttl_ms={ttl_ms} fence={fence}",
-            escape(name, None),
-            escape(owner, None)
+            " acquire lease={} owner={} token={} ttl_ms={} fence={}",
+            escape(a.name, None),
+            escape(a.owner, None),
+            a.token,
+            a.ttl_ms,
+            a.fence
         ),
         Op::Release { name, owner, token } => write!(
             o,

@@ -20,7 +20,7 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use fencelog::inspect::{self, Append, EntryView, Op};
+use fencelog::inspect::{self, Acquire, Append, EntryView, Op};
 use fencelog_wal::format::{self, ALIGN, ENTRY_HEADER_LEN, HEADER_LEN, Probe};
 use fencelog_wal::{Cut, CutKind, FsStorage, RecoveryMode, RecoveryReport, Storage, WalOptions};
 
@@ -380,7 +380,7 @@ fn note(op: &Op<'_>, t: &mut Touched) {
         | Op::Delete { stream, .. } => {
             t.streams.insert(stream.to_vec());
         }
-        Op::Acquire { name, fence, .. } => {
+        Op::Acquire(Acquire { name, fence, .. }) => {
             t.leases.insert(name.to_vec());
             if fence {
                 t.streams.insert(name.to_vec());

@@ -429,9 +429,7 @@ impl<'d> Replay<'d> {
                 let next = self.state.get(stream).map_or(0, |s| s.next);
                 problems.extend(self.trim(stream, token, next, "a delete"));
             }
-            Op::Acquire {
-                name, token, fence, ..
-            } => problems.extend(self.acquire(name, token, fence)),
+            Op::Acquire(a) => problems.extend(self.acquire(a.name, a.token, a.fence)),
             // A replica's entry: what it changed counts as on one node.
             Op::Replicated { .. } => {
                 if let Some(inner) = op.replicated_op() {

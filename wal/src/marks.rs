@@ -200,12 +200,18 @@ mod tests {
     use super::*;
     use crate::storage::{CrashMode, SimStorage};
 
-    #[test]
-    fn marks_survive_reopen_and_a_torn_slot() {
+    /// A new marks file in directory `/d` of an empty simulated disk.
+    fn fresh() -> (SimStorage, &'static Path, MarksFile) {
         let sim = SimStorage::new();
         let dir = Path::new("/d");
         sim.create_dir_all(dir).unwrap();
-        let mut m = MarksFile::open(&sim, dir).unwrap();
+        let m = MarksFile::open(&sim, dir).unwrap();
+        (sim, dir, m)
+    }
+
+    #[test]
+    fn marks_survive_reopen_and_a_torn_slot() {
+        let (sim, dir, mut m) = fresh();
         assert_eq!(m.get(), Marks::default());
         m.set(Marks {
             ceiling: 10,
@@ -256,10 +262,7 @@ mod tests {
             CrashMode::LastWriteOnly,
             CrashMode::Torn { seed: 3 },
         ] {
-            let sim = SimStorage::new();
-            let dir = Path::new("/d");
-            sim.create_dir_all(dir).unwrap();
-            let mut m = MarksFile::open(&sim, dir).unwrap();
+            let (sim, dir, mut m) = fresh();
             // The slot's write lands, its sync is where the process dies.
             sim.cut_power_after(1, CrashMode::ProcessCrash);
             let raised = Marks {
@@ -311,10 +314,7 @@ mod tests {
 
     #[test]
     fn both_slots_damaged_is_corruption() {
-        let sim = SimStorage::new();
-        let dir = Path::new("/d");
-        sim.create_dir_all(dir).unwrap();
-        let mut m = MarksFile::open(&sim, dir).unwrap();
+        let (sim, dir, mut m) = fresh();
         m.set(Marks {
             ceiling: 5,
             floor: 0,

@@ -95,7 +95,7 @@ fn start_redis(program: &Path, dialect: Dialect) -> Result<Side, String> {
         .tempdir()
         .map_err(|e| format!("cannot create a directory for redis-server: {e}"))?;
     let port = free_port()?;
-    let mut child = Command::new(program)
+    let child = Command::new(program)
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
         .arg("--dir")
         .arg(dir.path())
@@ -122,18 +122,7 @@ fn start_redis(program: &Path, dialect: Dialect) -> Result<Side, String> {
                 program.display()
             )
         })?;
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    wait_listening(addr, &mut child, "redis-server")?;
-    Ok(Side {
-        name: "redis",
-        target: Target::Tcp {
-            addr,
-            password: None,
-            dialect,
-        },
-        pid: Some(child.id()),
-        _started: Some(Started { child, _dir: dir }),
-    })
+    started("redis", "redis-server", port, child, dir, dialect)
 }
 
 fn start_fencelog() -> Result<Side, String> {
@@ -143,7 +132,7 @@ fn start_fencelog() -> Result<Side, String> {
         .map_err(|e| format!("cannot create a directory for the server: {e}"))?;
     let port = free_port()?;
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
-    let mut child = Command::new(exe)
+    let child = Command::new(exe)
         .args(["serve", "--addr", &port.to_string(), "--log-level", "warn"])
         .arg("--dir")
         .arg(dir.path())
@@ -152,14 +141,34 @@ fn start_fencelog() -> Result<Side, String> {
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| format!("cannot start fencelog serve: {e}"))?;
+    started(
+        "fencelog",
+        "fencelog serve",
+        port,
+        child,
+        dir,
+        Dialect::Fencelog,
+    )
+}
+
+/// The side of a server this program started (`what`, in `dir`), once it
+/// listens on `port` of this machine.
+fn started(
+    name: &'static str,
+    what: &str,
+    port: u16,
+    mut child: Child,
+    dir: tempfile::TempDir,
+    dialect: Dialect,
+) -> Result<Side, String> {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    wait_listening(addr, &mut child, "fencelog serve")?;
+    wait_listening(addr, &mut child, what)?;
     Ok(Side {
-        name: "fencelog",
+        name,
         target: Target::Tcp {
             addr,
             password: None,
-            dialect: Dialect::Fencelog,
+            dialect,
         },
         pid: Some(child.id()),
         _started: Some(Started { child, _dir: dir }),

@@ -160,19 +160,12 @@ pub async fn acquire(ctx: &Arc<Context>, client: ClientTag, a: &[Bytes], waits: 
 
 /// `LEASE.RENEW name owner token ttl_ms`
 pub async fn renew(ctx: &Arc<Context>, client: ClientTag, a: &[Bytes]) -> Outcome {
-    if a.len() != 4 {
-        return wrong_arity("LEASE.RENEW");
-    }
-    let token = match parse_token(&a[2]) {
-        Ok(t) => t,
+    let (lease, token) = match held_lease("LEASE.RENEW", 4, a) {
+        Ok(held) => held,
         Err(o) => return o,
     };
     let Some(ttl_ms) = parse_u64(&a[3]) else {
         return not_integer();
-    };
-    let lease = LeaseArgs {
-        name: a[0].clone(),
-        owner: a[1].clone(),
     };
     let ticket = ctx.store.renew(lease.clone(), token, ttl_ms).await;
     let ctx = Arc::clone(ctx);
@@ -206,18 +199,25 @@ fn lease_lost(client: &ClientTag, lease: &LeaseArgs, token: Token) {
     );
 }
 
-/// `LEASE.RELEASE name owner token`
-pub async fn release(ctx: &Arc<Context>, client: ClientTag, a: &[Bytes]) -> Outcome {
-    if a.len() != 3 {
-        return wrong_arity("LEASE.RELEASE");
+/// The `name owner token` a command about a held lease starts with
+/// (`LEASE.RENEW`, `LEASE.RELEASE`), in `len` arguments.
+fn held_lease(command: &str, len: usize, a: &[Bytes]) -> Result<(LeaseArgs, Token), Outcome> {
+    if a.len() != len {
+        return Err(wrong_arity(command));
     }
-    let token = match parse_token(&a[2]) {
-        Ok(t) => t,
-        Err(o) => return o,
-    };
+    let token = parse_token(&a[2])?;
     let lease = LeaseArgs {
         name: a[0].clone(),
         owner: a[1].clone(),
+    };
+    Ok((lease, token))
+}
+
+/// `LEASE.RELEASE name owner token`
+pub async fn release(ctx: &Arc<Context>, client: ClientTag, a: &[Bytes]) -> Outcome {
+    let (lease, token) = match held_lease("LEASE.RELEASE", 3, a) {
+        Ok(held) => held,
+        Err(o) => return o,
     };
     let ticket = ctx.store.release(lease.clone(), token).await;
     let ctx = Arc::clone(ctx);
