@@ -157,12 +157,15 @@ fn started(
     name: &'static str,
     what: &str,
     port: u16,
-    mut child: Child,
+    child: Child,
     dir: tempfile::TempDir,
     dialect: Dialect,
 ) -> Result<Side, String> {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    wait_listening(addr, &mut child, what)?;
+    // Owned by `Started` before the wait, so that a server which never
+    // listens is killed when the error returns, not left running.
+    let mut started = Started { child, _dir: dir };
+    wait_listening(addr, &mut started.child, what)?;
     Ok(Side {
         name,
         target: Target::Tcp {
@@ -170,8 +173,8 @@ fn started(
             password: None,
             dialect,
         },
-        pid: Some(child.id()),
-        _started: Some(Started { child, _dir: dir }),
+        pid: Some(started.child.id()),
+        _started: Some(started),
     })
 }
 
