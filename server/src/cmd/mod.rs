@@ -281,6 +281,8 @@ mod tests {
             assert!(c.name.len() <= 24, "{}", c.name);
             assert!(seen.insert(c.name), "{} twice", c.name);
             assert_eq!(c.name, c.name.to_ascii_uppercase());
+            // `Registry::lookup` tries a name as a command's first.
+            assert!(!c.name.contains('|'), "{}", c.name);
             for sub in c.subcommands {
                 assert!(
                     sub.name.starts_with(&format!("{}|", c.name)),
