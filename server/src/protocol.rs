@@ -373,7 +373,7 @@ fn plain_len(buf: &[u8]) -> Option<(usize, usize)> {
     if i == 0 || (i > 1 && digits[0] == b'0') || digits.get(i..i + 2)? != b"\r\n" {
         return None;
     }
-    debug_assert!(1 + i <= MAX_LEN_LINE);
+    debug_assert!(i < MAX_LEN_LINE);
     Some((usize::try_from(n).ok()?, 1 + i + 2))
 }
 
@@ -1083,7 +1083,7 @@ mod tests {
     }
 
     fn args(r: &Request) -> Vec<&[u8]> {
-        r.iter().map(|a| &a[..]).collect()
+        r.iter().collect()
     }
 
     /// The length parser as it was (through `str::parse`): the fast one
