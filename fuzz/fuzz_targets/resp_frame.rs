@@ -400,11 +400,7 @@ fn check_replies(data: &[u8]) {
         let mut out = BytesMut::new();
         r.encode(2, &mut out);
         match parse_requests(&out, &limits) {
-            Ok(got) => assert_eq!(
-                got,
-                vec![Request::from(args.clone())],
-                "{r:?}: {out:?}"
-            ),
+            Ok(got) => assert_eq!(got, vec![Request::from(args.clone())], "{r:?}: {out:?}"),
             Err(e) => panic!("{r:?} encoded as {out:?} is not a request: {e}"),
         }
     }
