@@ -38,7 +38,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use fencelog::wal::FsStorage;
 use fencelog::{Log, ManualClock, Options};
 use fencelog_server::budget::ClientMemory;
@@ -46,7 +46,7 @@ use fencelog_server::cmd;
 use fencelog_server::config::ServeConfig;
 use fencelog_server::context::{Context, EventLimits, ServerStats};
 use fencelog_server::outcome::Outcome;
-use fencelog_server::protocol::{Limits, Reply, RequestParser};
+use fencelog_server::protocol::{Limits, Reply, Request, RequestParser};
 use fencelog_server::session::Session;
 use libfuzzer_sys::fuzz_target;
 
@@ -209,7 +209,7 @@ fn check_errors(reply: &Reply) {
 }
 
 /// The harness's own command: `FUZZ.ADVANCE ms` moves the lease clock.
-fn harness_command(h: &Harness, request: &[Bytes]) -> bool {
+fn harness_command(h: &Harness, request: &Request) -> bool {
     if !request[0].eq_ignore_ascii_case(b"FUZZ.ADVANCE") {
         return false;
     }
@@ -253,8 +253,7 @@ fuzz_target!(|data: &[u8]| {
         if harness_command(&h, &request) {
             continue;
         }
-        let outcome =
-            h.rt.block_on(cmd::execute(&ctx, &mut session, request));
+        let outcome = h.rt.block_on(cmd::execute(&ctx, &mut session, &request));
         let reply = match outcome {
             Outcome::Close(r) => {
                 check(&r);

@@ -207,15 +207,18 @@ impl Registry {
 
     /// The command (or `CMD|SUB` subcommand) named `upper_name`.
     pub fn lookup(&self, upper_name: &str) -> Option<&'static CommandSpec> {
-        match upper_name.split_once('|') {
-            None => self.iter().find(|c| c.name == upper_name),
-            Some((parent, _)) => self
-                .iter()
-                .find(|c| c.name == parent)?
-                .subcommands
-                .iter()
-                .find(|c| c.name == upper_name),
+        // The plain name first: every request looks its name up, and
+        // `split_once('|')` first was 4 % of a stale rejection's
+        // instructions. No command's own name holds a `|`.
+        if let Some(c) = self.iter().find(|c| c.name == upper_name) {
+            return Some(c);
         }
+        let (parent, _) = upper_name.split_once('|')?;
+        self.iter()
+            .find(|c| c.name == parent)?
+            .subcommands
+            .iter()
+            .find(|c| c.name == upper_name)
     }
 }
 

@@ -37,9 +37,7 @@ use crate::budget::{ClientShare, Eviction};
 use crate::cmd::{self, Pipelining};
 use crate::context::{Context, note_error};
 use crate::outcome::{Blocking, Later, Outcome, ReadProgress, ReplyFuture, error_reply};
-use crate::protocol::{
-    ARG_OVERHEAD_BYTES, Output, ProtocolError, Reply, Request, RequestParser, looks_like_http,
-};
+use crate::protocol::{Output, ProtocolError, Reply, Request, RequestParser, looks_like_http};
 use crate::session::{Multi, Session};
 use crate::shutdown::Shutdown;
 use crate::wake_gate::WakeGated;
@@ -344,12 +342,14 @@ impl Connection {
                 return Err(End::Http);
             }
             requests += 1;
-            // What a durable answer names (only a write's is awaited).
-            let stream_arg = match deferrable {
-                true => request.get(1).cloned().unwrap_or_default(),
-                false => Bytes::new(),
+            let outcome = cmd::execute(&self.ctx, &mut self.session, &request).await;
+            // What a durable answer names (only a write's is awaited): cut
+            // out of the request for those alone, not for every refusal.
+            let stream_arg = match outcome {
+                Outcome::Later(_) => request.bytes(1).unwrap_or_default(),
+                _ => Bytes::new(),
             };
-            let outcome = cmd::execute(&self.ctx, &mut self.session, request).await;
+            drop(request);
             self.listed_changes();
             self.parser.set_unauthenticated(!self.session.authenticated);
             let taken = Taken {
@@ -377,7 +377,7 @@ impl Connection {
         }
         match self.parser.next(&mut self.input, &self.ctx.config.limits) {
             Ok(Some(request)) => {
-                let bytes = request_bytes(&request);
+                let bytes = request.memory_bytes();
                 Some(Held::Request(request, bytes))
             }
             Ok(None) => None,
@@ -932,11 +932,6 @@ async fn wait_blocked(blocked: &mut Option<Blocked>) -> Reply {
         Some(b) => b.run.as_mut().await,
         None => std::future::pending().await,
     }
-}
-
-/// What a request's arguments hold.
-fn request_bytes(request: &[Bytes]) -> usize {
-    request.iter().map(|a| a.len() + ARG_OVERHEAD_BYTES).sum()
 }
 
 /// Durable answers, relayed: one wake-up per thread and group commit.

@@ -5,7 +5,10 @@
 //! across reads (a 10 MiB payload arriving in 1 KiB pieces is looked at
 //! once, not re-parsed per piece). Every length a client claims is checked
 //! against a limit before anything is allocated for it, and payloads are
-//! handed out as slices of the read buffer, without copying. The arguments
+//! handed out as slices of the read buffer, without copying: a request
+//! received whole is one frame and the places of its arguments in it
+//! ([`Request`]), so parsing it takes one reference count, not one per
+//! argument. The arguments
 //! of a request not yet complete are counted ([`RequestParser::held_bytes`])
 //! so that the connection can bound them with its query buffer.
 //!
@@ -13,7 +16,10 @@
 //! matching them keep working; where a configured limit is the reason, the
 //! numbers follow Redis' words.
 
+use std::ops::Deref;
+
 use bytes::{Buf, Bytes, BytesMut};
+use smallvec::SmallVec;
 
 /// Limits on what one client may send; each bounds memory the server holds.
 #[derive(Debug, Clone)]
@@ -90,22 +96,239 @@ pub struct RequestParser {
     inline_scanned: usize,
 }
 
-/// One request: the command and its arguments.
-pub type Request = Vec<Bytes>;
+/// One request: the command and its arguments, never empty once parsed.
+///
+/// A request received whole (the common case) is its frame, one `Bytes`,
+/// and where each argument lies in it: parsing it costs one reference
+/// count for the frame, none per argument. Commands borrow the arguments
+/// ([`Request::args`]); only what must outlive the request (a record's
+/// payload on its way to the WAL, a stream name) is cut out of the frame,
+/// still without a copy ([`ArgRef::to_bytes`]).
+#[derive(Clone)]
+pub struct Request {
+    parts: Parts,
+}
+
+/// Where a request's arguments are.
+#[derive(Clone)]
+enum Parts {
+    /// Slices `start..end` of one frame. A `u32` each: a request received
+    /// whole past 4 GiB takes the other form.
+    Framed {
+        frame: Bytes,
+        spans: SmallVec<[(u32, u32); INLINE_ARGS]>,
+    },
+    /// One `Bytes` each: a request that arrived in pieces (its arguments
+    /// were cut out of the input as they came) or an inline command.
+    Separate(Vec<Bytes>),
+}
+
+/// Arguments a request holds without allocating: more than any command
+/// of the hot path takes (`LOG.APPEND stream token payload` is four).
+const INLINE_ARGS: usize = 8;
+
+/// One argument of a request, borrowed while its command runs: its bytes,
+/// and the buffer they lie in, from which [`ArgRef::to_bytes`] cuts them out
+/// without a copy.
+#[derive(Clone, Copy)]
+pub struct ArgRef<'a> {
+    bytes: &'a [u8],
+    /// The `Bytes` that holds `bytes`.
+    owner: &'a Bytes,
+}
+
+impl<'a> ArgRef<'a> {
+    /// The argument as a `Bytes` sharing the request's buffer: for what
+    /// outlives the request.
+    pub fn to_bytes(&self) -> Bytes {
+        self.owner.slice_ref(self.bytes)
+    }
+
+    /// The argument's bytes, for as long as the request lives.
+    pub fn as_slice(&self) -> &'a [u8] {
+        self.bytes
+    }
+}
+
+impl Deref for ArgRef<'_> {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        self.bytes
+    }
+}
+
+impl AsRef<[u8]> for ArgRef<'_> {
+    fn as_ref(&self) -> &[u8] {
+        self.bytes
+    }
+}
+
+impl std::fmt::Debug for ArgRef<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // As `Bytes` shows itself: `b"…"` with escapes.
+        std::fmt::Debug::fmt(&Bytes::copy_from_slice(self.bytes), f)
+    }
+}
+
+/// A request's arguments as its commands see them.
+pub type Args<'a> = SmallVec<[ArgRef<'a>; INLINE_ARGS]>;
+
+impl Request {
+    /// Arguments in the request, the command's name included.
+    pub fn len(&self) -> usize {
+        match &self.parts {
+            Parts::Framed { spans, .. } => spans.len(),
+            Parts::Separate(args) => args.len(),
+        }
+    }
+
+    /// Whether the request has no arguments (never, once parsed).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Argument `i` (0 is the command's name).
+    pub fn get(&self, i: usize) -> Option<&[u8]> {
+        match &self.parts {
+            Parts::Framed { frame, spans } => spans
+                .get(i)
+                .map(|&(start, end)| &frame[start as usize..end as usize]),
+            Parts::Separate(args) => args.get(i).map(|a| &a[..]),
+        }
+    }
+
+    /// Argument `i` as a `Bytes` sharing the request's buffer: for what
+    /// outlives the request.
+    pub fn bytes(&self, i: usize) -> Option<Bytes> {
+        match &self.parts {
+            Parts::Framed { frame, spans } => spans
+                .get(i)
+                .map(|&(start, end)| frame.slice(start as usize..end as usize)),
+            Parts::Separate(args) => args.get(i).cloned(),
+        }
+    }
+
+    /// The arguments' bytes, in order.
+    pub fn iter(&self) -> Iter<'_> {
+        Iter {
+            request: self,
+            next: 0,
+        }
+    }
+
+    /// The arguments, borrowed: what a command runs on.
+    pub fn args(&self) -> Args<'_> {
+        match &self.parts {
+            Parts::Framed { frame, spans } => spans
+                .iter()
+                .map(|&(start, end)| ArgRef {
+                    bytes: &frame[start as usize..end as usize],
+                    owner: frame,
+                })
+                .collect(),
+            Parts::Separate(args) => args.iter().map(|a| ArgRef { bytes: a, owner: a }).collect(),
+        }
+    }
+
+    /// What the request holds in memory: its arguments, with
+    /// [`ARG_OVERHEAD_BYTES`] each.
+    pub fn memory_bytes(&self) -> usize {
+        let args: usize = match &self.parts {
+            Parts::Framed { spans, .. } => spans.iter().map(|&(s, e)| (e - s) as usize).sum(),
+            Parts::Separate(args) => args.iter().map(Bytes::len).sum(),
+        };
+        args + self.len() * ARG_OVERHEAD_BYTES
+    }
+}
+
+impl FromIterator<Bytes> for Request {
+    fn from_iter<I: IntoIterator<Item = Bytes>>(args: I) -> Request {
+        Request {
+            parts: Parts::Separate(args.into_iter().collect()),
+        }
+    }
+}
+
+impl From<Vec<Bytes>> for Request {
+    fn from(args: Vec<Bytes>) -> Request {
+        Request {
+            parts: Parts::Separate(args),
+        }
+    }
+}
+
+/// Argument `i`, as a slice is indexed.
+///
+/// # Panics
+///
+/// If the request has no argument `i`.
+impl std::ops::Index<usize> for Request {
+    type Output = [u8];
+
+    fn index(&self, i: usize) -> &[u8] {
+        match self.get(i) {
+            Some(arg) => arg,
+            None => panic!("argument {i} of a request of {}", self.len()),
+        }
+    }
+}
+
+/// The arguments of a request, in order ([`Request::iter`]).
+pub struct Iter<'a> {
+    request: &'a Request,
+    next: usize,
+}
+
+impl<'a> Iterator for Iter<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        let arg = self.request.get(self.next)?;
+        self.next += 1;
+        Some(arg)
+    }
+}
+
+impl<'a> IntoIterator for &'a Request {
+    type Item = &'a [u8];
+    type IntoIter = Iter<'a>;
+
+    fn into_iter(self) -> Iter<'a> {
+        self.iter()
+    }
+}
+
+/// Requests are equal when their arguments are, however they are held.
+impl PartialEq for Request {
+    fn eq(&self, other: &Request) -> bool {
+        self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for Request {}
+
+impl std::fmt::Debug for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.iter().map(Bytes::copy_from_slice))
+            .finish()
+    }
+}
 
 /// Whether a request looks like HTTP rather than Redis: a browser made to
 /// post to this port (a cross-protocol attack) sends `POST / HTTP/1.1`
 /// then headers such as `Host: …`, and the body could hold commands. Redis
 /// closes such connections at once (`securityWarningCommand`); so do we,
 /// and `GET /…` too, since this server has no GET.
-pub fn looks_like_http(request: &[Bytes]) -> bool {
-    match request {
-        [cmd, ..] if cmd.eq_ignore_ascii_case(b"POST") || cmd.eq_ignore_ascii_case(b"HOST:") => {
-            true
-        }
-        [cmd, path, ..] => cmd.eq_ignore_ascii_case(b"GET") && path.starts_with(b"/"),
-        _ => false,
+pub fn looks_like_http(request: &Request) -> bool {
+    let Some(cmd) = request.get(0) else {
+        return false;
+    };
+    if cmd.eq_ignore_ascii_case(b"POST") || cmd.eq_ignore_ascii_case(b"HOST:") {
+        return true;
     }
+    cmd.eq_ignore_ascii_case(b"GET") && request.get(1).is_some_and(|path| path.starts_with(b"/"))
 }
 
 /// Where the first CRLF of a length line is, if within [`MAX_LEN_LINE`]
@@ -120,6 +343,39 @@ fn line_end(buf: &[u8]) -> Option<usize> {
 /// Longest length line (`*…` or `$…`) accepted, CRLF excluded. The same
 /// limit applies whether the line arrives whole or in pieces.
 const MAX_LEN_LINE: usize = 32;
+
+/// Digits [`plain_len`] reads at most: below 10^18, no overflow.
+const PLAIN_LEN_DIGITS: usize = 18;
+
+/// A length line at the front of `buf` in its plainest form, a type byte
+/// then 1 to 18 digits with no leading zero, then CRLF: its value and the
+/// line's length, CRLF included, in one pass. `None` for anything else
+/// (more bytes needed, a sign, an error), which [`line_end`] and
+/// [`parse_len`] then read as before, wording the error: every line this
+/// accepts, they accept with the same value. Clients write lengths this
+/// way, and the three passes were a fifth of a stale rejection's
+/// instructions at pipeline 16.
+fn plain_len(buf: &[u8]) -> Option<(usize, usize)> {
+    let digits = buf.get(1..)?;
+    let mut n: u64 = 0;
+    let mut i = 0;
+    while let Some(&d) = digits.get(i) {
+        let v = d.wrapping_sub(b'0');
+        if v > 9 {
+            break;
+        }
+        if i == PLAIN_LEN_DIGITS {
+            return None;
+        }
+        n = n * 10 + u64::from(v);
+        i += 1;
+    }
+    if i == 0 || (i > 1 && digits[0] == b'0') || digits.get(i..i + 2)? != b"\r\n" {
+        return None;
+    }
+    debug_assert!(i < MAX_LEN_LINE);
+    Some((usize::try_from(n).ok()?, 1 + i + 2))
+}
 
 /// Parses a length strictly, as Redis does: an optional `-`, then digits,
 /// with no `+` and no leading zeros.
@@ -163,7 +419,7 @@ impl RequestParser {
     /// The request of `expected` arguments whose header was just consumed,
     /// when all of it is already in `buf` and plainly valid (the common
     /// case under pipelining): one pass over the headers, one split of the
-    /// buffer, each argument a slice of it. `None` leaves `buf` untouched
+    /// buffer, each argument a place in it. `None` leaves `buf` untouched
     /// for the step-by-step parser, which also words every error.
     fn whole_request(
         &self,
@@ -171,43 +427,33 @@ impl RequestParser {
         expected: usize,
         limits: &Limits,
     ) -> Option<Request> {
-        // Only small requests: a count that large is rare, and the
-        // positions are kept on the stack.
-        const MAX_FAST_ARGS: usize = 8;
+        // A bound on the work given up when the request is not all here
+        // yet (the step-by-step parser starts over).
+        const MAX_FAST_ARGS: usize = 64;
         if expected > MAX_FAST_ARGS {
             return None;
         }
-        let mut spans = [(0usize, 0usize); MAX_FAST_ARGS];
+        let mut spans = SmallVec::<[(u32, u32); INLINE_ARGS]>::with_capacity(expected);
         let mut pos = 0;
-        for span in spans.iter_mut().take(expected) {
+        for _ in 0..expected {
             let rest = buf.get(pos..)?;
             if rest.first() != Some(&b'$') {
                 return None;
             }
-            let end = line_end(rest).filter(|&e| e <= MAX_LEN_LINE)?;
-            let len = self.bulk_len(&rest[1..end], limits).ok()?;
-            let start = pos + end + 2;
+            let (len, line) = plain_len(rest)?;
+            let len = self.allowed_bulk_len(len, limits).ok()?;
+            let start = pos + line;
             let stop = start.checked_add(len)?;
             if buf.get(stop..stop + 2)? != b"\r\n" {
                 return None;
             }
-            *span = (start, len);
+            spans.push((u32::try_from(start).ok()?, u32::try_from(stop).ok()?));
             pos = stop + 2;
         }
-        let mut whole = buf.split_to(pos).freeze();
-        let (&(last_start, last_len), first) = spans[..expected].split_last()?;
-        let mut args = Vec::with_capacity(expected);
-        args.extend(
-            first
-                .iter()
-                .map(|&(start, len)| whole.slice(start..start + len)),
-        );
-        // The last argument is the frame itself, cut down: one reference
-        // count taken and given back less per request.
-        whole.truncate(last_start + last_len);
-        whole.advance(last_start);
-        args.push(whole);
-        Some(args)
+        let frame = buf.split_to(pos).freeze();
+        Some(Request {
+            parts: Parts::Framed { frame, spans },
+        })
     }
 
     /// The length of a bulk string from its `$` line (without the `$`),
@@ -215,6 +461,12 @@ impl RequestParser {
     fn bulk_len(&self, line: &[u8], limits: &Limits) -> Result<usize, ProtocolError> {
         let len = usize::try_from(parse_len(line, "bulk")?)
             .map_err(|_| ProtocolError("invalid bulk length".into()))?;
+        self.allowed_bulk_len(len, limits)
+    }
+
+    /// `len` if a bulk string that long is within the limits; the error
+    /// says which rule it broke.
+    fn allowed_bulk_len(&self, len: usize, limits: &Limits) -> Result<usize, ProtocolError> {
         if len > limits.max_bulk_bytes {
             return Err(ProtocolError(format!(
                 "invalid bulk length: {len} bytes is over the limit of {} (--max-bulk-bytes)",
@@ -284,20 +536,26 @@ impl RequestParser {
                     };
                     if first != b'*' {
                         match self.inline(buf, limits)? {
-                            Inline::Request(args) => return Ok(Some(args)),
+                            Inline::Request(args) => return Ok(Some(Request::from(args))),
                             // A blank line: no command; look for the next.
                             Inline::Blank => continue,
                             Inline::NeedMore => return Ok(None),
                         }
                     }
-                    let Some(end) = line_end(buf).filter(|&e| e <= MAX_LEN_LINE) else {
-                        if buf.len() > MAX_LEN_LINE {
-                            return Err(ProtocolError("invalid multibulk length".into()));
+                    let (n, line) = match plain_len(buf) {
+                        // Below 10^18: fits.
+                        Some((n, line)) => (n as i64, line),
+                        None => {
+                            let Some(end) = line_end(buf).filter(|&e| e <= MAX_LEN_LINE) else {
+                                if buf.len() > MAX_LEN_LINE {
+                                    return Err(ProtocolError("invalid multibulk length".into()));
+                                }
+                                return Ok(None);
+                            };
+                            (parse_len(&buf[1..end], "multibulk")?, end + 2)
                         }
-                        return Ok(None);
                     };
-                    let n = parse_len(&buf[1..end], "multibulk")?;
-                    buf.advance(end + 2);
+                    buf.advance(line);
                     if n <= 0 {
                         // `*0` and `*-1` are no command at all.
                         continue;
@@ -325,7 +583,7 @@ impl RequestParser {
                 }
                 State::Array { expected, args } => {
                     if args.len() == expected {
-                        return Ok(Some(args));
+                        return Ok(Some(Request::from(args)));
                     }
                     let Some(&first) = buf.first() else {
                         self.state = State::Array { expected, args };
@@ -432,7 +690,7 @@ impl RequestParser {
 
 /// What one inline line holds.
 enum Inline {
-    Request(Request),
+    Request(Vec<Bytes>),
     /// Nothing but spaces: no command.
     Blank,
     /// The line has not ended yet.
@@ -825,7 +1083,7 @@ mod tests {
     }
 
     fn args(r: &Request) -> Vec<&[u8]> {
-        r.iter().map(|a| &a[..]).collect()
+        r.iter().collect()
     }
 
     /// The length parser as it was (through `str::parse`): the fast one
@@ -860,6 +1118,50 @@ mod tests {
                 None
             };
             proptest::prop_assert_eq!(ascii_u64(line.as_bytes()), want);
+        }
+    }
+
+    proptest::proptest! {
+        /// The one-pass reader of plain lengths accepts only lines the
+        /// strict reader accepts, with the same value and length.
+        #[test]
+        fn plain_lengths_read_as_the_strict_reader_does(
+            line in proptest::prop_oneof![
+                "[$*]-?[0-9]{0,20}\r\n[a-z]{0,2}",
+                "[$*][0-9]{0,3}\r?\n?",
+                proptest::collection::vec(proptest::num::u8::ANY, 0..24)
+                    .prop_map(|v: Vec<u8>| String::from_utf8_lossy(&v).into_owned()),
+            ]
+        ) {
+            let b = line.as_bytes();
+            if let Some((n, used)) = plain_len(b) {
+                let end = line_end(b).filter(|&e| e <= MAX_LEN_LINE);
+                proptest::prop_assert_eq!(end.map(|e| e + 2), Some(used));
+                let strict = parse_len(&b[1..used - 2], "bulk").ok();
+                proptest::prop_assert_eq!(strict, i64::try_from(n).ok());
+            }
+        }
+    }
+
+    #[test]
+    fn plain_lengths_at_the_edges() {
+        for (line, want) in [
+            (&b"$0\r\n"[..], Some((0, 4))),
+            (b"*3\r\n$4", Some((3, 4))),
+            (
+                b"$999999999999999999\r\n",
+                Some((999_999_999_999_999_999, 21)),
+            ),
+            // Left to the strict reader: 19 digits, a sign, a leading
+            // zero, no CRLF yet, no digit.
+            (b"$1000000000000000000\r\n", None),
+            (b"$-1\r\n", None),
+            (b"$01\r\n", None),
+            (b"$12\r", None),
+            (b"$\r\n", None),
+            (b"$", None),
+        ] {
+            assert_eq!(plain_len(line), want, "{line:?}");
         }
     }
 

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use fencelog::TxOp;
 
 use crate::context::ClientTag;
-use crate::protocol::ARG_OVERHEAD_BYTES;
+use crate::protocol::{ARG_OVERHEAD_BYTES, Request};
 
 /// What a connection knows about its client.
 pub struct Session {
@@ -72,7 +72,7 @@ pub enum Queued {
     /// A write, parsed: one op of the entry.
     Write(TxOp),
     /// Anything else, parsed and run at `EXEC`.
-    Other(Vec<Bytes>),
+    Other(Request),
 }
 
 impl Multi {
@@ -103,7 +103,7 @@ impl Multi {
         }
         self.bytes += match &queued {
             Queued::Write(op) => op_bytes(op),
-            Queued::Other(args) => request_bytes(args),
+            Queued::Other(request) => request.memory_bytes(),
         };
         self.queued.push(queued);
     }

@@ -17,7 +17,7 @@ use fencelog::{AcquireOptions, Error, LeaseInfo, Log, Token, TxOp};
 
 use crate::outcome::error_reply;
 pub use crate::outcome::{BoxFuture, Later};
-use crate::protocol::Reply;
+use crate::protocol::{ArgRef, Reply};
 
 /// An answer to come, or why there is none.
 pub type Pending<T> = BoxFuture<'static, Result<T, Failure>>;
@@ -135,7 +135,7 @@ pub trait Store: Send + Sync {
     /// [`Store::refuse_now`] for an append still in its arguments: a stale
     /// append, the most frequent refusal there is, is answered before any
     /// op is built from it (no copy of its payloads, no future).
-    fn refuse_append(&self, stream: &[u8], token: Token, payloads: &[Bytes]) -> Option<Error>;
+    fn refuse_append(&self, stream: &[u8], token: Token, payloads: &[ArgRef<'_>]) -> Option<Error>;
 
     /// Takes a write now, in the caller's order.
     fn write(&self, op: TxOp) -> BoxFuture<'_, Result<Written, Failure>>;
@@ -201,7 +201,7 @@ impl Store for Log {
         None
     }
 
-    fn refuse_append(&self, stream: &[u8], token: Token, payloads: &[Bytes]) -> Option<Error> {
+    fn refuse_append(&self, stream: &[u8], token: Token, payloads: &[ArgRef<'_>]) -> Option<Error> {
         match self.check_append(stream, token, payloads) {
             Err(e @ Error::Stale { .. }) => Some(e),
             _ => None,

@@ -140,10 +140,7 @@ fn a_split_blank_line_then_a_command_parse_as_at_once() {
                 got.push(r);
             }
         }
-        let got: Vec<Vec<&[u8]>> = got
-            .iter()
-            .map(|r| r.iter().map(|a| &a[..]).collect())
-            .collect();
+        let got: Vec<Vec<&[u8]>> = got.iter().map(|r| r.iter().collect()).collect();
         assert_eq!(
             got,
             vec![vec![&b"PING"[..]], vec![&b"ECHO"[..], b"a"]],

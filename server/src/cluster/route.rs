@@ -32,7 +32,7 @@ use fencelog_cluster::{ClusterError, Proposal, Response, WireError};
 
 use super::Cluster;
 use super::slots::key_slot;
-use crate::protocol::Reply;
+use crate::protocol::{ArgRef, Reply};
 use crate::store::{
     Barrier, BoxFuture, Failure, Granted, LeaseArgs, LeaseState, Pending, Store, Ticket, Written,
 };
@@ -210,7 +210,12 @@ impl Store for Group {
         }
     }
 
-    fn refuse_append(&self, stream: &[u8], token: Token, _payloads: &[Bytes]) -> Option<Error> {
+    fn refuse_append(
+        &self,
+        stream: &[u8],
+        token: Token,
+        _payloads: &[ArgRef<'_>],
+    ) -> Option<Error> {
         self.stale(stream, token)
     }
 

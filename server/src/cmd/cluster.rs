@@ -10,7 +10,7 @@ use bytes::Bytes;
 use crate::command_table::*;
 use crate::context::Context;
 use crate::outcome::Outcome;
-use crate::protocol::Reply;
+use crate::protocol::{ArgRef, Reply};
 use crate::store::CLUSTER_DISABLED;
 
 /// The cluster commands' specs, in the order `docs/COMMANDS.md` lists
@@ -159,13 +159,14 @@ pub static SPECS: &[CommandSpec] = &[
 ];
 
 /// `CLUSTER subcommand …`
-pub async fn cluster(ctx: &Arc<Context>, a: &[Bytes]) -> Outcome {
-    Outcome::Reply(ctx.store.cluster(a).await)
+pub async fn cluster(ctx: &Arc<Context>, a: &[ArgRef<'_>]) -> Outcome {
+    let a: Vec<Bytes> = a.iter().map(ArgRef::to_bytes).collect();
+    Outcome::Reply(ctx.store.cluster(&a).await)
 }
 
 /// `READONLY`, `READWRITE`, `ASKING`: accepted by a group (reads always
 /// go to the leader, no slot ever migrates).
-pub fn client_mode(ctx: &Context, a: &[Bytes]) -> Outcome {
+pub fn client_mode(ctx: &Context, a: &[ArgRef<'_>]) -> Outcome {
     if a.is_empty() {
         Outcome::Reply(ctx.store.cluster_client())
     } else {

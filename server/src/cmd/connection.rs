@@ -8,7 +8,7 @@ use crate::command_table::*;
 use crate::context::Context;
 use crate::logging::name_field;
 use crate::outcome::{Outcome, number};
-use crate::protocol::Reply;
+use crate::protocol::{ArgRef, Reply};
 use crate::session::Session;
 
 /// The flags of a command a client may send before it authenticates (and
@@ -116,18 +116,18 @@ pub fn allowed_unauthenticated(cmd: &str) -> bool {
 }
 
 /// `PING [message]`
-pub fn ping(a: &[Bytes]) -> Outcome {
+pub fn ping(a: &[ArgRef<'_>]) -> Outcome {
     match a {
         [] => Outcome::Reply(Reply::Simple("PONG".into())),
-        [message] => Outcome::Reply(Reply::Bulk(message.clone())),
+        [message] => Outcome::Reply(Reply::Bulk(message.to_bytes())),
         _ => wrong_arity("PING"),
     }
 }
 
 /// `ECHO message`
-pub fn echo(a: &[Bytes]) -> Outcome {
+pub fn echo(a: &[ArgRef<'_>]) -> Outcome {
     match a {
-        [message] => Outcome::Reply(Reply::Bulk(message.clone())),
+        [message] => Outcome::Reply(Reply::Bulk(message.to_bytes())),
         _ => wrong_arity("ECHO"),
     }
 }
@@ -138,7 +138,7 @@ pub fn quit() -> Outcome {
 }
 
 /// `SELECT 0`: the only database.
-pub fn select(a: &[Bytes]) -> Outcome {
+pub fn select(a: &[ArgRef<'_>]) -> Outcome {
     match a {
         [index] if &index[..] == b"0" => Outcome::Reply(Reply::ok()),
         [_] => err("ERR DB index is out of range"),
@@ -177,7 +177,7 @@ fn auth_failed(session: &Session, command: &str, user: Option<&[u8]>) {
 const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
 
 /// `AUTH [user] password`
-pub fn auth(a: &[Bytes], ctx: &Context, session: &mut Session) -> Outcome {
+pub fn auth(a: &[ArgRef<'_>], ctx: &Context, session: &mut Session) -> Outcome {
     let (user, password) = match a {
         [p] => (None, p),
         [u, p] => (Some(&u[..]), p),
@@ -205,7 +205,7 @@ struct HelloOptions {
 }
 
 /// `HELLO [protover [AUTH user pass] [SETNAME name]]`
-pub fn hello(a: &[Bytes], ctx: &Context, session: &mut Session) -> Outcome {
+pub fn hello(a: &[ArgRef<'_>], ctx: &Context, session: &mut Session) -> Outcome {
     let mut proto = session.proto;
     let mut rest = a;
     if let [v, tail @ ..] = rest {
@@ -250,7 +250,7 @@ pub fn hello(a: &[Bytes], ctx: &Context, session: &mut Session) -> Outcome {
 
 /// `HELLO`'s `AUTH user pass` and `SETNAME name`.
 fn hello_options(
-    mut rest: &[Bytes],
+    mut rest: &[ArgRef<'_>],
     ctx: &Context,
     session: &Session,
 ) -> Result<HelloOptions, Outcome> {
@@ -274,7 +274,7 @@ fn hello_options(
                 rest = tail;
             }
             ("SETNAME", [n, tail @ ..]) => {
-                options.name = Some(n.clone());
+                options.name = Some(n.to_bytes());
                 rest = tail;
             }
             _ => return Err(err("ERR Syntax error in HELLO option")),

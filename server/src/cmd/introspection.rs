@@ -3,8 +3,6 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
-
 use super::parse::{err, parse_u64, quoted, upper, wrong_arity};
 use super::streams;
 use crate::command_table::*;
@@ -12,7 +10,7 @@ use crate::context::Context;
 use crate::glob;
 use crate::info;
 use crate::outcome::{Outcome, number};
-use crate::protocol::Reply;
+use crate::protocol::{ArgRef, Reply};
 use crate::session::Session;
 
 /// The introspection commands' specs, in the order `docs/COMMANDS.md`
@@ -248,15 +246,15 @@ pub static SPECS: &[CommandSpec] = &[
 ];
 
 /// `INFO [section …]`
-pub fn info(ctx: &Context, a: &[Bytes]) -> Outcome {
+pub fn info(ctx: &Context, a: &[ArgRef<'_>]) -> Outcome {
     let sections: Vec<String> = a.iter().map(|s| quoted(s).to_ascii_lowercase()).collect();
     Outcome::Reply(Reply::Verbatim(info::info_text(ctx, &sections)))
 }
 
 /// `DBSIZE`: the number of streams (a read like the stream reads).
-pub async fn dbsize(ctx: &Arc<Context>, a: &[Bytes]) -> Outcome {
+pub async fn dbsize(ctx: &Arc<Context>, a: &[ArgRef<'_>]) -> Outcome {
     let empty = a.is_empty();
-    let key = a.first().cloned().unwrap_or_default();
+    let key = a.first().map(ArgRef::to_bytes).unwrap_or_default();
     streams::after_round(&*ctx.store, &key, false, move |log| {
         if empty {
             Outcome::Reply(number(log.metrics().streams))
@@ -269,14 +267,14 @@ pub async fn dbsize(ctx: &Arc<Context>, a: &[Bytes]) -> Outcome {
 
 /// `COMMAND [COUNT | LIST | INFO name… | DOCS name… | GETKEYS command arg…]`,
 /// from the registry.
-pub fn command(a: &[Bytes], registry: &Registry) -> Outcome {
+pub fn command(a: &[ArgRef<'_>], registry: &Registry) -> Outcome {
     let Some(sub) = a.first() else {
         return Outcome::Reply(Reply::Array(
             registry.iter().map(CommandSpec::info_reply).collect(),
         ));
     };
     // The commands named (upper case), or every one.
-    let named = |names: &[Bytes]| -> Vec<Option<&'static CommandSpec>> {
+    let named = |names: &[ArgRef<'_>]| -> Vec<Option<&'static CommandSpec>> {
         if names.is_empty() {
             registry.iter().map(Some).collect()
         } else {
@@ -327,7 +325,7 @@ pub fn command(a: &[Bytes], registry: &Registry) -> Outcome {
 
 /// `COMMAND GETKEYS command arg…`: the key arguments, by the spec's key
 /// positions.
-fn getkeys(registry: &Registry, name: &[u8], whole: &[Bytes]) -> Outcome {
+fn getkeys(registry: &Registry, name: &[u8], whole: &[ArgRef<'_>]) -> Outcome {
     let Some(spec) = registry.lookup(upper(name).as_str()) else {
         return err("ERR Invalid command specified");
     };
@@ -335,14 +333,16 @@ fn getkeys(registry: &Registry, name: &[u8], whole: &[Bytes]) -> Outcome {
         None => err("ERR Invalid number of arguments specified for command"),
         Some(keys) if keys.is_empty() => err("ERR The command has no key arguments"),
         Some(keys) => Outcome::Reply(Reply::Array(
-            keys.into_iter().map(|k| Reply::Bulk(k.clone())).collect(),
+            keys.into_iter()
+                .map(|k| Reply::Bulk(k.to_bytes()))
+                .collect(),
         )),
     }
 }
 
 /// `CLIENT ID | SETNAME name | GETNAME | SETINFO attr value | LIST [ID id…]
 /// | KILL …`
-pub fn client(a: &[Bytes], ctx: &Context, session: &mut Session) -> Outcome {
+pub fn client(a: &[ArgRef<'_>], ctx: &Context, session: &mut Session) -> Outcome {
     let Some(sub) = a.first() else {
         return wrong_arity("client");
     };
@@ -355,7 +355,7 @@ pub fn client(a: &[Bytes], ctx: &Context, session: &mut Session) -> Outcome {
                     "ERR Client names cannot contain spaces, newlines or special characters.",
                 );
             }
-            session.name = (!name.is_empty()).then(|| name.clone());
+            session.name = (!name.is_empty()).then(|| name.to_bytes());
             Outcome::Reply(Reply::ok())
         }
         ("SETINFO", [attr, value]) => client_setinfo(attr, value, session),
@@ -369,7 +369,7 @@ pub fn client(a: &[Bytes], ctx: &Context, session: &mut Session) -> Outcome {
 }
 
 /// `CLIENT SETINFO LIB-NAME name | LIB-VER version`
-fn client_setinfo(attr: &[u8], value: &Bytes, session: &Session) -> Outcome {
+fn client_setinfo(attr: &[u8], value: &ArgRef<'_>, session: &Session) -> Outcome {
     if value.iter().any(|b| !b.is_ascii_graphic()) {
         return err(
             "ERR lib-name and lib-ver cannot contain spaces, newlines or special characters.",
@@ -377,15 +377,15 @@ fn client_setinfo(attr: &[u8], value: &Bytes, session: &Session) -> Outcome {
     }
     let r = session.registration.as_ref();
     match upper(attr).as_str() {
-        "LIB-NAME" => r.map(|r| r.set_lib(Some(value.clone()), None)),
-        "LIB-VER" => r.map(|r| r.set_lib(None, Some(value.clone()))),
+        "LIB-NAME" => r.map(|r| r.set_lib(Some(value.to_bytes()), None)),
+        "LIB-VER" => r.map(|r| r.set_lib(None, Some(value.to_bytes()))),
         _ => return err(format!("ERR Unrecognized option '{}'", quoted(attr))),
     };
     Outcome::Reply(Reply::ok())
 }
 
 /// `CLIENT LIST [ID id…] [TYPE type]`
-fn client_list(rest: &[Bytes], ctx: &Context) -> Outcome {
+fn client_list(rest: &[ArgRef<'_>], ctx: &Context) -> Outcome {
     let ids = match rest {
         [] => None,
         [kw, ids @ ..] if upper(kw).as_str() == "ID" && !ids.is_empty() => {
@@ -419,7 +419,7 @@ struct KillFilter {
 /// `CLIENT KILL ip:port` (answers OK or an error) or `CLIENT KILL [ID id]
 /// [ADDR ip:port] [LADDR ip:port] [USER name] [SKIPME yes|no]` (answers
 /// how many were closed), as in Redis.
-fn client_kill(rest: &[Bytes], ctx: &Context, session: &Session) -> Outcome {
+fn client_kill(rest: &[ArgRef<'_>], ctx: &Context, session: &Session) -> Outcome {
     if let [addr] = rest {
         let addr = String::from_utf8_lossy(addr).to_string();
         let n = ctx.registry.kill(|c| c.addr.to_string() == addr, None);
@@ -447,7 +447,7 @@ fn client_kill(rest: &[Bytes], ctx: &Context, session: &Session) -> Outcome {
     Outcome::Reply(number(n as u64))
 }
 
-fn kill_filter(rest: &[Bytes]) -> Result<KillFilter, Outcome> {
+fn kill_filter(rest: &[ArgRef<'_>]) -> Result<KillFilter, Outcome> {
     if rest.is_empty() || !rest.len().is_multiple_of(2) {
         return Err(err("ERR syntax error"));
     }
@@ -481,7 +481,7 @@ fn kill_filter(rest: &[Bytes]) -> Result<KillFilter, Outcome> {
 }
 
 /// `CONFIG GET pattern [pattern ...]`: the settings Redis tools ask about.
-pub fn config(a: &[Bytes], ctx: &Context) -> Outcome {
+pub fn config(a: &[ArgRef<'_>], ctx: &Context) -> Outcome {
     let Some(sub) = a.first() else {
         return wrong_arity("config");
     };

@@ -6,7 +6,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use fencelog::{AcquireOptions, Token};
 
 use super::parse::{err, not_integer, parse_token, parse_u64, upper, wait_ms, wrong_arity};
@@ -14,7 +13,7 @@ use crate::command_table::*;
 use crate::context::{ClientTag, Context, failure_reply, lease_granted};
 use crate::logging::name_field;
 use crate::outcome::{Blocking, Outcome, number};
-use crate::protocol::Reply;
+use crate::protocol::{ArgRef, Reply};
 use crate::store::{Failure, LeaseArgs, Ticket};
 
 /// The lease commands' specs, in the order `docs/COMMANDS.md` lists them.
@@ -100,7 +99,12 @@ fn answer<T: Send + 'static>(
 }
 
 /// `LEASE.ACQUIRE name owner ttl_ms [FENCE] [WAIT ms]`
-pub async fn acquire(ctx: &Arc<Context>, client: ClientTag, a: &[Bytes], waits: bool) -> Outcome {
+pub async fn acquire(
+    ctx: &Arc<Context>,
+    client: ClientTag,
+    a: &[ArgRef<'_>],
+    waits: bool,
+) -> Outcome {
     if a.len() < 3 {
         return wrong_arity("LEASE.ACQUIRE");
     }
@@ -130,8 +134,8 @@ pub async fn acquire(ctx: &Arc<Context>, client: ClientTag, a: &[Bytes], waits: 
         }
     }
     let lease = LeaseArgs {
-        name: a[0].clone(),
-        owner: a[1].clone(),
+        name: a[0].to_bytes(),
+        owner: a[1].to_bytes(),
     };
     let ttl = Duration::from_millis(ttl_ms);
     let ticket = ctx.store.acquire(lease.clone(), ttl, opts).await;
@@ -159,7 +163,7 @@ pub async fn acquire(ctx: &Arc<Context>, client: ClientTag, a: &[Bytes], waits: 
 }
 
 /// `LEASE.RENEW name owner token ttl_ms`
-pub async fn renew(ctx: &Arc<Context>, client: ClientTag, a: &[Bytes]) -> Outcome {
+pub async fn renew(ctx: &Arc<Context>, client: ClientTag, a: &[ArgRef<'_>]) -> Outcome {
     let (lease, token) = match held_lease("LEASE.RENEW", 4, a) {
         Ok(held) => held,
         Err(o) => return o,
@@ -201,20 +205,20 @@ fn lease_lost(client: &ClientTag, lease: &LeaseArgs, token: Token) {
 
 /// The `name owner token` a command about a held lease starts with
 /// (`LEASE.RENEW`, `LEASE.RELEASE`), in `len` arguments.
-fn held_lease(command: &str, len: usize, a: &[Bytes]) -> Result<(LeaseArgs, Token), Outcome> {
+fn held_lease(command: &str, len: usize, a: &[ArgRef<'_>]) -> Result<(LeaseArgs, Token), Outcome> {
     if a.len() != len {
         return Err(wrong_arity(command));
     }
     let token = parse_token(&a[2])?;
     let lease = LeaseArgs {
-        name: a[0].clone(),
-        owner: a[1].clone(),
+        name: a[0].to_bytes(),
+        owner: a[1].to_bytes(),
     };
     Ok((lease, token))
 }
 
 /// `LEASE.RELEASE name owner token`
-pub async fn release(ctx: &Arc<Context>, client: ClientTag, a: &[Bytes]) -> Outcome {
+pub async fn release(ctx: &Arc<Context>, client: ClientTag, a: &[ArgRef<'_>]) -> Outcome {
     let (lease, token) = match held_lease("LEASE.RELEASE", 3, a) {
         Ok(held) => held,
         Err(o) => return o,
@@ -236,11 +240,11 @@ pub async fn release(ctx: &Arc<Context>, client: ClientTag, a: &[Bytes]) -> Outc
 }
 
 /// `LEASE.INFO name`: the holder of a live lease, or nil.
-pub fn info(ctx: &Context, a: &[Bytes]) -> Outcome {
+pub fn info(ctx: &Context, a: &[ArgRef<'_>]) -> Outcome {
     if a.len() != 1 {
         return wrong_arity("LEASE.INFO");
     }
-    answer(ctx.store.lease_info(a[0].clone()), None, |r| match r {
+    answer(ctx.store.lease_info(a[0].to_bytes()), None, |r| match r {
         Ok(Some(info)) => Reply::Array(vec![
             Reply::Bulk(info.owner),
             number(info.token.get()),

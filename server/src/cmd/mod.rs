@@ -25,11 +25,10 @@ pub mod transactions;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use bytes::Bytes;
-
 use crate::command_table::Registry;
 use crate::context::Context;
 use crate::outcome::{BoxFuture, Outcome};
+use crate::protocol::{ArgRef, Request};
 use crate::session::Session;
 use parse::{err, unknown_command, upper};
 
@@ -47,8 +46,8 @@ pub static REGISTRY: Registry = Registry::new(&[
 /// Runs one request. Writes are taken now and answered later, so that a
 /// connection's pipelined writes share one group commit (or round of
 /// replication); inside a transaction, commands are queued.
-pub async fn execute(ctx: &Arc<Context>, session: &mut Session, args: Vec<Bytes>) -> Outcome {
-    let Some(first) = args.first() else {
+pub async fn execute(ctx: &Arc<Context>, session: &mut Session, request: &Request) -> Outcome {
+    let Some(first) = request.get(0) else {
         return err("ERR empty command");
     };
     let upper_cmd = upper(first);
@@ -57,7 +56,7 @@ pub async fn execute(ctx: &Arc<Context>, session: &mut Session, args: Vec<Bytes>
     let spec = REGISTRY.lookup(cmd);
     if let (Some(r), Some(spec)) = (&session.registration, spec) {
         // `CLIENT LIST` shows subcommands as Redis does: `client|list`.
-        let sub = args
+        let sub = request
             .get(1)
             .filter(|_| !spec.subcommands.is_empty())
             .and_then(|s| {
@@ -75,8 +74,9 @@ pub async fn execute(ctx: &Arc<Context>, session: &mut Session, args: Vec<Bytes>
         return err("NOAUTH Authentication required.");
     }
     if session.multi.is_some() && !transactions::runs_at_once(cmd) {
-        return Outcome::Reply(transactions::queue(cmd, spec, args, session));
+        return Outcome::Reply(transactions::queue(cmd, spec, request, session));
     }
+    let args = request.args();
     let a = &args[1..];
     match cmd {
         "MULTI" => Outcome::Reply(transactions::multi(a, session)),
@@ -87,19 +87,19 @@ pub async fn execute(ctx: &Arc<Context>, session: &mut Session, args: Vec<Bytes>
     }
 }
 
-/// Runs one command of an `EXEC` (`args` is the whole request, name
+/// Runs one command of an `EXEC` (`request` is the whole request, name
 /// first).
 fn run_queued<'a>(
     ctx: &'a Arc<Context>,
     session: &'a mut Session,
-    args: &'a [Bytes],
+    request: &'a Request,
 ) -> BoxFuture<'a, Outcome> {
     Box::pin(async move {
-        let Some(first) = args.first() else {
+        let Some(first) = request.get(0) else {
             return err("ERR empty command");
         };
         let upper_cmd = upper(first);
-        run_named(ctx, session, args, upper_cmd.as_str()).await
+        run_named(ctx, session, &request.args(), upper_cmd.as_str()).await
     })
 }
 
@@ -107,7 +107,7 @@ fn run_queued<'a>(
 async fn run_named(
     ctx: &Arc<Context>,
     session: &mut Session,
-    args: &[Bytes],
+    args: &[ArgRef<'_>],
     cmd: &str,
 ) -> Outcome {
     let a = &args[1..];
@@ -166,12 +166,12 @@ pub enum Pipelining {
 /// How `request` may be pipelined; `rounds`: the store orders reads and
 /// lease writes in rounds ([`Store::orders_rounds`](crate::store::Store::orders_rounds)).
 /// Inside a transaction nothing is (writes are queued).
-pub fn pipelining(session: &Session, request: &[Bytes], rounds: bool) -> Pipelining {
-    let Some(cmd) = request.first().filter(|_| session.multi.is_none()) else {
+pub fn pipelining(session: &Session, request: &Request, rounds: bool) -> Pipelining {
+    let Some(cmd) = request.get(0).filter(|_| session.multi.is_none()) else {
         return Pipelining::InOrder;
     };
     let is = |names: &[&str]| names.iter().any(|w| cmd.eq_ignore_ascii_case(w.as_bytes()));
-    let has = |word: &[u8]| request[1..].iter().any(|a| a.eq_ignore_ascii_case(word));
+    let has = |word: &[u8]| request.iter().skip(1).any(|a| a.eq_ignore_ascii_case(word));
     // A lease command that does not wait is a write proposed in the
     // connection's order, like a stream write: pipelined ones share
     // entries (one entry each made a flood of them cost a round of
@@ -281,6 +281,8 @@ mod tests {
             assert!(c.name.len() <= 24, "{}", c.name);
             assert!(seen.insert(c.name), "{} twice", c.name);
             assert_eq!(c.name, c.name.to_ascii_uppercase());
+            // `Registry::lookup` tries a name as a command's first.
+            assert!(!c.name.contains('|'), "{}", c.name);
             for sub in c.subcommands {
                 assert!(
                     sub.name.starts_with(&format!("{}|", c.name)),

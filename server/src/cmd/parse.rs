@@ -1,14 +1,13 @@
 //! The words every command parses alike: names, integers, tokens, and the
 //! errors for arguments that do not fit.
 
-use bytes::Bytes;
 use fencelog::Token;
 
 use crate::outcome::{Outcome, error_reply};
 // Integers of commands: digits only (Redis refuses "+5" too), leading
 // zeros allowed.
-use crate::protocol::Reply;
 pub(crate) use crate::protocol::ascii_u64 as parse_u64;
+use crate::protocol::{ArgRef, Reply};
 
 /// An error reply, now.
 pub fn err(text: impl Into<String>) -> Outcome {
@@ -96,7 +95,7 @@ pub fn quoted(b: &[u8]) -> std::borrow::Cow<'_, str> {
 }
 
 /// The answer to a command this server does not know, as Redis words it.
-pub fn unknown_command(args: &[Bytes]) -> Reply {
+pub fn unknown_command(args: &[ArgRef<'_>]) -> Reply {
     let mut shown = String::new();
     for arg in args.iter().skip(1).take(3) {
         shown.push_str(&format!("'{}' ", quoted(arg)));

@@ -13,7 +13,7 @@ use super::parse::{err, not_integer, parse_token, parse_u64, upper, wait_ms, wro
 use crate::command_table::*;
 use crate::context::{ClientTag, Context, failure_reply, note_error};
 use crate::outcome::{Blocking, Outcome, ReadProgress, error_reply, number};
-use crate::protocol::Reply;
+use crate::protocol::{ArgRef, Reply};
 use crate::session::Session;
 use crate::store::{Barrier, Store, Written};
 
@@ -137,39 +137,39 @@ pub const READS: &[&str] = &["LOG.READ", "LOG.STAT", "LOG.STREAMS", "DBSIZE"];
 
 /// A write command parsed into the op it is; `None` for any other command.
 /// The error is the command's answer (arity, a token of 0, not a number).
-pub fn parse_write(cmd: &str, a: &[Bytes]) -> Option<Result<TxOp, Reply>> {
+pub fn parse_write(cmd: &str, a: &[ArgRef<'_>]) -> Option<Result<TxOp, Reply>> {
     let parsed = match cmd {
         "LOG.APPEND" if a.len() < 3 => Err(wrong_arity(cmd)),
         "LOG.APPEND" => parse_token(&a[1]).map(|token| TxOp::Append {
-            stream: a[0].clone(),
+            stream: a[0].to_bytes(),
             token,
-            payloads: a[2..].to_vec(),
+            payloads: a[2..].iter().map(ArgRef::to_bytes).collect(),
         }),
         "LOG.APPENDAT" if a.len() < 4 => Err(wrong_arity(cmd)),
         "LOG.APPENDAT" => parse_token(&a[1]).and_then(|token| {
             Ok(TxOp::AppendAt {
-                stream: a[0].clone(),
+                stream: a[0].to_bytes(),
                 token,
                 expected_offset: parse_u64(&a[2]).ok_or_else(not_integer)?,
-                payloads: a[3..].to_vec(),
+                payloads: a[3..].iter().map(ArgRef::to_bytes).collect(),
             })
         }),
         "LOG.FENCE" if a.len() != 2 => Err(wrong_arity(cmd)),
         "LOG.FENCE" => parse_token(&a[1]).map(|token| TxOp::Fence {
-            stream: a[0].clone(),
+            stream: a[0].to_bytes(),
             token,
         }),
         "LOG.TRIM" if a.len() != 3 => Err(wrong_arity(cmd)),
         "LOG.TRIM" => parse_token(&a[1]).and_then(|token| {
             Ok(TxOp::Trim {
-                stream: a[0].clone(),
+                stream: a[0].to_bytes(),
                 token,
                 before: parse_u64(&a[2]).ok_or_else(not_integer)?,
             })
         }),
         "LOG.DELETE" if a.len() != 2 => Err(wrong_arity(cmd)),
         "LOG.DELETE" => parse_token(&a[1]).map(|token| TxOp::Delete {
-            stream: a[0].clone(),
+            stream: a[0].to_bytes(),
             token,
         }),
         _ => return None,
@@ -182,7 +182,7 @@ pub fn parse_write(cmd: &str, a: &[Bytes]) -> Option<Result<TxOp, Reply>> {
 
 /// A stale `LOG.APPEND` refused from its arguments, before it is built
 /// into an op; `None` for anything else (it runs as parsed).
-pub fn refuse_stale_append(ctx: &Context, session: &Session, a: &[Bytes]) -> Option<Outcome> {
+pub fn refuse_stale_append(ctx: &Context, session: &Session, a: &[ArgRef<'_>]) -> Option<Outcome> {
     let [stream, token, payloads @ ..] = a else {
         return None;
     };
@@ -239,6 +239,12 @@ pub async fn after_round(
     }
 }
 
+/// A read's arguments, cut out of its request: it may answer after its
+/// round, once the request is gone.
+fn owned(a: &[ArgRef<'_>]) -> Vec<Bytes> {
+    a.iter().map(ArgRef::to_bytes).collect()
+}
+
 /// The key a read is routed by: its first argument.
 fn read_key(a: &[Bytes]) -> Bytes {
     a.first().cloned().unwrap_or_default()
@@ -246,11 +252,11 @@ fn read_key(a: &[Bytes]) -> Bytes {
 
 /// `LOG.READ stream from [COUNT n] [BLOCK ms]`: in steps, so a large read
 /// yields to other connections; `BLOCK` waits (not inside `EXEC`).
-pub async fn read(ctx: &Arc<Context>, a: &[Bytes], waits: bool) -> Outcome {
+pub async fn read(ctx: &Arc<Context>, a: &[ArgRef<'_>], waits: bool) -> Outcome {
     // As the connection's pipelining rule sees it: a read that may block
     // is not pipelined, and waits for its round first.
     let here = a.iter().any(|x| x.eq_ignore_ascii_case(b"BLOCK"));
-    let (a, max_bytes) = (a.to_vec(), ctx.config.max_read_bytes);
+    let (a, max_bytes) = (owned(a), ctx.config.max_read_bytes);
     after_round(&*ctx.store, &read_key(&a), here, move |log| {
         read_parsed(log, &a, max_bytes, waits)
     })
@@ -386,8 +392,8 @@ fn records_reply(records: Vec<fencelog::Record>) -> Reply {
 }
 
 /// `LOG.STAT stream`
-pub async fn stat(ctx: &Arc<Context>, a: &[Bytes]) -> Outcome {
-    let a = a.to_vec();
+pub async fn stat(ctx: &Arc<Context>, a: &[ArgRef<'_>]) -> Outcome {
+    let a = owned(a);
     after_round(&*ctx.store, &read_key(&a), false, move |log| {
         if a.len() != 1 {
             return wrong_arity("LOG.STAT");
@@ -415,8 +421,8 @@ pub const MAX_STREAMS_PAGE: u64 = 10_000;
 /// after `name`. Without `COUNT`, every such name, unless there are more
 /// than [`MAX_STREAMS_PAGE`]: then an error that says how to page, not a
 /// list cut short without a word.
-pub async fn streams(ctx: &Arc<Context>, a: &[Bytes]) -> Outcome {
-    let a = a.to_vec();
+pub async fn streams(ctx: &Arc<Context>, a: &[ArgRef<'_>]) -> Outcome {
+    let a = owned(a);
     after_round(&*ctx.store, &read_key(&a), false, move |log| {
         streams_page(&a, &log)
     })

@@ -38,7 +38,7 @@ use super::{leases, streams};
 use crate::command_table::*;
 use crate::context::{Context, note_error};
 use crate::outcome::{BoxFuture, Outcome, error_reply, number};
-use crate::protocol::Reply;
+use crate::protocol::{ArgRef, Reply, Request};
 use crate::session::{Multi, Queued, Session};
 use crate::store::Failure;
 
@@ -112,7 +112,7 @@ pub fn runs_at_once(cmd: &str) -> bool {
 }
 
 /// `MULTI`
-pub fn multi(a: &[Bytes], session: &mut Session) -> Reply {
+pub fn multi(a: &[ArgRef<'_>], session: &mut Session) -> Reply {
     if !a.is_empty() {
         return arity_error("multi");
     }
@@ -125,7 +125,7 @@ pub fn multi(a: &[Bytes], session: &mut Session) -> Reply {
 }
 
 /// `DISCARD`
-pub fn discard(a: &[Bytes], session: &mut Session) -> Reply {
+pub fn discard(a: &[ArgRef<'_>], session: &mut Session) -> Reply {
     if !a.is_empty() {
         return arity_error("discard");
     }
@@ -136,7 +136,7 @@ pub fn discard(a: &[Bytes], session: &mut Session) -> Reply {
 }
 
 /// `WATCH key …`: refused, so that no client believes it holds a watch.
-pub fn watch(a: &[Bytes], session: &mut Session) -> Reply {
+pub fn watch(a: &[ArgRef<'_>], session: &mut Session) -> Reply {
     if a.is_empty() {
         return arity_error("watch");
     }
@@ -153,7 +153,7 @@ pub fn watch(a: &[Bytes], session: &mut Session) -> Reply {
 
 /// `UNWATCH`: nothing is watched, so nothing is unwatched; clients send it
 /// when they reset a pipeline.
-pub fn unwatch(a: &[Bytes]) -> Reply {
+pub fn unwatch(a: &[ArgRef<'_>]) -> Reply {
     if a.is_empty() {
         Reply::ok()
     } else {
@@ -167,12 +167,13 @@ pub fn unwatch(a: &[Bytes]) -> Reply {
 pub fn queue(
     cmd: &str,
     spec: Option<&CommandSpec>,
-    args: Vec<Bytes>,
+    request: &Request,
     session: &mut Session,
 ) -> Reply {
     let Some(multi) = session.multi.as_mut() else {
         return Reply::Error("ERR not in a transaction".into());
     };
+    let args = request.args();
     let refused = match spec {
         None => Some(unknown_command(&args)),
         Some(spec) if !spec.arity_fits(args.len()) => Some(arity_error(&cmd.to_ascii_lowercase())),
@@ -195,7 +196,7 @@ pub fn queue(
             multi.refuse();
             return reply;
         }
-        None => multi.push(Queued::Other(args)),
+        None => multi.push(Queued::Other(request.clone())),
     }
     Reply::Simple("QUEUED".into())
 }
@@ -203,12 +204,12 @@ pub fn queue(
 /// How `EXEC` runs a queued command that is not a write: the dispatcher's
 /// (handed in, so that this file does not name the dispatcher).
 pub type RunQueued =
-    for<'a> fn(&'a Arc<Context>, &'a mut Session, &'a [Bytes]) -> BoxFuture<'a, Outcome>;
+    for<'a> fn(&'a Arc<Context>, &'a mut Session, &'a Request) -> BoxFuture<'a, Outcome>;
 
 /// `EXEC`: runs the queued commands; the writes as one entry.
 pub async fn exec(
     ctx: &Arc<Context>,
-    a: &[Bytes],
+    a: &[ArgRef<'_>],
     session: &mut Session,
     run: RunQueued,
 ) -> Outcome {
@@ -259,13 +260,13 @@ struct Plan {
     /// Commands queued.
     len: usize,
     /// Commands queued before the first write, with their places.
-    before: Vec<(usize, Vec<Bytes>)>,
+    before: Vec<(usize, Request)>,
     /// The writes, one entry.
     ops: Vec<fencelog::TxOp>,
     /// Each write's place.
     op_places: Vec<usize>,
     /// Commands queued after the first write, with their places.
-    after: Vec<(usize, Vec<Bytes>)>,
+    after: Vec<(usize, Request)>,
 }
 
 impl Plan {
@@ -301,7 +302,7 @@ async fn run_all(
     ctx: &Arc<Context>,
     session: &mut Session,
     run: RunQueued,
-    commands: Vec<(usize, Vec<Bytes>)>,
+    commands: Vec<(usize, Request)>,
     held: &mut Held,
     replies: &mut [Option<Reply>],
 ) -> Result<(), OverLimit> {
