@@ -243,70 +243,13 @@ type RuntimeHandle = (
 /// this runs on: the node, with no runtime of its own yet (the caller
 /// hands it the one it started, if any).
 async fn start_here(cfg: NodeConfig, hooks: Hooks) -> Result<Node, ClusterError> {
-    let raft_dir = cfg.dir.join("raft");
-    let segment = cfg.raft_segment_bytes;
-    let log_store = match hooks.storage.clone() {
-        None => tokio::task::spawn_blocking(move || LogStore::open(&raft_dir, segment))
-            .await
-            .map_err(|e| ClusterError::Raft(e.to_string()))??,
-        // Simulated: no thread, the caller's task does the (in-memory) I/O.
-        Some(storage) => LogStore::open_with(storage, &raft_dir, segment, true)?,
-    };
-    let fresh = || match hooks.fresh_incarnation {
-        Some(n) => Ok(n),
-        None => crate::incarnation::fresh(),
-    };
-    // The directory's incarnation: made (durably) when it is first
-    // initialized, before Raft writes anything. A Raft log with state and
-    // no incarnation is checked below, once the membership is known.
-    let (incarnation, unrecorded) = match crate::incarnation::read(&cfg.dir)? {
-        Some(n) => (n, false),
-        None if !log_store.has_state() => {
-            let n = fresh()?;
-            crate::incarnation::write(&cfg.dir, n)?;
-            tracing::info!(
-                event = "cluster_incarnation",
-                incarnation = format!("{n:016x}"),
-                "a new data directory: a new incarnation"
-            );
-            (n, false)
-        }
-        None => (fresh()?, true),
-    };
+    let log_store = open_raft_log(&cfg, &hooks).await?;
+    let (incarnation, unrecorded) = incarnation_of(&cfg, &hooks, &log_store)?;
     let max_request = log_store.max_request_bytes() as u64;
     let log_store_view = log_store.clone();
-    let sm_dir = cfg.dir.clone();
-    let engine_opts = cfg.engine.clone();
-    // Everything one Raft entry can hold, wrapped, fits one engine entry.
-    let min_entry = u32::try_from(max_request + (64 << 10)).unwrap_or(u32::MAX);
-    let sm = match hooks.storage.clone() {
-        None => tokio::task::spawn_blocking(move || {
-            StateMachine::open(&sm_dir, &engine_opts, min_entry)
-        })
-        .await
-        .map_err(|e| ClusterError::Raft(e.to_string()))??,
-        Some(storage) => {
-            let mut opts = engine_opts;
-            opts.wal.inline_io = true;
-            opts.wal.preallocation = fencelog_wal::Preallocation::None;
-            StateMachine::open_on(Some(storage), &sm_dir, &opts, min_entry)?
-        }
-    };
+    let sm = open_state_machine(&cfg, &hooks, max_request).await?;
     let engine = sm.engine();
-    let config = Config {
-        cluster_name: "fencelog".into(),
-        election_timeout_min: cfg.election_timeout_ms.0,
-        election_timeout_max: cfg.election_timeout_ms.1,
-        heartbeat_interval: cfg.heartbeat_ms,
-        snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.snapshot_every_entries),
-        max_in_snapshot_log_to_keep: 1000,
-        max_payload_entries: 1024,
-        // Elections are started by `election.rs`, after a pre-vote.
-        enable_elect: false,
-        ..Config::default()
-    }
-    .validate()
-    .map_err(|e| ClusterError::Raft(e.to_string()))?;
+    let config = raft_config(&cfg)?;
     let source = Some(cfg.raft_listen.ip()).filter(|ip| !ip.is_unspecified());
     let auth = network::PeerAuth {
         id: cfg.id,
@@ -318,8 +261,6 @@ async fn start_here(cfg: NodeConfig, hooks: Hooks) -> Result<Node, ClusterError>
         Some(t) => Network::over(auth, t),
     };
     let auth = network.auth();
-    // The pre-votes share the pooled connections.
-    let network_for_elections = network.clone();
     // Raft's messages go through a network that notes each peer's answers
     // (the leader's view of its members' health, `health.rs`).
     let answers = Arc::new(crate::health::PeerAnswers::default());
@@ -331,40 +272,7 @@ async fn start_here(cfg: NodeConfig, hooks: Hooks) -> Result<Node, ClusterError>
         .await
         .map_err(|e| ClusterError::Raft(e.to_string()))?;
     if unrecorded {
-        // Raft state but no incarnation file: a directory from before
-        // incarnations gets one and goes on; one whose membership admitted
-        // an incarnation of its own lost the file (damage, or a copy of
-        // another node's directory): refused, it cannot prove it is the
-        // replica the group admitted.
-        let id = cfg.id;
-        let admitted = raft
-            .with_raft_state(move |st| {
-                st.membership_state
-                    .effective()
-                    .membership()
-                    .get_node(&id)
-                    .map_or(0, |m| m.incarnation)
-            })
-            .await
-            .map_err(|e| ClusterError::Raft(e.to_string()))?;
-        if admitted != 0 {
-            let _ = raft.shutdown().await;
-            return Err(ClusterError::Io {
-                what: format!("open {}", cfg.dir.display()),
-                source: std::io::Error::other(format!(
-                    "its Raft log holds state but its `{}` file is missing, and the group admitted \
-                     this node as incarnation {admitted:016x}: the directory is damaged or not this \
-                     node's. Start it empty (a new incarnation) and re-add it: --cluster-join",
-                    crate::incarnation::FILE
-                )),
-            });
-        }
-        crate::incarnation::write(&cfg.dir, incarnation)?;
-        tracing::warn!(
-            event = "cluster_incarnation",
-            incarnation = format!("{incarnation:016x}"),
-            "a data directory from before incarnations: it has one now (the group checks it once it re-adds this node)"
-        );
+        record_incarnation(&raft, &cfg, incarnation).await?;
     }
     let election = crate::election::Election::new(
         cfg.election_timeout_ms.0,
@@ -377,28 +285,16 @@ async fn start_here(cfg: NodeConfig, hooks: Hooks) -> Result<Node, ClusterError>
         election: Arc::clone(&election),
         log: log_store_view.clone(),
     };
-    let listener = if hooks.transport.is_some() {
-        None
-    } else {
-        let listener = TcpListener::bind(cfg.raft_listen)
-            .await
-            .map_err(|e| ClusterError::Io {
-                what: format!("listen for peers on {}", cfg.raft_listen),
-                source: e,
-            })?;
-        Some(tokio::spawn(network::serve(
-            listener,
-            raft.clone(),
-            auth,
-            Arc::clone(&election),
-            log_store_view.clone(),
-        )))
+    let listener = match hooks.transport {
+        Some(_) => None,
+        None => Some(listen_for_peers(&cfg, &endpoint).await?),
     };
+    // The pre-votes share the pooled connections.
     tokio::spawn(crate::election::drive(
         Arc::clone(&election),
         raft.clone(),
         log_store_view.clone(),
-        network_for_elections,
+        network.clone(),
         cfg.id,
     ));
     // An entry holds at most half of what one may (its writes' framing and
@@ -426,6 +322,153 @@ async fn start_here(cfg: NodeConfig, hooks: Hooks) -> Result<Node, ClusterError>
         endpoint,
         runtime: parking_lot::Mutex::new(None),
     })
+}
+
+/// The node's Raft log, opened on a blocking thread (or, simulated, on the
+/// caller's task: its I/O is in memory).
+async fn open_raft_log(cfg: &NodeConfig, hooks: &Hooks) -> Result<LogStore, ClusterError> {
+    let raft_dir = cfg.dir.join("raft");
+    let segment = cfg.raft_segment_bytes;
+    Ok(match hooks.storage.clone() {
+        None => tokio::task::spawn_blocking(move || LogStore::open(&raft_dir, segment))
+            .await
+            .map_err(|e| ClusterError::Raft(e.to_string()))??,
+        Some(storage) => LogStore::open_with(storage, &raft_dir, segment, true)?,
+    })
+}
+
+/// The directory's incarnation, and whether it still has to be recorded:
+/// made (durably) when the directory is first initialized, before Raft
+/// writes anything. A Raft log with state and no incarnation is checked
+/// once the membership is known ([`record_incarnation`]).
+fn incarnation_of(
+    cfg: &NodeConfig,
+    hooks: &Hooks,
+    log_store: &LogStore,
+) -> Result<(u64, bool), ClusterError> {
+    let fresh = || match hooks.fresh_incarnation {
+        Some(n) => Ok(n),
+        None => crate::incarnation::fresh(),
+    };
+    Ok(match crate::incarnation::read(&cfg.dir)? {
+        Some(n) => (n, false),
+        None if !log_store.has_state() => {
+            let n = fresh()?;
+            crate::incarnation::write(&cfg.dir, n)?;
+            tracing::info!(
+                event = "cluster_incarnation",
+                incarnation = format!("{n:016x}"),
+                "a new data directory: a new incarnation"
+            );
+            (n, false)
+        }
+        None => (fresh()?, true),
+    })
+}
+
+/// The replica's engine: every Raft entry, wrapped, fits one of its
+/// entries.
+async fn open_state_machine(
+    cfg: &NodeConfig,
+    hooks: &Hooks,
+    max_request: u64,
+) -> Result<StateMachine, ClusterError> {
+    let sm_dir = cfg.dir.clone();
+    let engine_opts = cfg.engine.clone();
+    let min_entry = u32::try_from(max_request + (64 << 10)).unwrap_or(u32::MAX);
+    Ok(match hooks.storage.clone() {
+        None => tokio::task::spawn_blocking(move || {
+            StateMachine::open(&sm_dir, &engine_opts, min_entry)
+        })
+        .await
+        .map_err(|e| ClusterError::Raft(e.to_string()))??,
+        Some(storage) => {
+            let mut opts = engine_opts;
+            opts.wal.inline_io = true;
+            opts.wal.preallocation = fencelog_wal::Preallocation::None;
+            StateMachine::open_on(Some(storage), &sm_dir, &opts, min_entry)?
+        }
+    })
+}
+
+/// openraft's configuration for this node.
+fn raft_config(cfg: &NodeConfig) -> Result<Config, ClusterError> {
+    Config {
+        cluster_name: "fencelog".into(),
+        election_timeout_min: cfg.election_timeout_ms.0,
+        election_timeout_max: cfg.election_timeout_ms.1,
+        heartbeat_interval: cfg.heartbeat_ms,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.snapshot_every_entries),
+        max_in_snapshot_log_to_keep: 1000,
+        max_payload_entries: 1024,
+        // Elections are started by `election.rs`, after a pre-vote.
+        enable_elect: false,
+        ..Config::default()
+    }
+    .validate()
+    .map_err(|e| ClusterError::Raft(e.to_string()))
+}
+
+/// Raft state but no incarnation file: a directory from before
+/// incarnations gets one and goes on; one whose membership admitted an
+/// incarnation of its own lost the file (damage, or a copy of another
+/// node's directory): refused, it cannot prove it is the replica the group
+/// admitted (Raft is shut down first).
+async fn record_incarnation(
+    raft: &Raft,
+    cfg: &NodeConfig,
+    incarnation: u64,
+) -> Result<(), ClusterError> {
+    let id = cfg.id;
+    let admitted = raft
+        .with_raft_state(move |st| {
+            st.membership_state
+                .effective()
+                .membership()
+                .get_node(&id)
+                .map_or(0, |m| m.incarnation)
+        })
+        .await
+        .map_err(|e| ClusterError::Raft(e.to_string()))?;
+    if admitted != 0 {
+        let _ = raft.shutdown().await;
+        return Err(ClusterError::Io {
+            what: format!("open {}", cfg.dir.display()),
+            source: std::io::Error::other(format!(
+                "its Raft log holds state but its `{}` file is missing, and the group admitted \
+                 this node as incarnation {admitted:016x}: the directory is damaged or not this \
+                 node's. Start it empty (a new incarnation) and re-add it: --cluster-join",
+                crate::incarnation::FILE
+            )),
+        });
+    }
+    crate::incarnation::write(&cfg.dir, incarnation)?;
+    tracing::warn!(
+        event = "cluster_incarnation",
+        incarnation = format!("{incarnation:016x}"),
+        "a data directory from before incarnations: it has one now (the group checks it once it re-adds this node)"
+    );
+    Ok(())
+}
+
+/// Binds the Raft port and serves peers on it.
+async fn listen_for_peers(
+    cfg: &NodeConfig,
+    endpoint: &network::PeerEndpoint,
+) -> Result<JoinHandle<()>, ClusterError> {
+    let listener = TcpListener::bind(cfg.raft_listen)
+        .await
+        .map_err(|e| ClusterError::Io {
+            what: format!("listen for peers on {}", cfg.raft_listen),
+            source: e,
+        })?;
+    Ok(tokio::spawn(network::serve(
+        listener,
+        endpoint.raft.clone(),
+        endpoint.auth.clone(),
+        Arc::clone(&endpoint.election),
+        endpoint.log.clone(),
+    )))
 }
 
 /// A write proposed, its answer to come (see [`Node::propose`]).
