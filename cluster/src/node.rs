@@ -246,31 +246,10 @@ async fn start_here(cfg: NodeConfig, hooks: Hooks) -> Result<Node, ClusterError>
     let log_store = open_raft_log(&cfg, &hooks).await?;
     let (incarnation, unrecorded) = incarnation_of(&cfg, &hooks, &log_store)?;
     let max_request = log_store.max_request_bytes() as u64;
-    let log_store_view = log_store.clone();
     let sm = open_state_machine(&cfg, &hooks, max_request).await?;
     let engine = sm.engine();
-    let config = raft_config(&cfg)?;
-    let source = Some(cfg.raft_listen.ip()).filter(|ip| !ip.is_unspecified());
-    let auth = network::PeerAuth {
-        id: cfg.id,
-        incarnation,
-        secret: cfg.cluster_secret.clone(),
-    };
-    let network = match hooks.transport.clone() {
-        None => Network::new(auth, source),
-        Some(t) => Network::over(auth, t),
-    };
-    let auth = network.auth();
-    // Raft's messages go through a network that notes each peer's answers
-    // (the leader's view of its members' health, `health.rs`).
-    let answers = Arc::new(crate::health::PeerAnswers::default());
-    let watched = crate::health::Watched {
-        inner: network.clone(),
-        answers: Arc::clone(&answers),
-    };
-    let raft = Raft::new(cfg.id, Arc::new(config), watched, log_store, sm)
-        .await
-        .map_err(|e| ClusterError::Raft(e.to_string()))?;
+    let network = peer_network(&cfg, &hooks, incarnation);
+    let (raft, answers) = start_raft(&cfg, &network, log_store.clone(), sm).await?;
     if unrecorded {
         record_incarnation(&raft, &cfg, incarnation).await?;
     }
@@ -281,9 +260,9 @@ async fn start_here(cfg: NodeConfig, hooks: Hooks) -> Result<Node, ClusterError>
     );
     let endpoint = network::PeerEndpoint {
         raft: raft.clone(),
-        auth: auth.clone(),
+        auth: network.auth(),
         election: Arc::clone(&election),
-        log: log_store_view.clone(),
+        log: log_store.clone(),
     };
     let listener = match hooks.transport {
         Some(_) => None,
@@ -293,7 +272,7 @@ async fn start_here(cfg: NodeConfig, hooks: Hooks) -> Result<Node, ClusterError>
     tokio::spawn(crate::election::drive(
         Arc::clone(&election),
         raft.clone(),
-        log_store_view.clone(),
+        log_store.clone(),
         network.clone(),
         cfg.id,
     ));
@@ -312,7 +291,7 @@ async fn start_here(cfg: NodeConfig, hooks: Hooks) -> Result<Node, ClusterError>
         network,
         raft,
         engine,
-        log_store: log_store_view,
+        log_store,
         max_request,
         batcher,
         reads: Arc::default(),
@@ -322,6 +301,41 @@ async fn start_here(cfg: NodeConfig, hooks: Hooks) -> Result<Node, ClusterError>
         endpoint,
         runtime: parking_lot::Mutex::new(None),
     })
+}
+
+/// Raft on this node, and what its peers last answered: Raft's messages go
+/// through a network that notes each peer's answers (the leader's view of
+/// its members' health, `health.rs`).
+async fn start_raft(
+    cfg: &NodeConfig,
+    network: &Network,
+    log_store: LogStore,
+    sm: StateMachine,
+) -> Result<(Raft, Arc<crate::health::PeerAnswers>), ClusterError> {
+    let answers = Arc::new(crate::health::PeerAnswers::default());
+    let watched = crate::health::Watched {
+        inner: network.clone(),
+        answers: Arc::clone(&answers),
+    };
+    let raft = Raft::new(cfg.id, Arc::new(raft_config(cfg)?), watched, log_store, sm)
+        .await
+        .map_err(|e| ClusterError::Raft(e.to_string()))?;
+    Ok((raft, answers))
+}
+
+/// The network this node reaches its peers through, as `incarnation`:
+/// TCP from the Raft address's IP, or a simulation's transport.
+fn peer_network(cfg: &NodeConfig, hooks: &Hooks, incarnation: u64) -> Network {
+    let source = Some(cfg.raft_listen.ip()).filter(|ip| !ip.is_unspecified());
+    let auth = network::PeerAuth {
+        id: cfg.id,
+        incarnation,
+        secret: cfg.cluster_secret.clone(),
+    };
+    match hooks.transport.clone() {
+        None => Network::new(auth, source),
+        Some(t) => Network::over(auth, t),
+    }
 }
 
 /// The node's Raft log, opened on a blocking thread (or, simulated, on the
