@@ -197,7 +197,7 @@ impl Ticket {
                 // With the sync thread idle, writing and syncing the batch
                 // here spares a thread switch each way (a lone writer's
                 // whole overhead over a plain write + fdatasync).
-                if let Some(flush) = flush {
+                if let Some(flush) = &flush {
                     flush.try_flush();
                     if let Some(result) = batch.result() {
                         return result;
@@ -206,6 +206,12 @@ impl Ticket {
                 let Some(index) = batch.register_thread() else {
                     return batch.result().unwrap_or(Ok(()));
                 };
+                // As a task does once registered: under `flush_on_wait` no
+                // submit woke the sync thread, and the flush this thread
+                // could not take (another thread's) may not hold its batch.
+                if let Some(flush) = flush {
+                    flush.waiting();
+                }
                 loop {
                     if let Some(result) = batch.result() {
                         batch.wake_children(index);
