@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 
-use parking_lot::Mutex;
+use futures_util::task::AtomicWaker;
 
 /// A boxed future behind a gate that opens when the future's waker fires.
 pub struct WakeGated<T> {
@@ -26,7 +26,7 @@ pub struct WakeGated<T> {
 /// Whether the future was woken since its last poll, and the task to wake.
 struct Gate {
     woken: AtomicBool,
-    task: Mutex<Option<Waker>>,
+    task: AtomicWaker,
 }
 
 impl Wake for Gate {
@@ -37,9 +37,7 @@ impl Wake for Gate {
     fn wake_by_ref(self: &Arc<Self>) {
         // Set before the task is woken: its next poll sees it.
         self.woken.store(true, Ordering::Release);
-        if let Some(task) = &*self.task.lock() {
-            task.wake_by_ref();
-        }
+        self.task.wake();
     }
 }
 
@@ -48,7 +46,7 @@ impl<T> WakeGated<T> {
     pub fn new(future: Pin<Box<dyn Future<Output = T> + Send>>) -> WakeGated<T> {
         let gate = Arc::new(Gate {
             woken: AtomicBool::new(true),
-            task: Mutex::new(None),
+            task: AtomicWaker::new(),
         });
         let waker = Waker::from(Arc::clone(&gate));
         WakeGated {
@@ -64,14 +62,10 @@ impl<T> Future for WakeGated<T> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
         let this = self.get_mut();
-        {
-            // The task to wake is stored before `woken` is read: a wake in
-            // between is then either seen here or wakes the task.
-            let mut task = this.gate.task.lock();
-            if !task.as_ref().is_some_and(|t| t.will_wake(cx.waker())) {
-                *task = Some(cx.waker().clone());
-            }
-        }
+        // The task to wake is registered before `woken` is read: a wake in
+        // between is then either seen here or wakes the task (the pattern
+        // `AtomicWaker` documents).
+        this.gate.task.register(cx.waker());
         if !this.gate.woken.swap(false, Ordering::AcqRel) {
             return Poll::Pending;
         }
