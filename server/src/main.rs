@@ -139,6 +139,14 @@ struct ServeArgs {
     /// Segment file size (64KiB to 1GiB).
     #[arg(long, default_value = "64MiB", value_name = "SIZE", value_parser = size_u64)]
     segment_bytes: u64,
+    /// How a new segment file is made ready, ahead of need, by a background
+    /// thread: `fill` writes zeros over it (every later sync only overwrites
+    /// data), `reserve` reserves its space with `fallocate` (no second write
+    /// of every byte; a sync also journals the blocks it first writes),
+    /// `none` grows the file as entries are written (a sync also journals
+    /// the new size).
+    #[arg(long, value_enum, default_value_t = Preallocate::Fill, value_name = "HOW")]
+    preallocate: Preallocate,
     /// Segment files the log keeps open for reading at once (its file
     /// budget; reads of other segments open and close theirs). The open-file
     /// limit must leave room for these besides the connections.
@@ -320,6 +328,39 @@ fn metrics_addr(text: &str) -> Result<SocketAddr, String> {
     parse_addr_with_port(text, DEFAULT_METRICS_PORT)
 }
 
+/// `--preallocate`: how a new segment file is made ready
+/// ([`fencelog::wal::Preallocation`]).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum Preallocate {
+    /// Zeros written over the whole file.
+    Fill,
+    /// Space reserved with `fallocate`.
+    Reserve,
+    /// The file grows as entries are written.
+    None,
+}
+
+impl Preallocate {
+    /// The flag's value, as `CONFIG GET` shows it.
+    fn name(self) -> &'static str {
+        match self {
+            Preallocate::Fill => "fill",
+            Preallocate::Reserve => "reserve",
+            Preallocate::None => "none",
+        }
+    }
+}
+
+impl From<Preallocate> for fencelog::wal::Preallocation {
+    fn from(p: Preallocate) -> Self {
+        match p {
+            Preallocate::Fill => fencelog::wal::Preallocation::Fill,
+            Preallocate::Reserve => fencelog::wal::Preallocation::Reserve,
+            Preallocate::None => fencelog::wal::Preallocation::None,
+        }
+    }
+}
+
 fn size_u64(text: &str) -> Result<u64, String> {
     parse_size(text)
 }
@@ -384,6 +425,7 @@ impl ServeArgs {
                 segment_bytes: self.segment_bytes,
                 max_entry_bytes: u32::try_from(max_entry).unwrap_or(u32::MAX),
                 max_open_segments: self.max_open_segments,
+                preallocation: self.preallocate.into(),
                 ..fencelog::WalOptions::default()
             },
             ..fencelog::Options::default()
@@ -477,6 +519,7 @@ impl ServeArgs {
             ("max-connections".into(), self.max_connections.to_string()),
             ("threads".into(), threads.to_string()),
             ("segment-bytes".into(), self.segment_bytes.to_string()),
+            ("preallocate".into(), self.preallocate.name().into()),
             ("max-live-leases".into(), self.max_live_leases.to_string()),
             (
                 "max-open-segments".into(),

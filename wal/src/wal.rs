@@ -1254,6 +1254,9 @@ impl<S: Sequencer> Shared<S> {
 /// How much of a new segment's zero fill is written before it is synced.
 const FILL_SYNC_BYTES: u64 = 4 << 20;
 
+/// How much of a new segment's zero fill one write covers.
+const FILL_WRITE_BYTES: usize = 64 << 10;
+
 /// What whoever makes the pending batch durable needs to know: the segment
 /// being written and how far. Behind [`Shared::flush`]: the sync thread
 /// holds it while it flushes, and so may a thread waiting for its own entry
@@ -1771,7 +1774,12 @@ impl<S: Sequencer> Shared<S> {
         abortable: bool,
     ) -> io::Result<bool> {
         let size = self.opts.segment_bytes;
-        let zeros = vec![0u8; (1 << 20).min(size as usize)];
+        // Written 64 KiB at a time: a larger write lets the page cache
+        // allocate large folios, which cost this kernel (6.18, ext4) 20-30x
+        // the CPU of small ones. Measured zero-filling 64 MiB with a sync
+        // per 4 MiB: 0.31-0.45 s of system time in 128 KiB-1 MiB writes,
+        // 0.013-0.017 s in 32-64 KiB writes.
+        let zeros = vec![0u8; FILL_WRITE_BYTES.min(size as usize)];
         let mut at = HEADER_LEN;
         let mut unsynced = 0u64;
         while at < size {
