@@ -52,6 +52,9 @@ pub struct ServeConfig {
     /// owns its connections for their whole life (see `docs/DESIGN.md`,
     /// "Threads"). Default: one per CPU; at least 1.
     pub threads: usize,
+    /// The passes of those threads' event loops, one member each (thread
+    /// `i` is member `i`): the single node's log syncs once they end.
+    pub turns: std::sync::Arc<fencelog::wal::Turns>,
     /// How the server was started, flag by flag, for `CONFIG GET`: every
     /// flag of `fencelog serve` with the value in force (sizes in bytes).
     pub flags: Vec<(String, String)>,

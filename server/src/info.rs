@@ -554,6 +554,23 @@ fn commit(_ctx: &Context, m: &fencelog::Metrics) -> Vec<Metric> {
         },
         Metric {
             section: "commit",
+            info: "sync_pass_waits",
+            prometheus: "fencelog_sync_pass_waits_total",
+            help: "Times the sync thread, with entries pending, let the connection threads' \
+               passes under way end before it synced (so that one sync covers a pass).",
+            kind: Kind::Counter,
+            value: w.pass_waits as f64,
+        },
+        Metric {
+            section: "commit",
+            info: "sync_pass_wait_seconds",
+            prometheus: "fencelog_sync_pass_wait_seconds_total",
+            help: "Time the sync thread spent in those waits.",
+            kind: Kind::Counter,
+            value: w.pass_wait_micros as f64 / 1e6,
+        },
+        Metric {
+            section: "commit",
             info: "commit_latency_p50_us",
             prometheus: "",
             help: "Median commit latency of a durable entry (bucket upper bound), microseconds.",

@@ -328,6 +328,11 @@ fn metrics_addr(text: &str) -> Result<SocketAddr, String> {
     parse_addr_with_port(text, DEFAULT_METRICS_PORT)
 }
 
+/// Longest a sync waits for the connection threads' passes to end
+/// (`fencelog_wal::Turns`): a pass over many busy connections, not a
+/// timer anyone should wait on.
+const PASS_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// `--preallocate`: how a new segment file is made ready
 /// ([`fencelog::wal::Preallocation`]).
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -418,7 +423,7 @@ impl ServeArgs {
             addr.set_port(port);
         }
         let (max_payload, max_entry) = self.entry_sizes()?;
-        let engine = fencelog::Options {
+        let mut engine = fencelog::Options {
             max_payload_bytes: max_payload,
             max_live_leases: self.max_live_leases,
             wal: fencelog::WalOptions {
@@ -435,6 +440,11 @@ impl ServeArgs {
             || std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
             |n| n as usize,
         );
+        let turns = fencelog::wal::Turns::new(threads, PASS_WAIT);
+        // A replica's log is made durable by Raft's, not per batch.
+        if cluster.is_none() {
+            engine.wal.turns = Some(std::sync::Arc::clone(&turns));
+        }
         let flags = self.flags_shown(addr, max_payload, threads, cluster.as_ref());
         Ok(ServeConfig {
             dir: self.dir,
@@ -455,6 +465,7 @@ impl ServeArgs {
             max_pipeline: self.max_pipeline,
             max_connections: self.max_connections,
             threads,
+            turns,
             shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
             flags,
             cluster,
@@ -624,10 +635,7 @@ fn serve(config: ServeConfig) -> ExitCode {
     return_large_buffers_to_the_system();
     // This thread accepts, and serves connections as the first of
     // `--threads` single-threaded runtimes (server.rs, `Worker`).
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match fencelog_server::server::connection_runtime(&config.turns, 0) {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("fencelog: cannot start the runtime: {e}");

@@ -7,6 +7,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use fencelog::wal::Turns;
+use tokio::runtime::Runtime;
+
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
@@ -161,7 +164,14 @@ impl Server {
             .map(|c| tokio::spawn(async move { c.join().await }));
         // The other threads that serve connections (this one is the first).
         let workers: Vec<Worker> = (1..ctx.config.threads.max(1))
-            .map(|i| Worker::start(i, shutdown.clone(), ctx.config.shutdown_grace))
+            .map(|i| {
+                Worker::start(
+                    i,
+                    &ctx.config.turns,
+                    shutdown.clone(),
+                    ctx.config.shutdown_grace,
+                )
+            })
             .collect::<Result<_, _>>()?;
         let mut tasks = Tasks {
             connections: JoinSet::new(),
@@ -334,6 +344,22 @@ async fn serve_connection(
     }
 }
 
+/// The runtime of connection thread `index`: single-threaded, and member
+/// `index` of `turns`, so that the log's sync waits for the pass of its
+/// event loop under way (a pass begins when the thread wakes with work and
+/// ends when it is about to sleep).
+pub fn connection_runtime(turns: &Arc<Turns>, index: usize) -> std::io::Result<Runtime> {
+    let mut builder = tokio::runtime::Builder::new_current_thread();
+    builder.enable_all();
+    if let Some(member) = turns.member(index) {
+        let ends = member.clone();
+        builder
+            .on_thread_unpark(move || member.begin())
+            .on_thread_park(move || ends.end());
+    }
+    builder.build()
+}
+
 /// A connection on its way to the thread that serves it.
 struct HandOver {
     open: OpenConnection,
@@ -355,12 +381,11 @@ struct Worker {
 impl Worker {
     fn start(
         index: usize,
+        turns: &Arc<Turns>,
         shutdown: Shutdown,
         grace: std::time::Duration,
     ) -> Result<Worker, String> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
+        let runtime = connection_runtime(turns, index)
             .map_err(|e| format!("cannot start the runtime of thread {index}: {e}"))?;
         let (handoff, arrivals) = tokio::sync::mpsc::unbounded_channel();
         let thread = std::thread::Builder::new()

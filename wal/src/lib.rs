@@ -38,6 +38,7 @@ mod segment;
 mod stats;
 mod storage;
 mod ticket;
+mod turns;
 mod verify;
 mod wal;
 
@@ -50,5 +51,6 @@ pub use segment::Entry;
 pub use stats::{Histogram, HistogramSnapshot, WalStats, WalStatsSnapshot};
 pub use storage::{CrashMode, DirLock, Faults, FsStorage, SimStorage, Storage, StorageFile};
 pub use ticket::Ticket;
+pub use turns::{Member, Turns};
 pub use verify::{SegmentReport, VerifiedEntry, VerifyReport, verify};
 pub use wal::{Appended, Durable, Removal, Replay, ReplayEntry, Sequencer, Wal, Writer};

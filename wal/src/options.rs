@@ -1,7 +1,10 @@
 //! Configuration, checked once at open.
 
 use crate::error::WalError;
+use std::sync::Arc;
+
 use crate::format::{HEADER_LEN, TRAILER_LEN};
+use crate::turns::Turns;
 
 /// What `open` does with damage it finds while recovering the log's tail.
 ///
@@ -93,6 +96,12 @@ pub struct WalOptions {
     /// wait instead of one per submit. Entries nobody waits for are
     /// written within 100 ms.
     pub flush_on_wait: bool,
+    /// The event-loop threads that submit to this log, if they say when
+    /// their passes begin and end: the sync thread then lets the passes
+    /// under way finish before it syncs, so that one sync covers a pass
+    /// (see [`Turns`]). Default none: a batch is synced as soon as the
+    /// sync before it returned.
+    pub turns: Option<Arc<Turns>>,
 }
 
 impl Default for WalOptions {
@@ -108,6 +117,7 @@ impl Default for WalOptions {
             sync_every_batch: true,
             inline_io: false,
             flush_on_wait: false,
+            turns: None,
         }
     }
 }

@@ -115,6 +115,8 @@ pub struct WalStats {
     pub(crate) sync_micros: Histogram,
     pub(crate) batch_entries: Histogram,
     pub(crate) sync_idle_micros: AtomicU64,
+    pub(crate) pass_waits: AtomicU64,
+    pub(crate) pass_wait_micros: AtomicU64,
     pub(crate) commit_micros: Histogram,
 }
 
@@ -157,6 +159,12 @@ pub struct WalStatsSnapshot {
     /// Time the sync thread spent waiting for work, in microseconds: the
     /// rest of its time it was writing, syncing or waking waiters.
     pub sync_idle_micros: u64,
+    /// Times the sync thread, with work pending, waited for the passes of
+    /// event loops under way to end before it synced (see
+    /// [`Turns`](crate::Turns)).
+    pub pass_waits: u64,
+    /// Time it spent in those waits, in microseconds.
+    pub pass_wait_micros: u64,
     /// Commit latency of each entry, in microseconds: from the moment the
     /// first entry of its group commit was submitted until that commit's
     /// sync returned (an upper bound of each entry's own wait; every entry
@@ -185,6 +193,8 @@ impl WalStats {
             sync_micros: self.sync_micros.snapshot(),
             batch_entries: self.batch_entries.snapshot(),
             sync_idle_micros: self.sync_idle_micros.load(Ordering::Relaxed),
+            pass_waits: self.pass_waits.load(Ordering::Relaxed),
+            pass_wait_micros: self.pass_wait_micros.load(Ordering::Relaxed),
             commit_micros: self.commit_micros.snapshot(),
         }
     }

@@ -1334,6 +1334,7 @@ impl<S: Sequencer> Shared<S> {
     /// The sync thread: waits for pending work and flushes it, until
     /// shutdown with nothing left or a failure.
     fn run_sync_thread(&self) {
+        let mut in_pass = Vec::new();
         loop {
             {
                 let mut locked = self.locked.lock();
@@ -1352,6 +1353,15 @@ impl<S: Sequencer> Shared<S> {
                 locked.sync_thread_waiting = false;
                 if locked.pending.is_empty() {
                     return; // shut down with nothing left to write
+                }
+            }
+            if let Some(turns) = &self.opts.turns {
+                let started = Instant::now();
+                if turns.wait_for_passes(&mut in_pass) {
+                    self.stats.pass_waits.fetch_add(1, Ordering::Relaxed);
+                    self.stats
+                        .pass_wait_micros
+                        .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
                 }
             }
             // A waiting thread may be flushing inline: take turns.
