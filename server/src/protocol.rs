@@ -171,8 +171,137 @@ impl std::fmt::Debug for ArgRef<'_> {
     }
 }
 
-/// A request's arguments as its commands see them.
-pub type Args<'a> = SmallVec<[ArgRef<'a>; INLINE_ARGS]>;
+/// A request's arguments as its commands see them: a view that borrows
+/// the request and hands out each [`ArgRef`] when asked, so a command
+/// that looks at three arguments does not first gather all of them
+/// (gathering them was 4.5 % of a stale rejection's instructions at
+/// pipeline 16).
+#[derive(Clone, Copy)]
+pub struct Args<'a> {
+    parts: ArgParts<'a>,
+}
+
+/// Where an [`Args`]' arguments are: [`Parts`], borrowed.
+#[derive(Clone, Copy)]
+enum ArgParts<'a> {
+    Framed {
+        frame: &'a Bytes,
+        spans: &'a [(u32, u32)],
+    },
+    Separate(&'a [Bytes]),
+}
+
+/// The arguments gathered, for commands that take them as a slice.
+pub type ArgRefs<'a> = SmallVec<[ArgRef<'a>; INLINE_ARGS]>;
+
+impl<'a> Args<'a> {
+    /// How many arguments.
+    pub fn len(&self) -> usize {
+        match self.parts {
+            ArgParts::Framed { spans, .. } => spans.len(),
+            ArgParts::Separate(args) => args.len(),
+        }
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Argument `i`, if there is one.
+    pub fn get(&self, i: usize) -> Option<ArgRef<'a>> {
+        match self.parts {
+            ArgParts::Framed { frame, spans } => spans.get(i).map(|&(start, end)| ArgRef {
+                bytes: &frame[start as usize..end as usize],
+                owner: frame,
+            }),
+            ArgParts::Separate(args) => args.get(i).map(|a| ArgRef { bytes: a, owner: a }),
+        }
+    }
+
+    /// The first argument, if any.
+    pub fn first(&self) -> Option<ArgRef<'a>> {
+        self.get(0)
+    }
+
+    /// The arguments from `start` on, as `&args[start..]` is.
+    ///
+    /// # Panics
+    ///
+    /// If `start` is past the last argument's end.
+    pub fn from(&self, start: usize) -> Args<'a> {
+        let parts = match self.parts {
+            ArgParts::Framed { frame, spans } => ArgParts::Framed {
+                frame,
+                spans: &spans[start..],
+            },
+            ArgParts::Separate(args) => ArgParts::Separate(&args[start..]),
+        };
+        Args { parts }
+    }
+
+    /// The arguments, in order.
+    pub fn iter(&self) -> ArgsIter<'a> {
+        ArgsIter {
+            args: *self,
+            next: 0,
+        }
+    }
+
+    /// The arguments gathered into a vector of [`ArgRef`], for the
+    /// commands that match on a slice (none of the frequent ones).
+    pub fn refs(&self) -> ArgRefs<'a> {
+        self.iter().collect()
+    }
+}
+
+/// Argument `i`'s bytes, as a slice is indexed.
+///
+/// # Panics
+///
+/// If there is no argument `i`.
+impl std::ops::Index<usize> for Args<'_> {
+    type Output = [u8];
+
+    fn index(&self, i: usize) -> &[u8] {
+        match self.get(i) {
+            Some(arg) => arg.as_slice(),
+            None => panic!("argument {i} of {}", self.len()),
+        }
+    }
+}
+
+/// The arguments of an [`Args`], in order.
+pub struct ArgsIter<'a> {
+    args: Args<'a>,
+    next: usize,
+}
+
+impl<'a> Iterator for ArgsIter<'a> {
+    type Item = ArgRef<'a>;
+
+    fn next(&mut self) -> Option<ArgRef<'a>> {
+        let arg = self.args.get(self.next)?;
+        self.next += 1;
+        Some(arg)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = self.args.len().saturating_sub(self.next);
+        (left, Some(left))
+    }
+}
+
+impl ExactSizeIterator for ArgsIter<'_> {}
+
+impl<'a> IntoIterator for Args<'a> {
+    type Item = ArgRef<'a>;
+    type IntoIter = ArgsIter<'a>;
+
+    fn into_iter(self) -> ArgsIter<'a> {
+        self.iter()
+    }
+}
 
 impl Request {
     /// Arguments in the request, the command's name included.
@@ -219,16 +348,11 @@ impl Request {
 
     /// The arguments, borrowed: what a command runs on.
     pub fn args(&self) -> Args<'_> {
-        match &self.parts {
-            Parts::Framed { frame, spans } => spans
-                .iter()
-                .map(|&(start, end)| ArgRef {
-                    bytes: &frame[start as usize..end as usize],
-                    owner: frame,
-                })
-                .collect(),
-            Parts::Separate(args) => args.iter().map(|a| ArgRef { bytes: a, owner: a }).collect(),
-        }
+        let parts = match &self.parts {
+            Parts::Framed { frame, spans } => ArgParts::Framed { frame, spans },
+            Parts::Separate(args) => ArgParts::Separate(args),
+        };
+        Args { parts }
     }
 
     /// What the request holds in memory: its arguments, with

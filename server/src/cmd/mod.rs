@@ -28,7 +28,7 @@ use std::sync::atomic::Ordering;
 use crate::command_table::Registry;
 use crate::context::Context;
 use crate::outcome::{BoxFuture, Outcome};
-use crate::protocol::{ArgRef, Request};
+use crate::protocol::{Args, Request};
 use crate::session::Session;
 use parse::{err, unknown_command, upper};
 
@@ -77,13 +77,18 @@ pub async fn execute(ctx: &Arc<Context>, session: &mut Session, request: &Reques
         return Outcome::Reply(transactions::queue(cmd, spec, request, session));
     }
     let args = request.args();
-    let a = &args[1..];
     match cmd {
-        "MULTI" => Outcome::Reply(transactions::multi(a, session)),
-        "EXEC" => transactions::exec(ctx, a, session, run_queued).await,
-        "DISCARD" => Outcome::Reply(transactions::discard(a, session)),
-        "WATCH" => Outcome::Reply(transactions::watch(a, session)),
-        _ => run_named(ctx, session, &args, cmd).await,
+        "MULTI" | "EXEC" | "DISCARD" | "WATCH" => {
+            let refs = args.refs();
+            let a = &refs[1..];
+            match cmd {
+                "MULTI" => Outcome::Reply(transactions::multi(a, session)),
+                "EXEC" => transactions::exec(ctx, a, session, run_queued).await,
+                "DISCARD" => Outcome::Reply(transactions::discard(a, session)),
+                _ => Outcome::Reply(transactions::watch(a, session)),
+            }
+        }
+        _ => run_named(ctx, session, args, cmd).await,
     }
 }
 
@@ -99,7 +104,7 @@ fn run_queued<'a>(
             return err("ERR empty command");
         };
         let upper_cmd = upper(first);
-        run_named(ctx, session, &request.args(), upper_cmd.as_str()).await
+        run_named(ctx, session, request.args(), upper_cmd.as_str()).await
     })
 }
 
@@ -107,21 +112,24 @@ fn run_queued<'a>(
 async fn run_named(
     ctx: &Arc<Context>,
     session: &mut Session,
-    args: &[ArgRef<'_>],
+    args: Args<'_>,
     cmd: &str,
 ) -> Outcome {
-    let a = &args[1..];
     if cmd == "LOG.APPEND"
-        && let Some(refused) = streams::refuse_stale_append(ctx, session, a)
+        && let Some(refused) = streams::refuse_stale_append(ctx, session, args.from(1))
     {
         return refused;
     }
-    if let Some(parsed) = streams::parse_write(cmd, a) {
+    if let Some(parsed) = streams::parse_write(cmd, args.from(1)) {
         return match parsed {
             Ok(op) => streams::write(ctx, session.tag(), op).await,
             Err(reply) => Outcome::Reply(reply),
         };
     }
+    // The other commands match on a slice of the arguments: gathered here,
+    // off the path of the writes.
+    let args = args.refs();
+    let a = &args[1..];
     match cmd {
         "LOG.READ" => streams::read(ctx, a, session.waits).await,
         "LOG.STAT" => streams::stat(ctx, a).await,
@@ -144,7 +152,7 @@ async fn run_named(
         "CONFIG" => introspection::config(a, ctx),
         "CLUSTER" => cluster::cluster(ctx, a).await,
         "READONLY" | "READWRITE" | "ASKING" => cluster::client_mode(ctx, a),
-        _ => Outcome::Reply(unknown_command(args)),
+        _ => Outcome::Reply(unknown_command(&args)),
     }
 }
 
