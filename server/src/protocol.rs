@@ -899,6 +899,16 @@ pub enum Reply {
     Simple(String),
     /// `-CODE message`
     Error(String),
+    /// `-STALE token 41 is below the highest accepted token 42`: the error
+    /// of a stale write, the most frequent error there is, encoded from its
+    /// numbers (an [`Reply::Error`] of the same text costs an allocation,
+    /// its free, and a scan for line breaks it cannot hold).
+    Stale {
+        /// The token the client presented.
+        presented: u64,
+        /// The stream's highest accepted token.
+        highest: u64,
+    },
     /// `:42`
     Integer(i64),
     /// `$3 foo`
@@ -940,6 +950,13 @@ impl Reply {
         let line = |s: &str| 1 + s.len() + 2;
         match self {
             Reply::Simple(s) | Reply::Error(s) => line(s),
+            Reply::Stale { presented, highest } => {
+                1 + STALE_HEAD.len()
+                    + digits(i128::from(*presented))
+                    + STALE_MIDDLE.len()
+                    + digits(i128::from(*highest))
+                    + 2
+            }
             Reply::Integer(n) => 1 + digits(i128::from(*n)) + 2,
             Reply::Bulk(b) => 1 + digits(b.len() as i128) + 2 + b.len() + 2,
             Reply::Verbatim(s) if proto >= 3 => {
@@ -992,6 +1009,10 @@ impl Reply {
                 out.put(b"-");
                 out.put(clean_line(s).as_bytes());
                 out.put(b"\r\n");
+            }
+            Reply::Stale { presented, highest } => {
+                let mut line = [0u8; STALE_LINE_MAX];
+                out.put(stale_line(&mut line, *presented, *highest));
             }
             Reply::Integer(n) => put_number(out, b':', *n),
             Reply::Bulk(b) => {
@@ -1177,6 +1198,32 @@ fn put_number(out: &mut impl Sink, kind: u8, n: i64) {
     line[1..1 + digits.len()].copy_from_slice(digits);
     line[1 + digits.len()..3 + digits.len()].copy_from_slice(b"\r\n");
     out.put(&line[..3 + digits.len()]);
+}
+
+/// The words of a stale write's error around its two numbers.
+pub(crate) const STALE_HEAD: &str = "STALE token ";
+/// See [`STALE_HEAD`].
+pub(crate) const STALE_MIDDLE: &str = " is below the highest accepted token ";
+/// The longest `-STALE …\r\n` line: two numbers of 20 digits at most.
+const STALE_LINE_MAX: usize = 1 + STALE_HEAD.len() + 20 + STALE_MIDDLE.len() + 20 + 2;
+
+/// [`Reply::Stale`]'s line, CRLF included, written into `line` in one
+/// pass: digits and fixed words only, so no line break to clean.
+fn stale_line(line: &mut [u8; STALE_LINE_MAX], presented: u64, highest: u64) -> &[u8] {
+    let (mut p, mut h) = (itoa::Buffer::new(), itoa::Buffer::new());
+    let mut len = 0;
+    for part in [
+        b"-".as_slice(),
+        STALE_HEAD.as_bytes(),
+        p.format(presented).as_bytes(),
+        STALE_MIDDLE.as_bytes(),
+        h.format(highest).as_bytes(),
+        b"\r\n",
+    ] {
+        line[len..len + part.len()].copy_from_slice(part);
+        len += part.len();
+    }
+    &line[..len]
 }
 
 /// Simple strings and errors are one line: no CR or LF inside.

@@ -12,7 +12,7 @@ use fencelog::{Log, ReadOptions, TxOp};
 use super::parse::{err, not_integer, parse_token, parse_u64, upper, wait_ms, wrong_arity};
 use crate::command_table::*;
 use crate::context::{ClientTag, Context, failure_reply, note_error};
-use crate::outcome::{Blocking, Outcome, ReadProgress, error_reply, number};
+use crate::outcome::{Blocking, Outcome, ReadProgress, error_reply, number, stale_reply};
 use crate::protocol::{ArgRef, Args, Reply};
 use crate::session::Session;
 use crate::store::{Barrier, Store, Written};
@@ -198,7 +198,10 @@ pub fn refuse_stale_append(ctx: &Context, session: &Session, a: Args<'_>) -> Opt
         _ => ctx.store.refuse_append(stream, token, &a.from(2).refs()),
     }?;
     note_error(ctx, &session.tag(), stream, &e);
-    Some(Outcome::Reply(error_reply(&e)))
+    Some(Outcome::Reply(match e {
+        fencelog::Error::Stale { presented, highest } => stale_reply(presented, highest),
+        e => error_reply(&e),
+    }))
 }
 
 /// Takes a parsed write: refused at once if the store can tell it is
