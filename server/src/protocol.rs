@@ -479,6 +479,7 @@ const PLAIN_LEN_DIGITS: usize = 18;
 /// accepts, they accept with the same value. Clients write lengths this
 /// way, and the three passes were a fifth of a stale rejection's
 /// instructions at pipeline 16.
+#[inline]
 fn plain_len(buf: &[u8]) -> Option<(usize, usize)> {
     let digits = buf.get(1..)?;
     let mut n: u64 = 0;
@@ -540,14 +541,16 @@ pub(crate) fn ascii_u64(digits: &[u8]) -> Option<u64> {
 }
 
 impl RequestParser {
-    /// The request of `expected` arguments whose header was just consumed,
-    /// when all of it is already in `buf` and plainly valid (the common
-    /// case under pipelining): one pass over the headers, one split of the
-    /// buffer, each argument a place in it. `None` leaves `buf` untouched
-    /// for the step-by-step parser, which also words every error.
+    /// The request of `expected` arguments whose header is the first
+    /// `header` bytes of `buf`, when all of it is already in `buf` and
+    /// plainly valid (the common case under pipelining): one pass over the
+    /// headers, one split of the buffer (the header goes with the frame:
+    /// no second cut), each argument a place in it. `None` leaves `buf`
+    /// untouched for the step-by-step parser, which also words every error.
     fn whole_request(
         &self,
         buf: &mut BytesMut,
+        header: usize,
         expected: usize,
         limits: &Limits,
     ) -> Option<Request> {
@@ -558,7 +561,7 @@ impl RequestParser {
             return None;
         }
         let mut spans = SmallVec::<[(u32, u32); INLINE_ARGS]>::with_capacity(expected);
-        let mut pos = 0;
+        let mut pos = header;
         for _ in 0..expected {
             let rest = buf.get(pos..)?;
             if rest.first() != Some(&b'$') {
@@ -679,12 +682,13 @@ impl RequestParser {
                             (parse_len(&buf[1..end], "multibulk")?, end + 2)
                         }
                     };
-                    buf.advance(line);
                     if n <= 0 {
                         // `*0` and `*-1` are no command at all.
+                        buf.advance(line);
                         continue;
                     }
                     if n as usize > limits.max_args {
+                        buf.advance(line);
                         return Err(ProtocolError(format!(
                             "invalid multibulk length: {n} arguments is over the limit of {} \
                              (--max-args)",
@@ -692,12 +696,14 @@ impl RequestParser {
                         )));
                     }
                     if self.unauthenticated && n as usize > UNAUTHENTICATED_MAX_ARGS {
+                        buf.advance(line);
                         return Err(ProtocolError("unauthenticated multibulk length".into()));
                     }
                     let expected = n as usize;
-                    if let Some(args) = self.whole_request(buf, expected, limits) {
+                    if let Some(args) = self.whole_request(buf, line, expected, limits) {
                         return Ok(Some(args));
                     }
+                    buf.advance(line);
                     // Grow as arguments arrive; never trust the count with
                     // an allocation.
                     self.state = State::Array {
