@@ -37,7 +37,9 @@ use crate::budget::{ClientShare, Eviction};
 use crate::cmd::{self, Pipelining};
 use crate::context::{Context, note_error};
 use crate::outcome::{Blocking, Later, Outcome, ReadProgress, ReplyFuture, error_reply};
-use crate::protocol::{Output, ProtocolError, Reply, Request, RequestParser, looks_like_http};
+use crate::protocol::{
+    Output, ProtocolError, Reply, Request, RequestParser, looks_like_http_named,
+};
 use crate::session::{Multi, Session};
 use crate::shutdown::Shutdown;
 use crate::wake_gate::WakeGated;
@@ -316,11 +318,19 @@ impl Connection {
             // Reads that wait for a round pipeline behind reads only,
             // writes behind writes only (a read never sees a write sent
             // after it).
-            let pipelining = match &next {
-                Held::Close(_) => Pipelining::InOrder,
-                Held::Request(request, _) => {
-                    cmd::pipelining(&self.session, request, self.ctx.store.orders_rounds())
-                }
+            // The name, upper-cased once for the three that look at it.
+            let (pipelining, name) = match &next {
+                Held::Close(_) => (Pipelining::InOrder, None),
+                Held::Request(request, _) => match request.get(0) {
+                    Some(first) => {
+                        let name = cmd::parse::upper(first);
+                        let rounds = self.ctx.store.orders_rounds();
+                        let pipelining =
+                            cmd::pipelining_named(&self.session, request, &name, rounds);
+                        (pipelining, Some(name))
+                    }
+                    None => (Pipelining::InOrder, None),
+                },
             };
             let deferrable = match pipelining {
                 Pipelining::InOrder => false,
@@ -338,11 +348,19 @@ impl Connection {
                 }
                 Held::Request(request, bytes) => (request, bytes),
             };
-            if looks_like_http(&request) {
-                return Err(End::Http);
-            }
-            requests += 1;
-            let outcome = cmd::execute(&self.ctx, &mut self.session, &request).await;
+            let outcome = match &name {
+                Some(name) => {
+                    if looks_like_http_named(name.as_str(), &request) {
+                        return Err(End::Http);
+                    }
+                    requests += 1;
+                    cmd::execute_named(&self.ctx, &mut self.session, &request, name).await
+                }
+                None => {
+                    requests += 1;
+                    cmd::execute(&self.ctx, &mut self.session, &request).await
+                }
+            };
             // What a durable answer names (only a write's is awaited): cut
             // out of the request for those alone, not for every refusal.
             let stream_arg = match outcome {

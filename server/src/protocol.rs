@@ -455,6 +455,17 @@ pub fn looks_like_http(request: &Request) -> bool {
     cmd.eq_ignore_ascii_case(b"GET") && request.get(1).is_some_and(|path| path.starts_with(b"/"))
 }
 
+/// [`looks_like_http`] for a request whose name the caller has
+/// upper-cased already (`cmd::parse::upper` of argument 0: ASCII, or
+/// empty, which is none of these words).
+pub fn looks_like_http_named(upper_cmd: &str, request: &Request) -> bool {
+    match upper_cmd {
+        "POST" | "HOST:" => true,
+        "GET" => request.get(1).is_some_and(|path| path.starts_with(b"/")),
+        _ => false,
+    }
+}
+
 /// Where the first CRLF of a length line is, if within [`MAX_LEN_LINE`]
 /// bytes: the search stops there (a longer line is refused anyway), so a
 /// large buffer with no CRLF is not scanned again on every read.
@@ -1511,6 +1522,37 @@ mod tests {
         assert!(looks_like_http(&req(&["GET", "/metrics", "HTTP/1.1"])));
         assert!(!looks_like_http(&req(&["GET", "key"])));
         assert!(!looks_like_http(&req(&["LOG.APPEND", "POST", "1", "x"])));
+    }
+
+    /// The connection's form, on the name upper-cased once, says what
+    /// `looks_like_http` says.
+    #[test]
+    fn http_looking_requests_by_their_upper_cased_name() {
+        let req = |args: &[&str]| -> Request {
+            args.iter().map(|a| Bytes::from(a.to_string())).collect()
+        };
+        let long = "P".repeat(40);
+        for args in [
+            &["POST", "/", "HTTP/1.1"][..],
+            &["post"],
+            &["Host:", "localhost:7379"],
+            &["hOsT:"],
+            &["GET", "/metrics", "HTTP/1.1"],
+            &["get", "/"],
+            &["GET", "key"],
+            &["GET"],
+            &["LOG.APPEND", "POST", "1", "x"],
+            &["pöst"],
+            &[long.as_str()],
+        ] {
+            let r = req(args);
+            let name = crate::cmd::parse::upper(&r[0]);
+            assert_eq!(
+                looks_like_http_named(name.as_str(), &r),
+                looks_like_http(&r),
+                "{args:?}"
+            );
+        }
     }
 
     #[test]

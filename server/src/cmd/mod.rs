@@ -30,7 +30,7 @@ use crate::context::Context;
 use crate::outcome::{BoxFuture, Outcome};
 use crate::protocol::{Args, Request};
 use crate::session::Session;
-use parse::{err, unknown_command, upper};
+use parse::{Upper, err, unknown_command, upper};
 
 /// Every command, in the order `docs/COMMANDS.md` lists them: each
 /// family's specs, declared next to its code.
@@ -47,10 +47,21 @@ pub static REGISTRY: Registry = Registry::new(&[
 /// connection's pipelined writes share one group commit (or round of
 /// replication); inside a transaction, commands are queued.
 pub async fn execute(ctx: &Arc<Context>, session: &mut Session, request: &Request) -> Outcome {
-    let Some(first) = request.get(0) else {
-        return err("ERR empty command");
-    };
-    let upper_cmd = upper(first);
+    match request.get(0) {
+        Some(first) => execute_named(ctx, session, request, &upper(first)).await,
+        None => err("ERR empty command"),
+    }
+}
+
+/// [`execute`] for a request whose name the caller has upper-cased
+/// already ([`upper`] of argument 0): a connection asks for it once per
+/// request, for the pipelining rule, the HTTP check and this.
+pub async fn execute_named(
+    ctx: &Arc<Context>,
+    session: &mut Session,
+    request: &Request,
+    upper_cmd: &Upper,
+) -> Outcome {
     let cmd = upper_cmd.as_str();
     ctx.stats.commands.fetch_add(1, Ordering::Relaxed);
     let spec = REGISTRY.lookup(cmd);
@@ -175,10 +186,27 @@ pub enum Pipelining {
 /// lease writes in rounds ([`Store::orders_rounds`](crate::store::Store::orders_rounds)).
 /// Inside a transaction nothing is (writes are queued).
 pub fn pipelining(session: &Session, request: &Request, rounds: bool) -> Pipelining {
-    let Some(cmd) = request.get(0).filter(|_| session.multi.is_none()) else {
+    match request.get(0) {
+        Some(first) => pipelining_named(session, request, &upper(first), rounds),
+        None => Pipelining::InOrder,
+    }
+}
+
+/// [`pipelining`] for a request whose name the caller has upper-cased
+/// already ([`upper`] of argument 0).
+pub fn pipelining_named(
+    session: &Session,
+    request: &Request,
+    upper_cmd: &Upper,
+    rounds: bool,
+) -> Pipelining {
+    if session.multi.is_some() {
         return Pipelining::InOrder;
-    };
-    let is = |names: &[&str]| names.iter().any(|w| cmd.eq_ignore_ascii_case(w.as_bytes()));
+    }
+    // Names are ASCII and at most `Upper::MAX` long: one that is not
+    // upper-cases to "", which is none of them.
+    let cmd = upper_cmd.as_str();
+    let is = |names: &[&str]| names.contains(&cmd);
     let has = |word: &[u8]| request.iter().skip(1).any(|a| a.eq_ignore_ascii_case(word));
     // A lease command that does not wait is a write proposed in the
     // connection's order, like a stream write: pipelined ones share
@@ -186,8 +214,8 @@ pub fn pipelining(session: &Session, request: &Request, rounds: bool) -> Pipelin
     // replication apiece: 1,500 acquisitions/s where fences went ten
     // times faster).
     let lease_write =
-        is(&["LEASE.RENEW", "LEASE.RELEASE"]) || (is(&["LEASE.ACQUIRE"]) && !has(b"WAIT"));
-    if is(streams::WRITES) || (rounds && lease_write) {
+        || is(&["LEASE.RENEW", "LEASE.RELEASE"]) || (is(&["LEASE.ACQUIRE"]) && !has(b"WAIT"));
+    if is(streams::WRITES) || (rounds && lease_write()) {
         Pipelining::Write
     } else if rounds && is(streams::READS) && !has(b"BLOCK") {
         Pipelining::Read
