@@ -1179,8 +1179,14 @@ impl Output {
     pub fn advance(&mut self, mut n: usize) {
         while n > 0 {
             let Some(front) = self.chunks.front_mut() else {
-                let n = n.min(self.tail.len());
-                self.tail.advance(n);
+                if n >= self.tail.len() {
+                    // All written: the buffer starts over at its start.
+                    // (Advancing moved its start forward, which the next
+                    // reservation then moved back, per write.)
+                    self.tail.clear();
+                } else {
+                    self.tail.advance(n);
+                }
                 return;
             };
             let take = n.min(front.len());
@@ -1196,7 +1202,9 @@ impl Output {
     /// Gives back memory once everything is written.
     pub fn shrink(&mut self, keep_bytes: usize) {
         if self.is_empty() {
-            self.chunks = std::collections::VecDeque::new();
+            if self.chunks.capacity() > 0 {
+                self.chunks = std::collections::VecDeque::new();
+            }
             if self.tail.capacity() > keep_bytes {
                 self.tail = BytesMut::new();
             } else {
