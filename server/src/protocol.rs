@@ -648,6 +648,47 @@ impl RequestParser {
         buf: &mut BytesMut,
         limits: &Limits,
     ) -> Result<Option<Request>, ProtocolError> {
+        // Between requests, the common cases in a few instructions: no
+        // input, or an array received whole. Anything else (and every
+        // error) is the step-by-step parser's.
+        if matches!(self.state, State::Start) && self.inline_scanned == 0 {
+            if buf.is_empty() {
+                return Ok(None);
+            }
+            if let Some(request) = self.whole_array(buf, limits) {
+                self.held = 0;
+                return Ok(Some(request));
+            }
+        }
+        self.next_in_steps(buf, limits)
+    }
+
+    /// A request at the front of `buf`, when it is an array received whole
+    /// whose header is in its plainest form and within the limits; `None`
+    /// leaves `buf` untouched.
+    #[inline]
+    fn whole_array(&self, buf: &mut BytesMut, limits: &Limits) -> Option<Request> {
+        if buf.first() != Some(&b'*') {
+            return None;
+        }
+        let (n, line) = plain_len(buf)?;
+        let within = n > 0
+            && n <= limits.max_args
+            && !(self.unauthenticated && n > UNAUTHENTICATED_MAX_ARGS);
+        if !within {
+            return None;
+        }
+        self.whole_request(buf, line, n, limits)
+    }
+
+    /// [`RequestParser::next`], one step at a time: kept out of line, so
+    /// that the common case does not pay for its frame.
+    #[inline(never)]
+    fn next_in_steps(
+        &mut self,
+        buf: &mut BytesMut,
+        limits: &Limits,
+    ) -> Result<Option<Request>, ProtocolError> {
         let next = self.parse(buf, limits);
         if !matches!(next, Ok(None)) {
             // A request handed out, or the connection ends: nothing is held.
