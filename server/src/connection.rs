@@ -22,7 +22,7 @@
 //! yields to the other tasks before going on.
 
 use std::collections::VecDeque;
-use std::future::Future;
+use std::future::{Future, poll_fn};
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -513,8 +513,16 @@ impl Connection {
             event = interrupted(&mut self.interrupt) => event,
             reply = next_answer(&mut self.pending), if !self.pending.is_empty() => Event::Answer(reply),
             reply = wait_blocked(&mut self.blocked), if self.blocked.is_some() => Event::Unblocked(reply),
-            ready = self.stream.writable(), if want_write => Event::Writable(ready),
-            ready = self.stream.readable(), if want_read => Event::Readable(ready),
+            // The socket's own waker slots rather than `writable()` and
+            // `readable()`, whose futures join and leave a list of waiters
+            // under a lock at every wait (this task is the socket's only
+            // waiter; a wake-up left behind costs a poll that finds nothing).
+            ready = poll_fn(|cx| self.stream.poll_write_ready(cx)), if want_write => {
+                Event::Writable(ready)
+            }
+            ready = poll_fn(|cx| self.stream.poll_read_ready(cx)), if want_read => {
+                Event::Readable(ready)
+            }
         };
         match event {
             Event::Evicted(why) => Err(End::Evicted(why)),
