@@ -64,7 +64,14 @@ pub async fn execute_named(
 ) -> Outcome {
     let cmd = upper_cmd.as_str();
     ctx.stats.commands.fetch_add(1, Ordering::Relaxed);
-    let spec = REGISTRY.lookup(cmd);
+    let spec = match session.last_spec {
+        Some(last) if last.name == cmd => Some(last),
+        _ => {
+            let spec = REGISTRY.lookup(cmd);
+            session.last_spec = spec.or(session.last_spec);
+            spec
+        }
+    };
     if let (Some(r), Some(spec)) = (&session.registration, spec) {
         // `CLIENT LIST` shows subcommands as Redis does: `client|list`.
         let sub = request
