@@ -490,7 +490,7 @@ const PLAIN_LEN_DIGITS: usize = 18;
 /// accepts, they accept with the same value. Clients write lengths this
 /// way, and the three passes were a fifth of a stale rejection's
 /// instructions at pipeline 16.
-#[inline]
+#[inline(always)]
 fn plain_len(buf: &[u8]) -> Option<(usize, usize)> {
     let digits = buf.get(1..)?;
     let mut n: u64 = 0;
