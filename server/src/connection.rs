@@ -22,7 +22,7 @@
 //! yields to the other tasks before going on.
 
 use std::collections::VecDeque;
-use std::future::Future;
+use std::future::{Future, poll_fn};
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -37,7 +37,9 @@ use crate::budget::{ClientShare, Eviction};
 use crate::cmd::{self, Pipelining};
 use crate::context::{Context, note_error};
 use crate::outcome::{Blocking, Later, Outcome, ReadProgress, ReplyFuture, error_reply};
-use crate::protocol::{Output, ProtocolError, Reply, Request, RequestParser, looks_like_http};
+use crate::protocol::{
+    Output, ProtocolError, Reply, Request, RequestParser, looks_like_http_named,
+};
 use crate::session::{Multi, Session};
 use crate::shutdown::Shutdown;
 use crate::wake_gate::WakeGated;
@@ -316,11 +318,19 @@ impl Connection {
             // Reads that wait for a round pipeline behind reads only,
             // writes behind writes only (a read never sees a write sent
             // after it).
-            let pipelining = match &next {
-                Held::Close(_) => Pipelining::InOrder,
-                Held::Request(request, _) => {
-                    cmd::pipelining(&self.session, request, self.ctx.store.orders_rounds())
-                }
+            // The name, upper-cased once for the three that look at it.
+            let (pipelining, name) = match &next {
+                Held::Close(_) => (Pipelining::InOrder, None),
+                Held::Request(request, _) => match request.get(0) {
+                    Some(first) => {
+                        let name = cmd::parse::upper(first);
+                        let rounds = self.ctx.store.orders_rounds();
+                        let pipelining =
+                            cmd::pipelining_named(&self.session, request, &name, rounds);
+                        (pipelining, Some(name))
+                    }
+                    None => (Pipelining::InOrder, None),
+                },
             };
             let deferrable = match pipelining {
                 Pipelining::InOrder => false,
@@ -338,11 +348,19 @@ impl Connection {
                 }
                 Held::Request(request, bytes) => (request, bytes),
             };
-            if looks_like_http(&request) {
-                return Err(End::Http);
-            }
-            requests += 1;
-            let outcome = cmd::execute(&self.ctx, &mut self.session, &request).await;
+            let outcome = match &name {
+                Some(name) => {
+                    if looks_like_http_named(name.as_str(), &request) {
+                        return Err(End::Http);
+                    }
+                    requests += 1;
+                    cmd::execute_named(&self.ctx, &mut self.session, &request, name).await
+                }
+                None => {
+                    requests += 1;
+                    cmd::execute(&self.ctx, &mut self.session, &request).await
+                }
+            };
             // What a durable answer names (only a write's is awaited): cut
             // out of the request for those alone, not for every refusal.
             let stream_arg = match outcome {
@@ -495,8 +513,16 @@ impl Connection {
             event = interrupted(&mut self.interrupt) => event,
             reply = next_answer(&mut self.pending), if !self.pending.is_empty() => Event::Answer(reply),
             reply = wait_blocked(&mut self.blocked), if self.blocked.is_some() => Event::Unblocked(reply),
-            ready = self.stream.writable(), if want_write => Event::Writable(ready),
-            ready = self.stream.readable(), if want_read => Event::Readable(ready),
+            // The socket's own waker slots rather than `writable()` and
+            // `readable()`, whose futures join and leave a list of waiters
+            // under a lock at every wait (this task is the socket's only
+            // waiter; a wake-up left behind costs a poll that finds nothing).
+            ready = poll_fn(|cx| self.stream.poll_write_ready(cx)), if want_write => {
+                Event::Writable(ready)
+            }
+            ready = poll_fn(|cx| self.stream.poll_read_ready(cx)), if want_read => {
+                Event::Readable(ready)
+            }
         };
         match event {
             Event::Evicted(why) => Err(End::Evicted(why)),

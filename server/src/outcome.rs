@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 
 use fencelog::{Deferred, Error};
 
-use crate::protocol::Reply;
+use crate::protocol::{Reply, STALE_HEAD, STALE_MIDDLE};
 
 /// A boxed future that may move between threads.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -130,8 +130,8 @@ pub fn number(n: u64) -> Reply {
 /// allocation of the right size: the reply of every rejection, so without
 /// the formatting machinery.
 fn stale_text(presented: u64, highest: u64) -> String {
-    const HEAD: &str = "STALE token ";
-    const MIDDLE: &str = " is below the highest accepted token ";
+    const HEAD: &str = STALE_HEAD;
+    const MIDDLE: &str = STALE_MIDDLE;
     let (mut p, mut h) = (itoa::Buffer::new(), itoa::Buffer::new());
     let (p, h) = (p.format(presented), h.format(highest));
     let mut text = String::with_capacity(HEAD.len() + p.len() + MIDDLE.len() + h.len());
@@ -141,6 +141,14 @@ fn stale_text(presented: u64, highest: u64) -> String {
     text.push_str(h);
     debug_assert_eq!(text.len(), text.capacity());
     text
+}
+
+/// A stale write's error, as [`error_reply`] words it, in the form that
+/// is encoded without building its text: the answer of every refusal on
+/// the fast path.
+pub fn stale_reply(presented: u64, highest: u64) -> Reply {
+    debug_assert!(presented < highest, "a STALE answer cites a higher token");
+    Reply::Stale { presented, highest }
 }
 
 /// The engine's errors on the wire: a code, then a sentence with the numbers.
@@ -173,6 +181,23 @@ pub fn error_reply(e: &Error) -> Reply {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The stale error encoded from its numbers is, byte for byte, the
+    /// error its text would be.
+    #[test]
+    fn a_stale_reply_encodes_as_its_text() {
+        for (presented, highest) in [(1, 2), (41, 42), (0, u64::MAX), (u64::MAX - 1, u64::MAX)] {
+            let fast = stale_reply(presented, highest);
+            let text = error_reply(&Error::Stale { presented, highest });
+            for proto in [2, 3] {
+                let (mut a, mut b) = (bytes::BytesMut::new(), bytes::BytesMut::new());
+                fast.encode(proto, &mut a);
+                text.encode(proto, &mut b);
+                assert_eq!(a, b);
+                assert_eq!(fast.encoded_len(proto), a.len());
+            }
+        }
+    }
 
     #[test]
     fn error_codes_lead_with_the_clients_number() {

@@ -29,6 +29,10 @@ pub struct Session {
     /// Whether `BLOCK` and `WAIT` wait. `false` while `EXEC` runs its
     /// commands (they answer at once), and for a harness that never sleeps.
     pub waits: bool,
+    /// The registry's entry for the last command name looked up: a
+    /// client mostly sends one command over and over, and comparing its
+    /// name with this one costs a third of a lookup.
+    pub(crate) last_spec: Option<&'static crate::command_table::CommandSpec>,
 }
 
 impl Session {
@@ -43,6 +47,7 @@ impl Session {
             multi: None,
             registration: None,
             waits: true,
+            last_spec: None,
         }
     }
 

@@ -28,9 +28,9 @@ use std::sync::atomic::Ordering;
 use crate::command_table::Registry;
 use crate::context::Context;
 use crate::outcome::{BoxFuture, Outcome};
-use crate::protocol::{ArgRef, Request};
+use crate::protocol::{Args, Request};
 use crate::session::Session;
-use parse::{err, unknown_command, upper};
+use parse::{Upper, err, unknown_command, upper};
 
 /// Every command, in the order `docs/COMMANDS.md` lists them: each
 /// family's specs, declared next to its code.
@@ -47,13 +47,31 @@ pub static REGISTRY: Registry = Registry::new(&[
 /// connection's pipelined writes share one group commit (or round of
 /// replication); inside a transaction, commands are queued.
 pub async fn execute(ctx: &Arc<Context>, session: &mut Session, request: &Request) -> Outcome {
-    let Some(first) = request.get(0) else {
-        return err("ERR empty command");
-    };
-    let upper_cmd = upper(first);
+    match request.get(0) {
+        Some(first) => execute_named(ctx, session, request, &upper(first)).await,
+        None => err("ERR empty command"),
+    }
+}
+
+/// [`execute`] for a request whose name the caller has upper-cased
+/// already ([`upper`] of argument 0): a connection asks for it once per
+/// request, for the pipelining rule, the HTTP check and this.
+pub async fn execute_named(
+    ctx: &Arc<Context>,
+    session: &mut Session,
+    request: &Request,
+    upper_cmd: &Upper,
+) -> Outcome {
     let cmd = upper_cmd.as_str();
     ctx.stats.commands.fetch_add(1, Ordering::Relaxed);
-    let spec = REGISTRY.lookup(cmd);
+    let spec = match session.last_spec {
+        Some(last) if last.name == cmd => Some(last),
+        _ => {
+            let spec = REGISTRY.lookup(cmd);
+            session.last_spec = spec.or(session.last_spec);
+            spec
+        }
+    };
     if let (Some(r), Some(spec)) = (&session.registration, spec) {
         // `CLIENT LIST` shows subcommands as Redis does: `client|list`.
         let sub = request
@@ -77,13 +95,18 @@ pub async fn execute(ctx: &Arc<Context>, session: &mut Session, request: &Reques
         return Outcome::Reply(transactions::queue(cmd, spec, request, session));
     }
     let args = request.args();
-    let a = &args[1..];
     match cmd {
-        "MULTI" => Outcome::Reply(transactions::multi(a, session)),
-        "EXEC" => transactions::exec(ctx, a, session, run_queued).await,
-        "DISCARD" => Outcome::Reply(transactions::discard(a, session)),
-        "WATCH" => Outcome::Reply(transactions::watch(a, session)),
-        _ => run_named(ctx, session, &args, cmd).await,
+        "MULTI" | "EXEC" | "DISCARD" | "WATCH" => {
+            let refs = args.refs();
+            let a = &refs[1..];
+            match cmd {
+                "MULTI" => Outcome::Reply(transactions::multi(a, session)),
+                "EXEC" => transactions::exec(ctx, a, session, run_queued).await,
+                "DISCARD" => Outcome::Reply(transactions::discard(a, session)),
+                _ => Outcome::Reply(transactions::watch(a, session)),
+            }
+        }
+        _ => run_named(ctx, session, args, cmd).await,
     }
 }
 
@@ -99,7 +122,7 @@ fn run_queued<'a>(
             return err("ERR empty command");
         };
         let upper_cmd = upper(first);
-        run_named(ctx, session, &request.args(), upper_cmd.as_str()).await
+        run_named(ctx, session, request.args(), upper_cmd.as_str()).await
     })
 }
 
@@ -107,21 +130,26 @@ fn run_queued<'a>(
 async fn run_named(
     ctx: &Arc<Context>,
     session: &mut Session,
-    args: &[ArgRef<'_>],
+    args: Args<'_>,
     cmd: &str,
 ) -> Outcome {
-    let a = &args[1..];
     if cmd == "LOG.APPEND"
-        && let Some(refused) = streams::refuse_stale_append(ctx, session, a)
+        && let Some(refused) = streams::refuse_stale_append(ctx, session, args.from(1))
     {
         return refused;
     }
-    if let Some(parsed) = streams::parse_write(cmd, a) {
+    if let Some(parsed) = streams::parse_write(cmd, args.from(1)) {
         return match parsed {
-            Ok(op) => streams::write(ctx, session.tag(), op).await,
+            // A `LOG.APPEND` that gets here was asked `refuse_stale_append`
+            // (one whose token does not parse does not parse here either).
+            Ok(op) => streams::write(ctx, session.tag(), op, cmd == "LOG.APPEND").await,
             Err(reply) => Outcome::Reply(reply),
         };
     }
+    // The other commands match on a slice of the arguments: gathered here,
+    // off the path of the writes.
+    let args = args.refs();
+    let a = &args[1..];
     match cmd {
         "LOG.READ" => streams::read(ctx, a, session.waits).await,
         "LOG.STAT" => streams::stat(ctx, a).await,
@@ -144,7 +172,7 @@ async fn run_named(
         "CONFIG" => introspection::config(a, ctx),
         "CLUSTER" => cluster::cluster(ctx, a).await,
         "READONLY" | "READWRITE" | "ASKING" => cluster::client_mode(ctx, a),
-        _ => Outcome::Reply(unknown_command(args)),
+        _ => Outcome::Reply(unknown_command(&args)),
     }
 }
 
@@ -167,10 +195,27 @@ pub enum Pipelining {
 /// lease writes in rounds ([`Store::orders_rounds`](crate::store::Store::orders_rounds)).
 /// Inside a transaction nothing is (writes are queued).
 pub fn pipelining(session: &Session, request: &Request, rounds: bool) -> Pipelining {
-    let Some(cmd) = request.get(0).filter(|_| session.multi.is_none()) else {
+    match request.get(0) {
+        Some(first) => pipelining_named(session, request, &upper(first), rounds),
+        None => Pipelining::InOrder,
+    }
+}
+
+/// [`pipelining`] for a request whose name the caller has upper-cased
+/// already ([`upper`] of argument 0).
+pub fn pipelining_named(
+    session: &Session,
+    request: &Request,
+    upper_cmd: &Upper,
+    rounds: bool,
+) -> Pipelining {
+    if session.multi.is_some() {
         return Pipelining::InOrder;
-    };
-    let is = |names: &[&str]| names.iter().any(|w| cmd.eq_ignore_ascii_case(w.as_bytes()));
+    }
+    // Names are ASCII and at most `Upper::MAX` long: one that is not
+    // upper-cases to "", which is none of them.
+    let cmd = upper_cmd.as_str();
+    let is = |names: &[&str]| names.contains(&cmd);
     let has = |word: &[u8]| request.iter().skip(1).any(|a| a.eq_ignore_ascii_case(word));
     // A lease command that does not wait is a write proposed in the
     // connection's order, like a stream write: pipelined ones share
@@ -178,8 +223,8 @@ pub fn pipelining(session: &Session, request: &Request, rounds: bool) -> Pipelin
     // replication apiece: 1,500 acquisitions/s where fences went ten
     // times faster).
     let lease_write =
-        is(&["LEASE.RENEW", "LEASE.RELEASE"]) || (is(&["LEASE.ACQUIRE"]) && !has(b"WAIT"));
-    if is(streams::WRITES) || (rounds && lease_write) {
+        || is(&["LEASE.RENEW", "LEASE.RELEASE"]) || (is(&["LEASE.ACQUIRE"]) && !has(b"WAIT"));
+    if is(streams::WRITES) || (rounds && lease_write()) {
         Pipelining::Write
     } else if rounds && is(streams::READS) && !has(b"BLOCK") {
         Pipelining::Read

@@ -12,8 +12,8 @@ use fencelog::{Log, ReadOptions, TxOp};
 use super::parse::{err, not_integer, parse_token, parse_u64, upper, wait_ms, wrong_arity};
 use crate::command_table::*;
 use crate::context::{ClientTag, Context, failure_reply, note_error};
-use crate::outcome::{Blocking, Outcome, ReadProgress, error_reply, number};
-use crate::protocol::{ArgRef, Reply};
+use crate::outcome::{Blocking, Outcome, ReadProgress, error_reply, number, stale_reply};
+use crate::protocol::{ArgRef, Args, Reply};
 use crate::session::Session;
 use crate::store::{Barrier, Store, Written};
 
@@ -137,39 +137,40 @@ pub const READS: &[&str] = &["LOG.READ", "LOG.STAT", "LOG.STREAMS", "DBSIZE"];
 
 /// A write command parsed into the op it is; `None` for any other command.
 /// The error is the command's answer (arity, a token of 0, not a number).
-pub fn parse_write(cmd: &str, a: &[ArgRef<'_>]) -> Option<Result<TxOp, Reply>> {
+pub fn parse_write(cmd: &str, a: Args<'_>) -> Option<Result<TxOp, Reply>> {
+    let stream = || a.get(0).map(|s| s.to_bytes()).unwrap_or_default();
     let parsed = match cmd {
         "LOG.APPEND" if a.len() < 3 => Err(wrong_arity(cmd)),
         "LOG.APPEND" => parse_token(&a[1]).map(|token| TxOp::Append {
-            stream: a[0].to_bytes(),
+            stream: stream(),
             token,
-            payloads: a[2..].iter().map(ArgRef::to_bytes).collect(),
+            payloads: a.from(2).iter().map(|p| p.to_bytes()).collect(),
         }),
         "LOG.APPENDAT" if a.len() < 4 => Err(wrong_arity(cmd)),
         "LOG.APPENDAT" => parse_token(&a[1]).and_then(|token| {
             Ok(TxOp::AppendAt {
-                stream: a[0].to_bytes(),
+                stream: stream(),
                 token,
                 expected_offset: parse_u64(&a[2]).ok_or_else(not_integer)?,
-                payloads: a[3..].iter().map(ArgRef::to_bytes).collect(),
+                payloads: a.from(3).iter().map(|p| p.to_bytes()).collect(),
             })
         }),
         "LOG.FENCE" if a.len() != 2 => Err(wrong_arity(cmd)),
         "LOG.FENCE" => parse_token(&a[1]).map(|token| TxOp::Fence {
-            stream: a[0].to_bytes(),
+            stream: stream(),
             token,
         }),
         "LOG.TRIM" if a.len() != 3 => Err(wrong_arity(cmd)),
         "LOG.TRIM" => parse_token(&a[1]).and_then(|token| {
             Ok(TxOp::Trim {
-                stream: a[0].to_bytes(),
+                stream: stream(),
                 token,
                 before: parse_u64(&a[2]).ok_or_else(not_integer)?,
             })
         }),
         "LOG.DELETE" if a.len() != 2 => Err(wrong_arity(cmd)),
         "LOG.DELETE" => parse_token(&a[1]).map(|token| TxOp::Delete {
-            stream: a[0].to_bytes(),
+            stream: stream(),
             token,
         }),
         _ => return None,
@@ -182,28 +183,42 @@ pub fn parse_write(cmd: &str, a: &[ArgRef<'_>]) -> Option<Result<TxOp, Reply>> {
 
 /// A stale `LOG.APPEND` refused from its arguments, before it is built
 /// into an op; `None` for anything else (it runs as parsed).
-pub fn refuse_stale_append(ctx: &Context, session: &Session, a: &[ArgRef<'_>]) -> Option<Outcome> {
-    let [stream, token, payloads @ ..] = a else {
-        return None;
-    };
-    if payloads.is_empty() {
+pub fn refuse_stale_append(ctx: &Context, session: &Session, a: Args<'_>) -> Option<Outcome> {
+    if a.len() < 3 {
         return None;
     }
+    let (stream, token) = (&a[0], &a[1]);
     let token = parse_u64(token).and_then(|t| fencelog::Token::new(t).ok())?;
-    let e = ctx.store.refuse_append(stream, token, payloads)?;
+    // Most appends carry one payload: that one needs no vector.
+    let e = match a.get(2) {
+        Some(one) if a.len() == 3 => {
+            ctx.store
+                .refuse_append(stream, token, std::slice::from_ref(&one))
+        }
+        _ => ctx.store.refuse_append(stream, token, &a.from(2).refs()),
+    }?;
     note_error(ctx, &session.tag(), stream, &e);
-    Some(Outcome::Reply(error_reply(&e)))
+    Some(Outcome::Reply(match e {
+        fencelog::Error::Stale { presented, highest } => stale_reply(presented, highest),
+        e => error_reply(&e),
+    }))
 }
 
 /// Takes a parsed write: refused at once if the store can tell it is
 /// stale, else taken now and answered once durable (or applied).
-pub async fn write(ctx: &Arc<Context>, client: ClientTag, op: TxOp) -> Outcome {
+/// `checked`: a plain append that met [`refuse_stale_append`] just before.
+pub async fn write(ctx: &Arc<Context>, client: ClientTag, op: TxOp, checked: bool) -> Outcome {
     let stream = op.stream().clone();
     if let Some(e) = ctx.store.refuse_now(&op) {
         note_error(ctx, &client, &stream, &e);
         return Outcome::Reply(error_reply(&e));
     }
-    match ctx.store.write(op).await {
+    let written = if checked {
+        ctx.store.write_checked(op).await
+    } else {
+        ctx.store.write(op).await
+    };
+    match written {
         Ok(Written::Durable(later)) => Outcome::Later(later),
         Ok(Written::Applied(answer)) => {
             let ctx = Arc::clone(ctx);

@@ -175,7 +175,7 @@ pub fn queue(
     };
     let args = request.args();
     let refused = match spec {
-        None => Some(unknown_command(&args)),
+        None => Some(unknown_command(&args.refs())),
         Some(spec) if !spec.arity_fits(args.len()) => Some(arity_error(&cmd.to_ascii_lowercase())),
         _ if leases::WRITES.contains(&cmd) => Some(Reply::Error(format!(
             "ERR {cmd} is not allowed inside a transaction: leases are not part of its \
@@ -190,7 +190,7 @@ pub fn queue(
         multi.refuse();
         return reply;
     }
-    match streams::parse_write(cmd, &args[1..]) {
+    match streams::parse_write(cmd, args.from(1)) {
         Some(Ok(op)) => multi.push(Queued::Write(op)),
         Some(Err(reply)) => {
             multi.refuse();
