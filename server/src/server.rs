@@ -162,20 +162,9 @@ impl Server {
         let join = cluster
             .clone()
             .map(|c| tokio::spawn(async move { c.join().await }));
-        // The other threads that serve connections (this one is the first).
-        let workers: Vec<Worker> = (1..ctx.config.threads.max(1))
-            .map(|i| {
-                Worker::start(
-                    i,
-                    &ctx.config.turns,
-                    shutdown.clone(),
-                    ctx.config.shutdown_grace,
-                )
-            })
-            .collect::<Result<_, _>>()?;
         let mut tasks = Tasks {
             connections: JoinSet::new(),
-            workers,
+            workers: Worker::start_all(&ctx.config, &shutdown)?,
             // Refusals over the connection limit: short, but tasks all the same.
             refusals: JoinSet::new(),
             metrics: metrics_task,
@@ -379,6 +368,14 @@ struct Worker {
 }
 
 impl Worker {
+    /// The threads that serve connections besides the caller's (the first
+    /// of `config.threads`).
+    fn start_all(config: &ServeConfig, shutdown: &Shutdown) -> Result<Vec<Worker>, String> {
+        (1..config.threads.max(1))
+            .map(|i| Worker::start(i, &config.turns, shutdown.clone(), config.shutdown_grace))
+            .collect()
+    }
+
     fn start(
         index: usize,
         turns: &Arc<Turns>,
