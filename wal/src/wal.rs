@@ -1254,7 +1254,8 @@ impl<S: Sequencer> Shared<S> {
 /// How much of a new segment's zero fill is written before it is synced.
 const FILL_SYNC_BYTES: u64 = 4 << 20;
 
-/// How much of a new segment's zero fill one write covers.
+/// How much of a new segment's zero fill one write covers, and at most
+/// what one write of a batch covers where no fill ran before it.
 const FILL_WRITE_BYTES: usize = 64 << 10;
 
 /// What whoever makes the pending batch durable needs to know: the segment
@@ -1551,7 +1552,7 @@ impl<S: Sequencer> Shared<S> {
                 // Checksums here, outside the lock where entries were
                 // decided and encoded.
                 format::fill_checksums(&mut chunk.buf, chunk.seq);
-                file.write_all_at(&chunk.buf, chunk.pos)
+                self.write_batch(file.as_ref(), &chunk.buf, chunk.pos)
                     .map_err(|e| annotate(e, "write", &seg.path))?;
                 self.stats
                     .bytes_written
@@ -1574,6 +1575,27 @@ impl<S: Sequencer> Shared<S> {
             } else {
                 fs.unsynced = true;
             }
+        }
+        Ok(())
+    }
+
+    /// Writes a batch's bytes at `pos`. Into space that was not zero-filled
+    /// (`Reserve`, `None`) the page cache allocates pages as the write goes:
+    /// one write per 64 KiB-aligned piece keeps them small folios (see
+    /// `FILL_WRITE_BYTES`), where one large write would ask for large ones.
+    /// A zero-filled segment's pages exist already: one write.
+    fn write_batch(&self, file: &dyn StorageFile, buf: &[u8], pos: u64) -> io::Result<()> {
+        if self.opts.preallocation == Preallocation::Fill {
+            return file.write_all_at(buf, pos);
+        }
+        let piece = FILL_WRITE_BYTES as u64;
+        let mut at = 0usize;
+        while at < buf.len() {
+            let offset = pos + at as u64;
+            let room = (piece - offset % piece) as usize;
+            let end = buf.len().min(at + room);
+            file.write_all_at(&buf[at..end], offset)?;
+            at = end;
         }
         Ok(())
     }

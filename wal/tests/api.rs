@@ -282,3 +282,52 @@ fn with_inline_io_the_submitter_syncs_before_it_returns() {
     assert!(report.cut.is_none(), "{report:?}");
     append(&wal, b"after").unwrap().1.wait().unwrap();
 }
+
+/// Without a zero fill (`Reserve`, `None`) a batch larger than 64 KiB is
+/// written in 64 KiB-aligned pieces (so the page cache allocates small
+/// folios): every byte lands where one write would have put it, across
+/// piece boundaries that fall anywhere inside entries, and the log
+/// reopens and reads back every record.
+#[test]
+fn a_batch_written_in_pieces_reads_back_whole() {
+    for preallocation in [
+        fencelog_wal::Preallocation::Reserve,
+        fencelog_wal::Preallocation::None,
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let storage: Arc<dyn Storage> = Arc::new(fencelog_wal::FsStorage);
+        let opts = fencelog_wal::WalOptions {
+            segment_bytes: 4 << 20,
+            max_entry_bytes: 256 << 10,
+            max_batch_bytes: 4 << 20,
+            preallocation,
+            ..fencelog_wal::WalOptions::default()
+        };
+        let (wal, _) = open(&storage, dir.path(), &opts).unwrap();
+        let before = wal.stats();
+        // Submitted before any is waited for: they share batches, most of
+        // them well over 64 KiB (odd sizes, so pieces split entries).
+        let mut written = Vec::new();
+        let mut tickets = Vec::new();
+        for n in 0..60u32 {
+            let p = payload(1, n, 7_001 + (n as usize % 7) * 13_337);
+            tickets.push(append(&wal, &p).unwrap().1);
+            written.push(p);
+        }
+        for t in tickets {
+            t.wait().unwrap();
+        }
+        let after = wal.stats();
+        let batches = after.batch_entries.count - before.batch_entries.count;
+        assert!(batches < 60, "{preallocation:?}: every entry synced alone");
+        wal.close().unwrap();
+        let got: Vec<Vec<u8>> = all_records(storage.as_ref(), dir.path())
+            .into_iter()
+            .map(|(_, p)| p)
+            .collect();
+        assert_eq!(got, written, "{preallocation:?}");
+        let (wal, report) = open(&storage, dir.path(), &opts).unwrap();
+        assert!(report.cut.is_none(), "{preallocation:?}: {report:?}");
+        drop(wal);
+    }
+}
