@@ -14,7 +14,6 @@ use crate::raft::SnapshotResponse;
 use crate::raft::VoteRequest;
 use crate::raft::VoteResponse;
 use crate::type_config::alias::OneshotSenderOf;
-use crate::LeaderId;
 use crate::LogId;
 use crate::NodeId;
 use crate::OptionalSend;
@@ -205,16 +204,6 @@ where C: RaftTypeConfig
 pub(crate) enum Condition<NID>
 where NID: NodeId
 {
-    /// Wait until the log is flushed to the disk.
-    ///
-    /// In raft, a log io can be uniquely identified by `(leader_id, log_id)`, not `log_id`.
-    /// A same log id can be written multiple times by different leaders.
-    #[allow(dead_code)]
-    LogFlushed {
-        leader: LeaderId<NID>,
-        log_id: Option<LogId<NID>>,
-    },
-
     /// Wait until the log is applied to the state machine.
     #[allow(dead_code)]
     Applied { log_id: Option<LogId<NID>> },

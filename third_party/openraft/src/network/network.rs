@@ -58,7 +58,9 @@ where C: RaftTypeConfig
         crate::raft::InstallSnapshotResponse<C::NodeId>,
         RPCError<C::NodeId, C::Node, RaftError<C::NodeId, crate::error::InstallSnapshotError>>,
     > {
-        unimplemented!()
+        Err(RPCError::Unreachable(crate::error::Unreachable::new(&std::io::Error::other(
+            "install_snapshot is not used with generic-snapshot-data: full_snapshot sends snapshots",
+        ))))
     }
 
     /// Send an InstallSnapshot RPC to the target.

@@ -311,5 +311,3 @@ impl<NID: NodeId> Validate for ProgressEntry<NID> {
     }
 }
 
-#[cfg(test)]
-mod tests;
