@@ -7,19 +7,25 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use fencelog_wal::{FsStorage, Storage, Turns, WalOptions};
+use fencelog_wal::{FsStorage, Storage, Turns, Wal, WalOptions};
 
-#[test]
-fn a_sync_waits_for_the_pass_under_way_and_covers_all_of_it() {
+/// A log on real files in a fresh directory, opened with `turns`.
+fn open_with(turns: &Arc<Turns>) -> (tempfile::TempDir, Arc<dyn Storage>, Wal<Counter>) {
     let dir = tempfile::tempdir().unwrap();
     let storage: Arc<dyn Storage> = Arc::new(FsStorage);
-    // A wait far longer than the test: only the pass's end lets it sync.
-    let turns = Turns::new(2, Duration::from_secs(600));
     let opts = WalOptions {
-        turns: Some(Arc::clone(&turns)),
+        turns: Some(Arc::clone(turns)),
         ..small_opts()
     };
     let (wal, _) = open(&storage, dir.path(), &opts).unwrap();
+    (dir, storage, wal)
+}
+
+#[test]
+fn a_sync_waits_for_the_pass_under_way_and_covers_all_of_it() {
+    // A wait far longer than the test: only the pass's end lets it sync.
+    let turns = Turns::new(2, Duration::from_secs(600));
+    let (dir, storage, wal) = open_with(&turns);
     let member = turns.member(1).unwrap();
     let before = wal.stats();
 
@@ -52,14 +58,8 @@ fn a_sync_waits_for_the_pass_under_way_and_covers_all_of_it() {
 
 #[test]
 fn a_pass_that_does_not_end_delays_a_sync_by_max_wait_at_most() {
-    let dir = tempfile::tempdir().unwrap();
-    let storage: Arc<dyn Storage> = Arc::new(FsStorage);
     let turns = Turns::new(1, Duration::from_millis(5));
-    let opts = WalOptions {
-        turns: Some(Arc::clone(&turns)),
-        ..small_opts()
-    };
-    let (wal, _) = open(&storage, dir.path(), &opts).unwrap();
+    let (_dir, _storage, wal) = open_with(&turns);
     let member = turns.member(0).unwrap();
     member.begin();
     // Never ended: the sync thread syncs once its wait runs out. The
