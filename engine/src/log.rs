@@ -738,20 +738,7 @@ impl Log {
         token: Token,
         payloads: Vec<Bytes>,
     ) -> Result<Deferred<Offset>> {
-        self.append_deferred_as(stream, token, payloads, true).await
-    }
-
-    /// [`Log::append_deferred`]; `fast`: refuse a token below the durable
-    /// highest before deciding (else the decision refuses it, as it refuses
-    /// one below a highest not yet durable).
-    pub(crate) async fn append_deferred_as(
-        &self,
-        stream: &[u8],
-        token: Token,
-        payloads: Vec<Bytes>,
-        fast: bool,
-    ) -> Result<Deferred<Offset>> {
-        let size = self.precheck_append(stream, fast.then_some(token), &payloads)?;
+        let size = self.precheck_append(stream, Some(token), &payloads)?;
         let d = self
             .decide_async(|w| decide_append(w, stream, token.get(), &payloads, None))
             .await?;

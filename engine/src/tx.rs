@@ -323,28 +323,12 @@ impl Log {
     /// delete's count of records removed. The one place a caller that holds
     /// a [`TxOp`] (the server's commands) meets the single-op methods.
     pub async fn write_deferred(&self, op: TxOp) -> Result<Deferred<u64>> {
-        self.write_deferred_as(op, true).await
-    }
-
-    /// [`Log::write_deferred`] for a caller that asked
-    /// [`Log::check_append`] about this op just before, if it is a plain
-    /// append: the durable highest token is not looked up a second time
-    /// (a token that became stale since is refused by the decision, which
-    /// checks every append's token in the serialized section).
-    pub async fn write_deferred_checked(&self, op: TxOp) -> Result<Deferred<u64>> {
-        self.write_deferred_as(op, false).await
-    }
-
-    async fn write_deferred_as(&self, op: TxOp, fast: bool) -> Result<Deferred<u64>> {
         match op {
             TxOp::Append {
                 stream,
                 token,
                 payloads,
-            } => {
-                self.append_deferred_as(&stream, token, payloads, fast)
-                    .await
-            }
+            } => self.append_deferred(&stream, token, payloads).await,
             TxOp::AppendAt {
                 stream,
                 token,

@@ -140,14 +140,6 @@ pub trait Store: Send + Sync {
     /// Takes a write now, in the caller's order.
     fn write(&self, op: TxOp) -> BoxFuture<'_, Result<Written, Failure>>;
 
-    /// [`Store::write`] for a plain append that met
-    /// [`Store::refuse_append`] just before: a store may skip what that
-    /// already looked at (a single node, its lookup of the durable highest
-    /// token; the decision still checks the token).
-    fn write_checked(&self, op: TxOp) -> BoxFuture<'_, Result<Written, Failure>> {
-        self.write(op)
-    }
-
     /// A transaction's writes as one entry, all or none; a rejection is
     /// `Error::Aborted` naming the op.
     fn transact(&self, ops: Vec<TxOp>) -> BoxFuture<'_, Result<Vec<u64>, Failure>>;
@@ -218,13 +210,6 @@ impl Store for Log {
 
     fn write(&self, op: TxOp) -> BoxFuture<'_, Result<Written, Failure>> {
         Box::pin(async move { Ok(Written::Durable(Later(self.write_deferred(op).await?))) })
-    }
-
-    fn write_checked(&self, op: TxOp) -> BoxFuture<'_, Result<Written, Failure>> {
-        Box::pin(async move {
-            let later = self.write_deferred_checked(op).await?;
-            Ok(Written::Durable(Later(later)))
-        })
     }
 
     fn transact(&self, ops: Vec<TxOp>) -> BoxFuture<'_, Result<Vec<u64>, Failure>> {

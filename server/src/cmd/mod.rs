@@ -140,9 +140,7 @@ async fn run_named(
     }
     if let Some(parsed) = streams::parse_write(cmd, args.from(1)) {
         return match parsed {
-            // A `LOG.APPEND` that gets here was asked `refuse_stale_append`
-            // (one whose token does not parse does not parse here either).
-            Ok(op) => streams::write(ctx, session.tag(), op, cmd == "LOG.APPEND").await,
+            Ok(op) => streams::write(ctx, session.tag(), op).await,
             Err(reply) => Outcome::Reply(reply),
         };
     }

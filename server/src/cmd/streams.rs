@@ -206,19 +206,13 @@ pub fn refuse_stale_append(ctx: &Context, session: &Session, a: Args<'_>) -> Opt
 
 /// Takes a parsed write: refused at once if the store can tell it is
 /// stale, else taken now and answered once durable (or applied).
-/// `checked`: a plain append that met [`refuse_stale_append`] just before.
-pub async fn write(ctx: &Arc<Context>, client: ClientTag, op: TxOp, checked: bool) -> Outcome {
+pub async fn write(ctx: &Arc<Context>, client: ClientTag, op: TxOp) -> Outcome {
     let stream = op.stream().clone();
     if let Some(e) = ctx.store.refuse_now(&op) {
         note_error(ctx, &client, &stream, &e);
         return Outcome::Reply(error_reply(&e));
     }
-    let written = if checked {
-        ctx.store.write_checked(op).await
-    } else {
-        ctx.store.write(op).await
-    };
-    match written {
+    match ctx.store.write(op).await {
         Ok(Written::Durable(later)) => Outcome::Later(later),
         Ok(Written::Applied(answer)) => {
             let ctx = Arc::clone(ctx);
