@@ -86,8 +86,9 @@ enum Answered {
 }
 
 impl Answer {
-    /// Polls the answer; `relayed`: a durable answer wakes this thread's
-    /// [`relay`] rather than the task itself.
+    /// Polls the answer; `relayed`: an answer to come from another thread
+    /// (a durable or a replicated write's) wakes this thread's [`relay`]
+    /// rather than the task itself.
     fn poll(&mut self, cx: &mut std::task::Context<'_>, relayed: bool) -> Poll<Answered> {
         match self {
             Answer::Ready(reply) => match reply.take() {
@@ -99,6 +100,12 @@ impl Answer {
             Answer::Later(later, stream) => later
                 .poll_result(cx)
                 .map(|r| Answered::Write(r, stream.clone())),
+            // A replicated write's answer comes from the Raft thread: relayed
+            // too, one wake-up of this thread per applied entry, not one per
+            // connection (each an eventfd write).
+            Answer::Pending(answer) if relayed => {
+                relay::poll(cx, |cx| answer.as_mut().poll(cx)).map(Answered::Reply)
+            }
             Answer::Pending(answer) => answer.as_mut().poll(cx).map(Answered::Reply),
         }
     }
