@@ -49,15 +49,20 @@ use fencelog::Command;
 
 use crate::types::{Raft, Request, Response};
 
-/// Entries proposed and not yet answered, at most. Three were tried
-/// (the leader's next sync could start as soon as its last one ended): a
-/// weak gain at pipeline 16, not confirmed, and a lease failover test that
-/// failed twice in its first runs with it (not again in 8 more; see
-/// docs/CLUSTER.md), so two it stays until three is measured to pay. With
-/// the leader's sync overlapping its followers' (openraft patched), three
-/// again measured no gain (3 alternating pairs at pipeline 16: 102.7 /
-/// 111.4 / 135.3 k/s with two, 92.8 / 77.1 / 155.2 with three).
-const IN_FLIGHT: usize = 2;
+/// Entries proposed and not yet answered, at most, unless the node is
+/// told otherwise ([`crate::NodeConfig::entries_in_flight`]). Every entry
+/// costs each replica a sync, a round of messages and a few wake-ups,
+/// whatever it holds; fewer entries in flight make each hold more. With
+/// the leader's sync overlapping its followers' (openraft patched), one
+/// in flight measured cheapest and fastest on the 2-core machine here,
+/// where a local group's three nodes share the cores (docs/CLUSTER.md,
+/// "Entries in flight"): at pipeline 16, 230 k appends/s and 6.4 CPU s
+/// per million against 198 k/s and 7.6 with two; at pipeline 1, 38 k/s
+/// against 34 k/s. Two or three were tried before (no gain from three).
+pub const IN_FLIGHT: usize = 1;
+
+/// The most entries in flight a node may be told to keep.
+pub const MAX_IN_FLIGHT: usize = 8;
 
 /// Writes in one entry, at most (the state machine numbers an entry's
 /// writes within 16 bits; see `state_machine.rs`).
@@ -166,6 +171,7 @@ impl Batcher {
         engine: Engine,
         max_bytes: u64,
         max_queued_bytes: u64,
+        in_flight: usize,
         local: Option<crate::node::LocalClock>,
     ) -> Batcher {
         let (tx, rx) = mpsc::channel(MAX_QUEUED);
@@ -184,6 +190,7 @@ impl Batcher {
             Arc::clone(&clock),
             rx,
             max_bytes,
+            in_flight.clamp(1, MAX_IN_FLIGHT),
             Arc::clone(&counts),
         ));
         let batcher = Batcher { tx, clock, counts };
@@ -301,9 +308,10 @@ async fn run(
     clock: Arc<GroupClock>,
     mut rx: mpsc::Receiver<Queued>,
     max_bytes: u64,
+    in_flight: usize,
     counts: Arc<Counts>,
 ) {
-    let slots = Arc::new(Semaphore::new(IN_FLIGHT));
+    let slots = Arc::new(Semaphore::new(in_flight));
     let mut carried: Option<Queued> = None;
     loop {
         let first = match carried.take() {
@@ -333,7 +341,7 @@ async fn run(
             }
         }
         // Out of the queue: an entry's writes are Raft's to hold now (at
-        // most IN_FLIGHT entries of them), the late ones are answered.
+        // most `in_flight` entries of them), the late ones are answered.
         counts.left(batch.len() as u64, bytes);
         // Writes whose clients were answered already are never proposed.
         let now = Instant::now();

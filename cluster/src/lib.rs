@@ -40,6 +40,7 @@ mod snapshot;
 pub mod state_machine;
 pub mod types;
 
+pub use batcher::{IN_FLIGHT as DEFAULT_ENTRIES_IN_FLIGHT, MAX_IN_FLIGHT as MAX_ENTRIES_IN_FLIGHT};
 pub use codec::FormatError;
 pub use network::{
     ClusterSecret, PeerEndpoint, PeerError, PeerReply, PeerRequest, Transport, TransportFuture,

@@ -49,12 +49,16 @@ pub struct NodeConfig {
     /// they wait for an entry; past it a write is refused (`Busy`). The
     /// server makes it its client memory budget (`--maxmemory-clients`).
     pub max_queued_bytes: u64,
+    /// Entries a leader keeps proposed and not yet answered, at most
+    /// (1 to [`crate::MAX_ENTRIES_IN_FLIGHT`]): writes that arrive
+    /// meanwhile wait and go out together in the next entry.
+    pub entries_in_flight: usize,
 }
 
 impl NodeConfig {
     /// Defaults for a node: 8 MiB Raft segments, elections after 300–600 ms
     /// of silence, heartbeats every 100 ms, a snapshot every 50 000 entries,
-    /// a queue of writes of at most 512 MiB.
+    /// a queue of writes of at most 512 MiB, one entry in flight.
     pub fn new(id: NodeId, dir: PathBuf, raft_listen: SocketAddr, member: Member) -> NodeConfig {
         NodeConfig {
             id,
@@ -68,6 +72,7 @@ impl NodeConfig {
             snapshot_every_entries: 50_000,
             cluster_secret: None,
             max_queued_bytes: 512 << 20,
+            entries_in_flight: crate::DEFAULT_ENTRIES_IN_FLIGHT,
         }
     }
 }
@@ -283,6 +288,7 @@ async fn start_here(cfg: NodeConfig, hooks: Hooks) -> Result<Node, ClusterError>
         engine.clone(),
         max_request / 2,
         cfg.max_queued_bytes,
+        cfg.entries_in_flight,
         hooks.local_clock.clone(),
     );
     Ok(Node {

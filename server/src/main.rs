@@ -221,6 +221,19 @@ struct ClusterFlags {
         help_heading = "Cluster"
     )]
     cluster_snapshot_every: u64,
+    /// Entries the leader keeps proposed and not yet answered, at most
+    /// (1 to 8): writes that arrive meanwhile go out together in the next
+    /// entry. One costs the least CPU per write; more can hide a slow
+    /// network's round trip when the machines have cores to spare
+    /// (docs/CLUSTER.md, "Entries in flight").
+    #[arg(
+        long,
+        default_value_t = fencelog_cluster::DEFAULT_ENTRIES_IN_FLIGHT as u8,
+        value_name = "N",
+        value_parser = clap::value_parser!(u8).range(1..=fencelog_cluster::MAX_ENTRIES_IN_FLIGHT as i64),
+        help_heading = "Cluster"
+    )]
+    cluster_entries_in_flight: u8,
 }
 
 impl ClusterFlags {
@@ -275,6 +288,7 @@ impl ClusterFlags {
             join: self.cluster_join.clone(),
             election_timeout: Duration::from_millis(self.cluster_election_timeout_ms),
             snapshot_every: self.cluster_snapshot_every.max(1),
+            entries_in_flight: usize::from(self.cluster_entries_in_flight),
             raft_segment_bytes: 64 << 20,
             secret: self
                 .cluster_secret_file
@@ -554,6 +568,10 @@ impl ServeArgs {
                 (
                     "cluster-snapshot-every".into(),
                     c.snapshot_every.to_string(),
+                ),
+                (
+                    "cluster-entries-in-flight".into(),
+                    c.entries_in_flight.to_string(),
                 ),
                 // The file's path, never the secret.
                 (

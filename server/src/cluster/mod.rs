@@ -47,6 +47,8 @@ pub struct ClusterConfig {
     pub election_timeout: Duration,
     /// A snapshot after this many entries.
     pub snapshot_every: u64,
+    /// Entries the leader keeps in flight, at most (`NodeConfig`'s).
+    pub entries_in_flight: usize,
     /// The Raft log's segment size.
     pub raft_segment_bytes: u64,
     /// The secret peers prove to each other (`--cluster-secret-file`);
@@ -206,6 +208,7 @@ impl Cluster {
         cfg.raft_segment_bytes = config.raft_segment_bytes;
         cfg.cluster_secret = config.secret.clone();
         cfg.max_queued_bytes = max_queued_bytes;
+        cfg.entries_in_flight = config.entries_in_flight;
         let node = Node::start(cfg)
             .await
             .map_err(|e| format!("cannot start cluster node {}: {e}", config.node_id))?;
