@@ -248,14 +248,6 @@ impl<E> Pending<E> {
     fn is_empty(&self) -> bool {
         self.chunks.is_empty()
     }
-
-    /// Whether writing this batch is only a write into the open segment:
-    /// no segment to create or seal, and no ceiling above `ceiling` to
-    /// make durable first.
-    fn is_plain(&self, ceiling: u64) -> bool {
-        self.chunks.iter().all(|c| !c.create && c.seal.is_none())
-            && self.reserve.is_none_or(|(needed, _)| needed <= ceiling)
-    }
 }
 
 /// The segment allocator's state: it creates the next segment ahead of need.
@@ -1315,29 +1307,12 @@ pub(crate) trait InlineFlush: Send + Sync {
     /// A task waits for a ticket: with `flush_on_wait`, wakes the sync
     /// thread for the pending batch (without it, the submit did).
     fn waiting(&self);
-    /// A task is about to wait: without a sync per batch (a replica's
-    /// engine log), writes the pending batch on the task's thread if no
-    /// flush is under way and the batch is only a write into the segment
-    /// being written (no segment to create or seal, no mark to raise:
-    /// those may sync, and stay the sync thread's). It spares the two
-    /// thread switches of handing a page-cache write to the sync thread
-    /// and being woken by it.
-    fn try_flush_unsynced(&self);
 }
 
 impl<S: Sequencer> InlineFlush for Shared<S> {
     fn try_flush(&self) {
         if let Some(mut fs) = self.flush.try_lock() {
             self.flush_pending(&mut fs);
-        }
-    }
-
-    fn try_flush_unsynced(&self) {
-        if self.opts.sync_every_batch {
-            return;
-        }
-        if let Some(mut fs) = self.flush.try_lock() {
-            self.flush_pending_if(&mut fs, true);
         }
     }
 
@@ -1401,25 +1376,12 @@ impl<S: Sequencer> Shared<S> {
     /// Takes the whole pending batch, writes it, syncs once, then makes it
     /// visible and wakes its waiters. The caller holds the flush lock.
     fn flush_pending(&self, fs: &mut FlushState) -> Flushed {
-        self.flush_pending_if(fs, false)
-    }
-
-    /// As [`Shared::flush_pending`]; with `plain_only`, only a batch that
-    /// [`Pending::is_plain`] (otherwise nothing is taken).
-    fn flush_pending_if(&self, fs: &mut FlushState, plain_only: bool) -> Flushed {
         if self.failed.load(Ordering::Acquire) {
             return Flushed::Failed;
         }
         let (pending, last_lsn) = {
             let mut locked = self.locked.lock();
             if locked.pending.is_empty() {
-                return Flushed::Nothing;
-            }
-            if plain_only
-                && !locked
-                    .pending
-                    .is_plain(self.ceiling.load(Ordering::Acquire))
-            {
                 return Flushed::Nothing;
             }
             let pending = mem::replace(&mut locked.pending, Pending::new());

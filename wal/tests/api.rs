@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -331,70 +330,4 @@ fn a_batch_written_in_pieces_reads_back_whole() {
         assert!(report.cut.is_none(), "{preallocation:?}: {report:?}");
         drop(wal);
     }
-}
-
-/// Without a sync per batch (a replica's engine log), a task that awaits
-/// a ticket writes its batch itself when the batch is only a write into
-/// the open segment: the ticket is answered at its first poll, with no
-/// hand-over to the sync thread. A batch that creates or seals a segment
-/// is still the sync thread's (it syncs), and every entry reads back
-/// after a reopen.
-#[test]
-fn without_a_sync_per_batch_the_awaiting_task_writes_a_plain_batch() {
-    let dir = tempfile::tempdir().unwrap();
-    let storage: Arc<dyn Storage> = Arc::new(fencelog_wal::FsStorage);
-    let opts = fencelog_wal::WalOptions {
-        sync_every_batch: false,
-        flush_on_wait: true,
-        preallocation: fencelog_wal::Preallocation::Reserve,
-        ..small_opts()
-    };
-    let (wal, _) = open(&storage, dir.path(), &opts).unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
-    let mut written = Vec::new();
-    let (mut plain, mut first_poll, mut rotations) = (0, 0, 0);
-    rt.block_on(async {
-        let mut segment = None;
-        for round in 0..800u32 {
-            let mut last = None;
-            let mut segments = Vec::new();
-            for n in 0..5u32 {
-                let p = payload(round, n, 300);
-                let (at, ticket) = append_async(&wal, &p).await.unwrap();
-                segments.push(at.segment);
-                written.push(p);
-                last = Some(ticket);
-            }
-            let mut ticket = last.unwrap();
-            // A batch that stays in the segment the last one wrote to.
-            let stays = segment.is_some() && segments.iter().all(|s| Some(*s) == segment);
-            segment = segments.last().copied();
-            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-            let ready = std::pin::Pin::new(&mut ticket).poll(&mut cx).is_ready();
-            if stays {
-                plain += 1;
-                first_poll += usize::from(ready);
-            } else {
-                rotations += 1;
-            }
-            ticket.await.unwrap();
-        }
-    });
-    assert!(rotations > 10, "small segments rotate: {rotations}");
-    // The sync thread's idle round may hold the flush at the moment of
-    // a poll now and then; otherwise the task writes its batch itself.
-    assert!(
-        first_poll * 10 >= plain * 9,
-        "{first_poll} of {plain} plain batches answered at their first poll"
-    );
-    wal.close().unwrap();
-    let got: Vec<Vec<u8>> = all_records(storage.as_ref(), dir.path())
-        .into_iter()
-        .map(|(_, p)| p)
-        .collect();
-    assert_eq!(got, written);
-    let (_wal, report) = open(&storage, dir.path(), &opts).unwrap();
-    assert!(report.cut.is_none(), "{report:?}");
 }
