@@ -52,14 +52,14 @@ use crate::types::{Raft, Request, Response};
 /// Entries proposed and not yet answered, at most, unless the node is
 /// told otherwise ([`crate::NodeConfig::entries_in_flight`]). Every entry
 /// costs each replica a sync, a round of messages and a few wake-ups,
-/// whatever it holds; fewer entries in flight make each hold more. With
-/// the leader's sync overlapping its followers' (openraft patched), one
-/// in flight measured cheapest and fastest on the 2-core machine here,
-/// where a local group's three nodes share the cores (docs/CLUSTER.md,
-/// "Entries in flight"): at pipeline 16, 230 k appends/s and 6.4 CPU s
-/// per million against 198 k/s and 7.6 with two; at pipeline 1, 38 k/s
-/// against 34 k/s. Two or three were tried before (no gain from three).
-pub const IN_FLIGHT: usize = 1;
+/// whatever it holds; fewer entries in flight make each hold more, more
+/// hide more of a round trip. Two: the next entry fills while one is on
+/// its way. Three measured no gain (3 alternating pairs at pipeline 16:
+/// 102.7 / 111.4 / 135.3 k/s with two, 92.8 / 77.1 / 155.2 with three);
+/// one costs about a tenth less CPU per write at pipeline 1 where the
+/// three nodes share two cores, and the same at pipeline 16 once the
+/// group has run a while (docs/CLUSTER.md, "Entries in flight").
+pub const IN_FLIGHT: usize = 2;
 
 /// The most entries in flight a node may be told to keep.
 pub const MAX_IN_FLIGHT: usize = 8;

@@ -58,7 +58,7 @@ pub struct NodeConfig {
 impl NodeConfig {
     /// Defaults for a node: 8 MiB Raft segments, elections after 300–600 ms
     /// of silence, heartbeats every 100 ms, a snapshot every 50 000 entries,
-    /// a queue of writes of at most 512 MiB, one entry in flight.
+    /// a queue of writes of at most 512 MiB, two entries in flight.
     pub fn new(id: NodeId, dir: PathBuf, raft_listen: SocketAddr, member: Member) -> NodeConfig {
         NodeConfig {
             id,

@@ -223,9 +223,9 @@ struct ClusterFlags {
     cluster_snapshot_every: u64,
     /// Entries the leader keeps proposed and not yet answered, at most
     /// (1 to 8): writes that arrive meanwhile go out together in the next
-    /// entry. One costs the least CPU per write; more can hide a slow
-    /// network's round trip when the machines have cores to spare
-    /// (docs/CLUSTER.md, "Entries in flight").
+    /// entry. One costs the least CPU per write (each entry costs every
+    /// node a sync and a round of messages); more hide more of the
+    /// network's round trip (docs/CLUSTER.md, "Entries in flight").
     #[arg(
         long,
         default_value_t = fencelog_cluster::DEFAULT_ENTRIES_IN_FLIGHT as u8,
