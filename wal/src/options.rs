@@ -79,6 +79,15 @@ pub struct WalOptions {
     /// cut everything past the last completed sync is a torn tail, cut,
     /// whatever order its writes reached the disk in.
     pub sync_every_batch: bool,
+    /// Once a segment is sealed (synced, never written again), tell the
+    /// kernel its pages may leave the page cache (`POSIX_FADV_DONTNEED`,
+    /// as PostgreSQL does with WAL files nothing will read). For a log
+    /// read back only at recovery or by a reader far behind (a Raft log):
+    /// its cache stays about one segment, and the pages a seal frees are
+    /// soon the ones the next segment is written into, instead of fresh
+    /// memory. Reads of a sealed segment then come from the disk. Default
+    /// false.
+    pub uncache_sealed: bool,
     /// For deterministic simulation only (with the simulated storage):
     /// no sync thread and no segment allocator; the submitter that decides
     /// an entry writes and syncs its batch itself before it returns, and
@@ -115,6 +124,7 @@ impl Default for WalOptions {
             max_open_segments: 64,
             footer_cache_bytes: 32 << 20,
             sync_every_batch: true,
+            uncache_sealed: false,
             inline_io: false,
             flush_on_wait: false,
             turns: None,

@@ -1650,6 +1650,11 @@ impl<S: Sequencer> Shared<S> {
             Ok(Some((info, payload))) => {
                 seg.set_sealed(info);
                 self.footers.put(seg.seq, payload);
+                if self.opts.uncache_sealed {
+                    // A hint: a failure leaves the pages cached, nothing
+                    // else; the seal itself is done and durable.
+                    let _ = file.drop_cached();
+                }
             }
             Ok(None) => {
                 return Err(io::Error::other(

@@ -331,3 +331,84 @@ fn a_batch_written_in_pieces_reads_back_whole() {
         drop(wal);
     }
 }
+
+/// Pages of `path` in the page cache, and its pages in all (`mincore`
+/// over a read-only mapping, which faults nothing in).
+fn cached_pages(path: &Path) -> (usize, usize) {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(path).unwrap();
+    let len = file.metadata().unwrap().len() as usize;
+    let page = 4096;
+    let pages = len.div_ceil(page);
+    let mut vec = vec![0u8; pages];
+    // SAFETY: a private read-only mapping of an open file, unmapped
+    // before return; mincore writes one byte per page into `vec`.
+    unsafe {
+        let addr = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        );
+        assert_ne!(addr, libc::MAP_FAILED);
+        assert_eq!(libc::mincore(addr, len, vec.as_mut_ptr()), 0);
+        libc::munmap(addr, len);
+    }
+    (vec.iter().filter(|b| **b & 1 == 1).count(), pages)
+}
+
+/// `uncache_sealed` (a Raft log's): once a segment is sealed its pages
+/// leave the page cache, and the log still reads back every entry (from
+/// the disk). Without it the kernel keeps them, which is what makes this
+/// test able to fail.
+#[test]
+fn uncache_sealed_lets_a_sealed_segment_leave_the_page_cache() {
+    for uncache_sealed in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let storage: Arc<dyn Storage> = Arc::new(fencelog_wal::FsStorage);
+        let opts = fencelog_wal::WalOptions {
+            uncache_sealed,
+            ..small_opts()
+        };
+        let (wal, _) = open(&storage, dir.path(), &opts).unwrap();
+        let mut written = Vec::new();
+        for n in 0..2_000u32 {
+            let p = payload(7, n, 200);
+            let (at, ticket) = append(&wal, &p).unwrap();
+            ticket.wait().unwrap();
+            written.push((at, p));
+        }
+        let sealed: Vec<u64> = wal
+            .segments()
+            .into_iter()
+            // Not the one being written, nor the next, made ahead.
+            .filter(|s| *s < wal.active_segment())
+            .collect();
+        assert!(sealed.len() >= 4, "{sealed:?}");
+        let (mut cached, mut pages) = (0, 0);
+        for seq in &sealed {
+            let (c, p) = cached_pages(&dir.path().join(format::segment_file_name(*seq)));
+            cached += c;
+            pages += p;
+        }
+        if uncache_sealed {
+            assert!(
+                cached * 10 < pages,
+                "{cached} of {pages} pages of sealed segments still cached"
+            );
+        } else {
+            assert!(
+                cached * 2 > pages,
+                "the kernel kept only {cached} of {pages} pages without the hint"
+            );
+        }
+        for (at, p) in &written {
+            assert_eq!(
+                &wal.read_entry(at.segment, at.position).unwrap().payload[..],
+                &p[..]
+            );
+        }
+    }
+}

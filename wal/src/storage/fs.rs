@@ -140,4 +140,15 @@ impl StorageFile for FsFile {
     fn sync_data(&self) -> io::Result<()> {
         self.file.sync_data()
     }
+
+    fn drop_cached(&self) -> io::Result<()> {
+        // SAFETY: posix_fadvise only reads its integer arguments; the
+        // descriptor is owned by `self.file`.
+        let rc =
+            unsafe { libc::posix_fadvise(self.file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        match rc {
+            0 => Ok(()),
+            errno => Err(io::Error::from_raw_os_error(errno)),
+        }
+    }
 }

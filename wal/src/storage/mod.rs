@@ -77,6 +77,12 @@ pub trait StorageFile: Send + Sync {
 
     /// `fdatasync`: makes written data and the length durable.
     fn sync_data(&self) -> io::Result<()>;
+
+    /// Tells the page cache that the file's clean pages may go (a hint:
+    /// nothing is lost; the default does nothing).
+    fn drop_cached(&self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Reads bytes `[0, len)` of `file` into memory.
