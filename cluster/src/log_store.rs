@@ -154,16 +154,24 @@ impl Record {
 }
 
 /// An entry's record: `{ 1 | version | index | term | node | bincode(Entry) }`.
+#[cfg(any(test, feature = "fuzzing"))]
 fn encode_entry(e: &Entry<TypeConfig>) -> Result<Vec<u8>, bincode::Error> {
     let body = codec::encode(e)?;
-    let mut rec = Vec::with_capacity(ENTRY_HEADER + body.len());
-    rec.push(ENTRY);
-    rec.push(RECORD_VERSION);
-    rec.extend_from_slice(&e.log_id.index.to_le_bytes());
-    rec.extend_from_slice(&e.log_id.leader_id.term.to_le_bytes());
-    rec.extend_from_slice(&e.log_id.leader_id.node_id.to_le_bytes());
-    rec.extend_from_slice(&body);
+    let mut rec = vec![0; ENTRY_HEADER + body.len()];
+    put_entry_record(&mut rec, &e.log_id, &body);
     Ok(rec)
+}
+
+/// Writes the record of the entry `id` whose bincode is `body` into `buf`
+/// (exactly `ENTRY_HEADER + body.len()` bytes).
+fn put_entry_record(buf: &mut [u8], id: &LogId<NodeId>, body: &[u8]) {
+    let (header, rest) = buf.split_at_mut(ENTRY_HEADER);
+    header[0] = ENTRY;
+    header[1] = RECORD_VERSION;
+    header[2..10].copy_from_slice(&id.index.to_le_bytes());
+    header[10..18].copy_from_slice(&id.leader_id.term.to_le_bytes());
+    header[18..26].copy_from_slice(&id.leader_id.node_id.to_le_bytes());
+    rest.copy_from_slice(body);
 }
 
 /// Decodes an entry's record in full: its header, then its openraft
@@ -353,23 +361,85 @@ fn build(replay: Replay<'_>) -> Result<RaftLogState, WalError> {
 pub struct LogStore {
     wal: Arc<Wal<RaftLogState>>,
     max_request: usize,
-    unsynced: Arc<Unsynced>,
+    recent: Arc<Recent>,
 }
 
-/// Entries appended and not yet known durable, as encoded, by index:
-/// replication reads them here, so a leader sends a batch to its followers
-/// while its own sync of that batch runs (the two syncs overlap instead of
-/// following each other). Raft allows it: the leader counts itself
-/// towards a majority only once its own sync is done. Each entry leaves
-/// once its sync is (or a truncation or purge removes it), so this holds
-/// at most the batches in flight.
+/// Entries appended lately, as Raft gave them, by index: replication and
+/// the state machine read them here rather than read back and decode what
+/// was just written. An entry not yet durable is always here, so a leader
+/// sends a batch to its followers while its own sync of that batch runs
+/// (the two syncs overlap instead of following each other). Raft allows
+/// it: the leader counts itself towards a majority only once its own sync
+/// is done. Durable entries stay while the cache holds at most
+/// [`RECENT_BYTES`] (encoded), oldest out first; a truncation or a purge
+/// takes its entries out at once.
 #[derive(Default)]
-struct Unsynced {
-    entries: parking_lot::Mutex<BTreeMap<u64, Encoded>>,
+struct Recent {
+    inner: parking_lot::Mutex<RecentEntries>,
 }
 
-/// An entry's id and its encoding, as written to the log.
-type Encoded = (LogId<NodeId>, Arc<[u8]>);
+/// Entries in a [`Recent`] cache no longer than this (encoded) may leave it
+/// (the unsynced ones stay whatever their size: at most the batches in
+/// flight). Enough for the entries between a leader's append and its
+/// apply, and for a follower a few entries behind.
+const RECENT_BYTES: usize = 32 << 20;
+
+#[derive(Default)]
+struct RecentEntries {
+    /// By index: the entry, its encoded length, whether it is durable.
+    entries: BTreeMap<u64, (Entry<TypeConfig>, usize, bool)>,
+    /// The sum of the encoded lengths.
+    bytes: usize,
+}
+
+impl RecentEntries {
+    fn insert(&mut self, entry: Entry<TypeConfig>, len: usize) {
+        if let Some((_, old, _)) = self.entries.insert(entry.log_id.index, (entry, len, false)) {
+            self.bytes -= old;
+        }
+        self.bytes += len;
+        self.shed();
+    }
+
+    /// `ids` are durable; an index taken since by a newer entry (after a
+    /// truncation) is not.
+    fn durable(&mut self, ids: &[LogId<NodeId>]) {
+        for id in ids {
+            if let Some((e, _, durable)) = self.entries.get_mut(&id.index)
+                && e.log_id == *id
+            {
+                *durable = true;
+            }
+        }
+        self.shed();
+    }
+
+    /// The oldest durable entries out while over the bound.
+    fn shed(&mut self) {
+        while self.bytes > RECENT_BYTES {
+            let Some(first) = self.entries.first_entry() else {
+                return;
+            };
+            if !first.get().2 {
+                return;
+            }
+            self.bytes -= first.remove().1;
+        }
+    }
+
+    /// Takes out every entry from index `from` on.
+    fn truncate(&mut self, from: u64) {
+        let gone = self.entries.split_off(&from);
+        self.bytes -= gone.values().map(|(_, len, _)| len).sum::<usize>();
+    }
+
+    /// Takes out every entry up to index `upto`.
+    fn purge(&mut self, upto: u64) {
+        let kept = self.entries.split_off(&upto.saturating_add(1));
+        let gone = std::mem::replace(&mut self.entries, kept);
+        self.bytes -= gone.values().map(|(_, len, _)| len).sum::<usize>();
+    }
+}
 
 /// An entry is at most half a segment, and at most 64 MiB.
 fn opts_max_entry(segment_bytes: u64) -> u32 {
@@ -456,7 +526,7 @@ impl LogStore {
             wal: Arc::new(wal),
             max_request: (opts_max_entry(segment_bytes) as usize)
                 .saturating_sub(ENTRY_HEADER + 256),
-            unsynced: Arc::default(),
+            recent: Arc::default(),
         })
     }
 
@@ -511,26 +581,28 @@ impl LogStore {
             // Raft appends a run of consecutive entries.
             debug_assert!(last.is_none_or(|l| l + 1 == e.log_id.index));
             last = Some(e.log_id.index);
-            let rec: Arc<[u8]> = encode_entry(&e).map_err(|e| write_err(*e))?.into();
-            encoded.push((e.log_id, rec));
+            let body = codec::encode(&e).map_err(|e| write_err(*e))?;
+            encoded.push((e, body));
         }
-        let ids: Vec<LogId<NodeId>> = encoded.iter().map(|(id, _)| *id).collect();
-        let unsynced = &self.unsynced;
+        let ids: Vec<LogId<NodeId>> = encoded.iter().map(|(e, _)| e.log_id).collect();
+        let recent = &self.recent;
         let ticket = self
             .wal
             .submit_async(move |w| {
                 // Readable by replication from the moment the log's state
                 // names them (both under the log's lock).
-                let mut cache = unsynced.entries.lock();
-                for (log_id, rec) in encoded {
+                let mut cache = recent.inner.lock();
+                for (entry, body) in encoded {
+                    let log_id = entry.log_id;
                     let id = Record::Entry {
                         index: log_id.index,
                         term: log_id.leader_id.term,
                         node: log_id.leader_id.node_id,
                     };
-                    let at = w.append(rec.len(), |buf| buf.copy_from_slice(&rec))?;
+                    let len = ENTRY_HEADER + body.len();
+                    let at = w.append(len, |buf| put_entry_record(buf, &log_id, &body))?;
                     w.state().apply(&id, at.segment, at.position);
-                    cache.insert(log_id.index, (log_id, rec));
+                    cache.insert(entry, len);
                 }
                 Ok::<_, WalError>(w.ticket())
             })
@@ -606,15 +678,17 @@ impl LogStore {
             .with_state(|s| s.entries.range(start..end).map(|(i, l)| (*i, *l)).collect());
         let mut out = Vec::with_capacity(locs.len());
         for (index, loc) in locs {
-            // An entry whose sync may still run is read as it was encoded.
+            // A recent entry (always one whose sync may still run) as
+            // Raft gave it.
             let cached = self
-                .unsynced
-                .entries
+                .recent
+                .inner
                 .lock()
+                .entries
                 .get(&index)
-                .map(|(_, rec)| Arc::clone(rec));
+                .map(|(e, ..)| e.clone());
             let decoded = match cached {
-                Some(rec) => decode_entry(&rec),
+                Some(entry) => Ok(entry),
                 None => match self.wal.read_entry(loc.segment, loc.position) {
                     Ok(e) => decode_entry(&e.payload),
                     Err(e @ WalError::NoEntry { .. }) => return Err(Miss::NoEntry(e)),
@@ -746,18 +820,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: Send,
     {
         let (ticket, ids) = self.append_entries(entries).await?;
-        let unsynced = Arc::clone(&self.unsynced);
+        let recent = Arc::clone(&self.recent);
         tokio::spawn(async move {
             let result = ticket.await.map_err(io_err);
             if result.is_ok() {
-                // Durable: read from the log from now on. An index taken
-                // since by a newer entry (after a truncation) stays.
-                let mut cache = unsynced.entries.lock();
-                for id in ids {
-                    if cache.get(&id.index).is_some_and(|(at, _)| *at == id) {
-                        cache.remove(&id.index);
-                    }
-                }
+                // Durable: may leave the cache from now on.
+                recent.inner.lock().durable(&ids);
             }
             callback.log_io_completed(result);
         });
@@ -766,7 +834,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
         // Entries from `log_id` on are gone: none may be sent again.
-        drop(self.unsynced.entries.lock().split_off(&log_id.index));
+        self.recent.inner.lock().truncate(log_id.index);
         // Not waited for: the WAL syncs in order, so any later entry that
         // becomes durable carries this truncation with it.
         let _unwaited = self
@@ -777,10 +845,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
-        {
-            let mut cache = self.unsynced.entries.lock();
-            *cache = cache.split_off(&log_id.index.saturating_add(1));
-        }
+        self.recent.inner.lock().purge(log_id.index);
         // Waited for: segments are removed only once the purge is durable.
         self.record(Record::Purge(log_id))
             .await
@@ -953,7 +1018,7 @@ mod tests {
             [1, 2, 3]
         );
         assert_eq!(sim.faults().syncs(), before, "the read waited for the sync");
-        assert_eq!(store.unsynced.entries.lock().len(), 3);
+        assert_eq!(store.recent.inner.lock().entries.len(), 3);
         ticket.await.unwrap();
         // A truncation takes its entries out of the cache too: none is
         // sent again.
@@ -962,13 +1027,46 @@ mod tests {
         s.truncate(id(5)).await.unwrap();
         assert_eq!(
             store
-                .unsynced
-                .entries
+                .recent
+                .inner
                 .lock()
+                .entries
                 .keys()
                 .copied()
                 .collect::<Vec<_>>(),
             [1, 2, 3, 4]
         );
+    }
+
+    /// The cache of recent entries stays within its bound by letting the
+    /// oldest durable entries go, never one not yet durable (replication
+    /// could not read it from the log), and counts what truncations and
+    /// purges take out.
+    #[test]
+    fn recent_entries_shed_only_durable_ones_and_keep_count() {
+        let quarter = RECENT_BYTES / 4;
+        let mut r = RecentEntries::default();
+        for i in 1..=8 {
+            r.insert(blank(i), quarter);
+        }
+        // Twice the bound, none durable: all stay.
+        assert_eq!(r.entries.len(), 8);
+        assert_eq!(r.bytes, 8 * quarter);
+        // An id that is not the cached entry's marks nothing.
+        r.durable(&[LogId::new(CommittedLeaderId::new(9, 1), 1)]);
+        assert_eq!(r.entries.len(), 8);
+        let ids: Vec<_> = (1..=6).map(|i| blank(i).log_id).collect();
+        r.durable(&ids);
+        assert_eq!(r.entries.keys().copied().collect::<Vec<_>>(), [5, 6, 7, 8]);
+        assert_eq!(r.bytes, 4 * quarter);
+        r.truncate(7);
+        assert_eq!(r.entries.keys().copied().collect::<Vec<_>>(), [5, 6]);
+        assert_eq!(r.bytes, 2 * quarter);
+        r.purge(5);
+        assert_eq!(r.entries.keys().copied().collect::<Vec<_>>(), [6]);
+        assert_eq!(r.bytes, quarter);
+        // A newer entry at an index takes the old one's place and count.
+        r.insert(blank(6), 10);
+        assert_eq!(r.bytes, 10);
     }
 }
