@@ -489,10 +489,9 @@ impl LogStore {
             // then); a commit mark or a truncation rides with the next:
             // one wake-up and one write per entry, not two.
             flush_on_wait: true,
-            // Entries are read back from memory while unsynced, from the
-            // segment being written while recent, and from a sealed segment
-            // only by a follower far behind: a sealed segment's pages are
-            // let go. On this project's VM a page the page cache takes
+            // Recent entries are read from memory (`Recent`) or the segment
+            // being written, a sealed segment only by a follower far
+            // behind: a sealed segment's pages are let go. On this project's VM a page the page cache takes
             // from fresh memory costs the most of a replicated append once
             // the log has grown (docs/CLUSTER.md, "The Raft log's page
             // cache"); reused pages do not.
