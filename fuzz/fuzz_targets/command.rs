@@ -107,7 +107,7 @@ fn context(log: Log, dir: &Path, requirepass: Option<&str>) -> Arc<Context> {
         max_pipeline: 64,
         max_connections: 16,
         threads: 1,
-        turns: fencelog::wal::Turns::new(1, Duration::from_millis(1)),
+        turns: None,
         shutdown_grace: Duration::from_secs(1),
         flags: Vec::new(),
         cluster: None,

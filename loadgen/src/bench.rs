@@ -1909,7 +1909,7 @@ mod tests {
                 max_pipeline: 1024,
                 max_connections: 1000,
                 threads: 1,
-                turns: fencelog::wal::Turns::new(1, Duration::from_millis(1)),
+                turns: None,
                 shutdown_grace: Duration::from_secs(5),
                 flags: Vec::new(),
                 cluster: None,

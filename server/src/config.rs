@@ -54,7 +54,9 @@ pub struct ServeConfig {
     pub threads: usize,
     /// The passes of those threads' event loops, one member each (thread
     /// `i` is member `i`): the single node's log syncs once they end.
-    pub turns: std::sync::Arc<fencelog::wal::Turns>,
+    /// `None` in cluster mode, where the engine's log is not synced per
+    /// batch and nothing waits for passes (the threads report none).
+    pub turns: Option<std::sync::Arc<fencelog::wal::Turns>>,
     /// How the server was started, flag by flag, for `CONFIG GET`: every
     /// flag of `fencelog serve` with the value in force (sizes in bytes).
     pub flags: Vec<(String, String)>,

@@ -454,11 +454,12 @@ impl ServeArgs {
             || std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
             |n| n as usize,
         );
-        let turns = fencelog::wal::Turns::new(threads, PASS_WAIT);
-        // A replica's log is made durable by Raft's, not per batch.
-        if cluster.is_none() {
-            engine.wal.turns = Some(std::sync::Arc::clone(&turns));
-        }
+        // A replica's log is made durable by Raft's, not per batch: no sync
+        // waits for passes there.
+        let turns = cluster
+            .is_none()
+            .then(|| fencelog::wal::Turns::new(threads, PASS_WAIT));
+        engine.wal.turns = turns.clone();
         let flags = self.flags_shown(addr, max_payload, threads, cluster.as_ref());
         Ok(ServeConfig {
             dir: self.dir,
@@ -653,7 +654,7 @@ fn serve(config: ServeConfig) -> ExitCode {
     return_large_buffers_to_the_system();
     // This thread accepts, and serves connections as the first of
     // `--threads` single-threaded runtimes (server.rs, `Worker`).
-    let runtime = match fencelog_server::server::connection_runtime(&config.turns, 0) {
+    let runtime = match fencelog_server::server::connection_runtime(config.turns.as_ref(), 0) {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("fencelog: cannot start the runtime: {e}");

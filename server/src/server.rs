@@ -334,13 +334,13 @@ async fn serve_connection(
 }
 
 /// The runtime of connection thread `index`: single-threaded, and member
-/// `index` of `turns`, so that the log's sync waits for the pass of its
-/// event loop under way (a pass begins when the thread wakes with work and
-/// ends when it is about to sleep).
-pub fn connection_runtime(turns: &Arc<Turns>, index: usize) -> std::io::Result<Runtime> {
+/// `index` of `turns` if any, so that the log's sync waits for the pass of
+/// its event loop under way (a pass begins when the thread wakes with work
+/// and ends when it is about to sleep).
+pub fn connection_runtime(turns: Option<&Arc<Turns>>, index: usize) -> std::io::Result<Runtime> {
     let mut builder = tokio::runtime::Builder::new_current_thread();
     builder.enable_all();
-    if let Some(member) = turns.member(index) {
+    if let Some(member) = turns.and_then(|t| t.member(index)) {
         let ends = member.clone();
         builder
             .on_thread_unpark(move || member.begin())
@@ -372,13 +372,20 @@ impl Worker {
     /// of `config.threads`).
     fn start_all(config: &ServeConfig, shutdown: &Shutdown) -> Result<Vec<Worker>, String> {
         (1..config.threads.max(1))
-            .map(|i| Worker::start(i, &config.turns, shutdown.clone(), config.shutdown_grace))
+            .map(|i| {
+                Worker::start(
+                    i,
+                    config.turns.as_ref(),
+                    shutdown.clone(),
+                    config.shutdown_grace,
+                )
+            })
             .collect()
     }
 
     fn start(
         index: usize,
-        turns: &Arc<Turns>,
+        turns: Option<&Arc<Turns>>,
         shutdown: Shutdown,
         grace: std::time::Duration,
     ) -> Result<Worker, String> {
