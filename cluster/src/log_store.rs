@@ -361,8 +361,18 @@ fn build(replay: Replay<'_>) -> Result<RaftLogState, WalError> {
 pub struct LogStore {
     wal: Arc<Wal<RaftLogState>>,
     max_request: usize,
-    recent: Arc<Recent>,
+    recent: Arc<parking_lot::Mutex<Recent>>,
 }
+
+/// Durable entries leave the [`Recent`] cache once it holds more than this
+/// (encoded; the unsynced ones stay whatever their size: at most the
+/// batches in flight). Enough for the entries between an append and their
+/// apply, a few at a time. Small on purpose: an entry's payloads are
+/// slices of the buffer they arrived in (a client's request, a peer's
+/// frame), which it keeps alive, so the memory it holds is more than its
+/// encoding; at 32 MiB the nodes' resident memory doubled (68 to 134-168
+/// MB after 10 s of appends at pipeline 16).
+const RECENT_BYTES: usize = 4 << 20;
 
 /// Entries appended lately, as Raft gave them, by index: replication and
 /// the state machine read them here rather than read back and decode what
@@ -375,34 +385,20 @@ pub struct LogStore {
 /// takes its entries out at once.
 #[derive(Default)]
 struct Recent {
-    inner: parking_lot::Mutex<RecentEntries>,
-}
-
-/// Durable entries leave a [`Recent`] cache once it holds more than this
-/// (encoded; the unsynced ones stay whatever their size: at most the
-/// batches in flight). Enough for the entries between an append and their
-/// apply, a few at a time. Small on purpose: an entry's payloads are
-/// slices of the buffer they arrived in (a client's request, a peer's
-/// frame), which it keeps alive, so the memory it holds is more than its
-/// encoding; at 32 MiB the nodes' resident memory doubled (68 to 134-168
-/// MB after 10 s of appends at pipeline 16).
-const RECENT_BYTES: usize = 4 << 20;
-
-#[derive(Default)]
-struct RecentEntries {
     /// By index: the entry, its encoded length, whether it is durable.
     entries: BTreeMap<u64, (Entry<TypeConfig>, usize, bool)>,
     /// The sum of the encoded lengths.
     bytes: usize,
 }
 
-impl RecentEntries {
+impl Recent {
+    /// An entry just appended (not yet durable, so it stays: nothing is
+    /// shed here, under the log's lock; [`Recent::durable`] sheds).
     fn insert(&mut self, entry: Entry<TypeConfig>, len: usize) {
         if let Some((_, old, _)) = self.entries.insert(entry.log_id.index, (entry, len, false)) {
             self.bytes -= old;
         }
         self.bytes += len;
-        self.shed();
     }
 
     /// `ids` are durable; an index taken since by a newer entry (after a
@@ -495,10 +491,11 @@ impl LogStore {
             flush_on_wait: true,
             // Recent entries are read from memory (`Recent`) or the segment
             // being written, a sealed segment only by a follower far
-            // behind: a sealed segment's pages are let go. On this project's VM a page the page cache takes
-            // from fresh memory costs the most of a replicated append once
-            // the log has grown (docs/CLUSTER.md, "The Raft log's page
-            // cache"); reused pages do not.
+            // behind: a sealed segment's pages are let go. On this
+            // project's VM a page the page cache takes from fresh memory
+            // costs the most of a replicated append once the log has grown
+            // (docs/CLUSTER.md, "The Raft log's page cache"); reused pages
+            // do not.
             uncache_sealed: true,
             ..WalOptions::default()
         };
@@ -594,7 +591,7 @@ impl LogStore {
             .submit_async(move |w| {
                 // Readable by replication from the moment the log's state
                 // names them (both under the log's lock).
-                let mut cache = recent.inner.lock();
+                let mut cache = recent.lock();
                 for (entry, body) in encoded {
                     let log_id = entry.log_id;
                     let id = Record::Entry {
@@ -679,17 +676,16 @@ impl LogStore {
         let locs: Vec<(u64, Loc)> = self
             .wal
             .with_state(|s| s.entries.range(start..end).map(|(i, l)| (*i, *l)).collect());
+        // Recent entries (always those whose sync may still run) as Raft
+        // gave them, taken under one lock.
+        let cached: Vec<Option<Entry<TypeConfig>>> = {
+            let recent = self.recent.lock();
+            locs.iter()
+                .map(|(index, _)| recent.entries.get(index).map(|(e, ..)| e.clone()))
+                .collect()
+        };
         let mut out = Vec::with_capacity(locs.len());
-        for (index, loc) in locs {
-            // A recent entry (always one whose sync may still run) as
-            // Raft gave it.
-            let cached = self
-                .recent
-                .inner
-                .lock()
-                .entries
-                .get(&index)
-                .map(|(e, ..)| e.clone());
+        for ((index, loc), cached) in locs.into_iter().zip(cached) {
             let decoded = match cached {
                 Some(entry) => Ok(entry),
                 None => match self.wal.read_entry(loc.segment, loc.position) {
@@ -828,7 +824,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             let result = ticket.await.map_err(io_err);
             if result.is_ok() {
                 // Durable: may leave the cache from now on.
-                recent.inner.lock().durable(&ids);
+                recent.lock().durable(&ids);
             }
             callback.log_io_completed(result);
         });
@@ -837,7 +833,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
         // Entries from `log_id` on are gone: none may be sent again.
-        self.recent.inner.lock().truncate(log_id.index);
+        self.recent.lock().truncate(log_id.index);
         // Not waited for: the WAL syncs in order, so any later entry that
         // becomes durable carries this truncation with it.
         let _unwaited = self
@@ -848,7 +844,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
-        self.recent.inner.lock().purge(log_id.index);
+        self.recent.lock().purge(log_id.index);
         // Waited for: segments are removed only once the purge is durable.
         self.record(Record::Purge(log_id))
             .await
@@ -1021,7 +1017,7 @@ mod tests {
             [1, 2, 3]
         );
         assert_eq!(sim.faults().syncs(), before, "the read waited for the sync");
-        assert_eq!(store.recent.inner.lock().entries.len(), 3);
+        assert_eq!(store.recent.lock().entries.len(), 3);
         ticket.await.unwrap();
         // A truncation takes its entries out of the cache too: none is
         // sent again.
@@ -1031,7 +1027,6 @@ mod tests {
         assert_eq!(
             store
                 .recent
-                .inner
                 .lock()
                 .entries
                 .keys()
@@ -1048,7 +1043,7 @@ mod tests {
     #[test]
     fn recent_entries_shed_only_durable_ones_and_keep_count() {
         let quarter = RECENT_BYTES / 4;
-        let mut r = RecentEntries::default();
+        let mut r = Recent::default();
         for i in 1..=8 {
             r.insert(blank(i), quarter);
         }
