@@ -83,7 +83,8 @@ pub struct WalOptions {
     /// kernel its pages may leave the page cache (`POSIX_FADV_DONTNEED`,
     /// as PostgreSQL does with WAL files nothing will read). For a log
     /// read back only at recovery or by a reader far behind (a Raft log):
-    /// its cache stays about one segment, and the pages a seal frees are
+    /// its cache stays about two segments (the one being written and the
+    /// next, made ahead), and the pages a seal frees are
     /// soon the ones the next segment is written into, instead of fresh
     /// memory. Reads of a sealed segment then come from the disk. Default
     /// false.

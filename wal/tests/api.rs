@@ -410,5 +410,15 @@ fn uncache_sealed_lets_a_sealed_segment_leave_the_page_cache() {
                 &p[..]
             );
         }
+        // And from the disk alone: closed, reopened whole, every record.
+        wal.close().unwrap();
+        let (reopened, report) = open(&storage, dir.path(), &opts).unwrap();
+        assert!(report.cut.is_none(), "{report:?}");
+        drop(reopened);
+        let got: Vec<Vec<u8>> = all_records(storage.as_ref(), dir.path())
+            .into_iter()
+            .map(|(_, p)| p)
+            .collect();
+        assert_eq!(got, written.into_iter().map(|(_, p)| p).collect::<Vec<_>>());
     }
 }
