@@ -256,16 +256,25 @@ fn a_failed_write_anywhere_raises_no_token() {
     workload(&log, 24, 3 << 10, &mut Acked::default());
     drop(log);
     let writes = clean.faults().writes() - before;
-    let mut latched = 0;
+    let mut must_latch = 0;
     for n in 0..writes + 5 {
         let sim = SimStorage::new();
         let log = open(&sim).unwrap();
         sim.faults().fail_write_after(n);
         let mut acked = Acked::default();
         workload(&log, 24, 3 << 10, &mut acked);
-        // A failed creation by the allocator, ahead of need, does not
-        // latch: the sync thread creates the segment again when it needs it.
-        latched += u64::from(log.has_failed());
+        // A failed creation of a segment (`.wal.tmp`) may not latch: the
+        // allocator makes segments ahead of need, and the sync thread
+        // creates one again when it needs it. Every other failed write (a
+        // batch, a footer, a trailer, the marks) latches, whatever the
+        // timing.
+        if let Some(file) = sim.faults().failed_write_on() {
+            let name = file.to_string_lossy().into_owned();
+            if !name.ends_with(".wal.tmp") {
+                must_latch += 1;
+                assert!(log.has_failed(), "a failed write on {name} did not latch");
+            }
+        }
         drop(log);
         for mode in [
             CrashMode::ProcessCrash,
@@ -278,11 +287,12 @@ fn a_failed_write_anywhere_raises_no_token() {
             check(&log, &acked, &what);
         }
     }
-    // Most failed writes latch the log; how many of the workload's writes
-    // the background allocator makes ahead of need (and does not latch
-    // on) depends on timing: 62 of 67 in one run, 48 of 60 in another.
+    // The workload's batches, footers and marks were each failed once: 60
+    // to 75 of them in runs on a loaded machine (how many batches the 24
+    // records make depends on timing, and so does how many iterations fail
+    // a write the run makes at all).
     assert!(
-        latched * 10 >= writes * 7,
-        "only {latched} of {writes} failed writes latched"
+        must_latch >= 20,
+        "only {must_latch} failed writes outside new segments"
     );
 }

@@ -71,6 +71,8 @@ pub struct Faults {
     sync_delay_micros: AtomicU64,
     /// Every read of a file faults apply to fails (a dying disk).
     fail_reads: std::sync::atomic::AtomicBool,
+    /// The name of the file the last injected write fault hit.
+    failed_write_on: Mutex<Option<PathBuf>>,
 }
 
 const DISARMED: u64 = u64::MAX;
@@ -85,6 +87,7 @@ impl Default for Faults {
             only_on: Mutex::new(None),
             sync_delay_micros: AtomicU64::new(0),
             fail_reads: std::sync::atomic::AtomicBool::new(false),
+            failed_write_on: Mutex::new(None),
         }
     }
 }
@@ -140,6 +143,7 @@ impl Faults {
         self.fail_sync_in.store(DISARMED, Ordering::SeqCst);
         self.fail_write_in.store(DISARMED, Ordering::SeqCst);
         self.sync_delay_micros.store(0, Ordering::SeqCst);
+        *self.failed_write_on.lock() = None;
     }
 
     /// `sync_data` calls so far (failed ones included).
@@ -150,6 +154,13 @@ impl Faults {
     /// Writes so far (failed ones included).
     pub fn writes(&self) -> u64 {
         self.writes.load(Ordering::SeqCst)
+    }
+
+    /// The name the file had when an injected write fault hit it, if one
+    /// did: a test can tell a segment made ahead of need (`.wal.tmp`) from
+    /// a batch, a footer or the marks.
+    pub fn failed_write_on(&self) -> Option<PathBuf> {
+        self.failed_write_on.lock().clone()
     }
 
     fn trip(counter: &AtomicU64) -> bool {
@@ -674,6 +685,8 @@ impl StorageFile for SimFile {
         fs.mutate()?;
         self.faults.writes.fetch_add(1, Ordering::SeqCst);
         if self.faults.applies_to(&fs, self.ino) && Faults::trip(&self.faults.fail_write_in) {
+            let name = fs.names.iter().find(|&(_, &i)| i == self.ino);
+            *self.faults.failed_write_on.lock() = name.map(|(p, _)| p.clone());
             return Err(eio("write"));
         }
         let mut inode = self.inode.lock();
