@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Where a replicated append's CPU goes, node by node: for each run, a fresh
+# single node and then a fresh 3-node `cluster local` take the same load
+# (`fencelog bench --workload append`, 50 clients), one after the other;
+# prints appends per second, each server's CPU seconds per million appends
+# (the leader's, then each follower's, as `cluster status` names them), the
+# cores the servers kept busy and the load generator's own CPU (from
+# /usr/bin/time), so that a ratio to the single node can be read against
+# what the machine had left.
+#
+#   scripts/cluster-cpu-split.sh [FENCELOG_BINARY] [PIPELINE] [SECONDS] [RUNS]
+#
+# Defaults: target/release/fencelog, pipeline 16, 5 s, 3 runs. Ports 7601
+# (single node) and 7611-7613 (+10000 for Raft) on 127.0.0.1; data under a
+# temporary directory, removed afterwards. Every run starts from empty
+# data directories: a group that has run a while is slower on this VM
+# (docs/CLUSTER.md, "The Raft log's page cache").
+set -euo pipefail
+bin="${1:-target/release/fencelog}"
+pipeline="${2:-16}"
+secs="${3:-5}"
+runs="${4:-3}"
+# shellcheck source=scripts/background.sh
+. "$(dirname "$0")/background.sh"
+# shellcheck source=scripts/cpu-ticks.sh
+. "$(dirname "$0")/cpu-ticks.sh"
+tck=$(getconf CLK_TCK)
+
+# bench ADDR: runs the load; prints "APPENDS_PER_S REQUESTS LOADGEN_CPU_S".
+bench() {
+    /usr/bin/time -f "%U %S" -o "$work/time" \
+        "$bin" bench --addr "$1" --workload append --pipeline "$pipeline" \
+        --duration "$secs" >"$work/bench" 2>&1
+    awk '$1 == "append" && $2 ~ /^[0-9]+$/ { print $6, $4 }' "$work/bench" | head -n 1 |
+        tr '\n' ' '
+    awk '{ print $1 + $2 }' "$work/time"
+}
+
+# stop PID: ends one setup (its children with it) before the next starts.
+stop() {
+    kill "$1" 2>/dev/null || true
+    wait "$1" 2>/dev/null || true
+}
+
+printf '%-7s %-10s %-12s %-40s %-14s %s\n' setup appends/s "CPU s/M" \
+    "per node: leader, followers (CPU s/M)" "server cores" "load generator cores"
+for run in $(seq 1 "$runs"); do
+    rm -rf "$work/single" "$work/cluster"
+    "$bin" serve --dir "$work/single" --addr 127.0.0.1:7601 --log-level warn \
+        >"$work/single.log" 2>&1 &
+    single=$!
+    pids+=("$single")
+    for _ in $(seq 1 50); do
+        "$bin" bench --addr 127.0.0.1:7601 --requests 1 --clients 1 --workload append \
+            >/dev/null 2>&1 && break
+        sleep 0.1
+    done
+    before=$(cpu_ticks "$single")
+    read -r rate requests loadgen <<<"$(bench 127.0.0.1:7601)"
+    used=$(($(cpu_ticks "$single") - before))
+    stop "$single"
+    awk -v r="$rate" -v n="$requests" -v u="$used" -v t="$tck" -v s="$secs" -v l="$loadgen" \
+        'BEGIN { printf "%-7s %-10s %-12.1f %-40s %-14.2f %.2f\n", "single", r,
+                 u / t / n * 1e6, "", u / t / s, l / s }'
+
+    "$bin" cluster local --nodes 3 --port 7611 --dir "$work/cluster" --log-level warn \
+        >"$work/cluster.log" 2>&1 &
+    group=$!
+    pids+=("$group")
+    for _ in $(seq 1 100); do
+        "$bin" cluster status --addr 127.0.0.1:7611 2>/dev/null | grep -q leader && break
+        sleep 0.2
+    done
+    # Each node's process, leader first, by the client port it serves.
+    order=$("$bin" cluster status --addr 127.0.0.1:7611 |
+        awk '$3 == "leader" { print $2 } $3 == "follower" { f = f " " $2 } END { print f }' |
+        tr '\n' ' ')
+    nodes=()
+    for addr in $order; do
+        for p in $(pgrep -P "$group"); do
+            if tr '\0' ' ' <"/proc/$p/cmdline" | grep -q -- "--addr $addr "; then
+                nodes+=("$p")
+            fi
+        done
+    done
+    declare -A start=()
+    for p in "${nodes[@]}"; do start[$p]=$(cpu_ticks "$p"); done
+    read -r rate requests loadgen <<<"$(bench 127.0.0.1:7611)"
+    per=""
+    total=0
+    for p in "${nodes[@]}"; do
+        used=$(($(cpu_ticks "$p") - start[$p]))
+        total=$((total + used))
+        per="$per $used"
+    done
+    stop "$group"
+    awk -v r="$rate" -v n="$requests" -v u="$total" -v per="$per" -v t="$tck" -v s="$secs" \
+        -v l="$loadgen" \
+        'BEGIN { k = split(per, q, " "); o = "";
+                 for (i = 1; i <= k; i++) o = o sprintf("%s%.1f", i > 1 ? " / " : "", q[i] / t / n * 1e6);
+                 printf "%-7s %-10s %-12.1f %-40s %-14.2f %.2f\n", "cluster", r,
+                 u / t / n * 1e6, o, u / t / s, l / s }'
+done
