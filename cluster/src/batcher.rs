@@ -287,7 +287,7 @@ async fn take_over(
     let base = clock.anchor(term, engine.log().group_clock_ms());
     let req = Request {
         time_ms: base,
-        cmds: vec![Command::TakeOver],
+        cmds: Arc::new(vec![Command::TakeOver]),
     };
     let pending = raft
         .client_write_ff(req)
@@ -375,7 +375,13 @@ async fn run(
                 continue;
             }
         };
-        match raft.client_write_ff(Request { time_ms, cmds }).await {
+        match raft
+            .client_write_ff(Request {
+                time_ms,
+                cmds: Arc::new(cmds),
+            })
+            .await
+        {
             Ok(pending) => {
                 tokio::spawn(async move {
                     let outcome = pending.await;

@@ -125,7 +125,7 @@ fn sample_request() -> Request {
     let token = |n| fencelog::Token::new(n).expect("in range");
     Request {
         time_ms: 123_456,
-        cmds: vec![
+        cmds: std::sync::Arc::new(vec![
             Command::TakeOver,
             Command::Blank,
             Command::Write(fencelog::TxOp::Append {
@@ -148,7 +148,7 @@ fn sample_request() -> Request {
                 index: 9,
                 digest: 0xfeed,
             },
-        ],
+        ]),
     }
 }
 

@@ -1554,11 +1554,11 @@ mod tests {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
             payload: EntryPayload::Normal(Request {
                 time_ms: 1,
-                cmds: vec![fencelog::Command::Write(fencelog::TxOp::Append {
+                cmds: std::sync::Arc::new(vec![fencelog::Command::Write(fencelog::TxOp::Append {
                     stream: bytes::Bytes::from_static(b"s"),
                     token: fencelog::Token::new(1).unwrap(),
                     payloads: vec![bytes::Bytes::from(vec![7u8; bytes])],
-                })],
+                })]),
             }),
         }
     }

@@ -8,6 +8,7 @@
 //! one writes them into a new generation, opens it, and switches to it, so
 //! readers of the old one finish undisturbed.
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -368,38 +369,44 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // Every write of every entry, with its position; what the engine
         // applied already (before a crash) is not applied again.
         let done = log.applied().map_or(0, |p| p.index);
-        let mut batch: Vec<(LogPosition, u64, Command)> = Vec::new();
+        // The commands of an entry are borrowed, not copied: the entry
+        // (a clone of the log's) shares them.
+        let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
+        let mut batch: Vec<(LogPosition, u64, Cow<'_, Command>)> = Vec::new();
         let mut last_entry: Option<u64> = None;
         // Per entry: per write, its place in `batch` or the answer it has.
         let mut shape: Vec<Vec<Result<usize, Response>>> = Vec::new();
-        for entry in entries {
+        for entry in &entries {
             // Entries come in log order, each once.
             debug_assert!(last_entry.is_none_or(|l| l < entry.log_id.index));
             last_entry = Some(entry.log_id.index);
-            let cmds: Vec<(u64, Command)> = match entry.payload {
+            // An entry holds its commands (`shared`), or stands for one
+            // made here (`own`).
+            let (time_ms, own, shared): (u64, Option<Command>, &[Command]) = match &entry.payload {
                 // A new leader's first entry (openraft's): only a position.
                 // The take-over of the leases is the leader's own first
                 // entry (`Command::TakeOver`), stamped with the group's
                 // clock as the leader carries it on.
-                EntryPayload::Blank => vec![(0, Command::Blank)],
+                EntryPayload::Blank => (0, Some(Command::Blank), &[]),
                 EntryPayload::Normal(req) if req.cmds.is_empty() => {
-                    vec![(req.time_ms, Command::Blank)]
+                    (req.time_ms, Some(Command::Blank), &[])
                 }
                 // A command the entry could not carry is a
                 // `Command::Refused`: decided alike on every replica.
-                EntryPayload::Normal(req) => {
-                    let time_ms = req.time_ms;
-                    req.cmds.into_iter().map(|cmd| (time_ms, cmd)).collect()
-                }
+                EntryPayload::Normal(req) => (req.time_ms, None, req.cmds.as_slice()),
                 EntryPayload::Membership(m) => {
-                    let stored = StoredMembership::new(Some(entry.log_id), m);
+                    let stored = StoredMembership::new(Some(entry.log_id), m.clone());
                     let bytes = crate::codec::MEMBERSHIP.encode(&stored).map_err(sm_err)?;
-                    vec![(0, Command::Membership(bytes.into()))]
+                    (0, Some(Command::Membership(bytes.into())), &[])
                 }
             };
-            let count = cmds.len();
+            let count = shared.len() + usize::from(own.is_some());
+            let cmds = own
+                .into_iter()
+                .map(Cow::Owned)
+                .chain(shared.iter().map(Cow::Borrowed));
             let mut answers = Vec::with_capacity(count);
-            for (sub, (time_ms, cmd)) in cmds.into_iter().enumerate() {
+            for (sub, cmd) in cmds.enumerate() {
                 let at = position(&entry.log_id, sub, count);
                 if at.index <= done {
                     answers.push(Err(Response::Done));
@@ -576,7 +583,7 @@ mod tests {
             log_id: id(1, index),
             payload: EntryPayload::Normal(crate::types::Request {
                 time_ms: 10,
-                cmds: payloads.iter().map(|p| append(p)).collect(),
+                cmds: Arc::new(payloads.iter().map(|p| append(p)).collect()),
             }),
         }
     }

@@ -2,6 +2,8 @@
 //! the proposing leader's clock), their answers, and the Raft type
 //! configuration.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use fencelog::{Applied, Command, Error};
 use serde::{Deserialize, Serialize};
@@ -107,8 +109,11 @@ pub type NodeId = u64;
 pub struct Request {
     /// The proposing leader's monotonic clock in ms (lease time follows it).
     pub time_ms: u64,
-    /// What to decide when the entry is applied, in order.
-    pub cmds: Vec<Command>,
+    /// What to decide when the entry is applied, in order. Shared: the
+    /// leader hands an entry to each replication stream and to apply, and
+    /// a follower to apply, each a clone of the entry; a clone of the
+    /// commands themselves allocated once per write, each time.
+    pub cmds: Arc<Vec<Command>>,
 }
 
 /// The format version of a [`Request`] (its first byte, in the Raft log
@@ -161,7 +166,10 @@ impl<'de> Deserialize<'de> for Request {
                     let b: serde_bytes::ByteBuf = a.next_element()?.ok_or_else(missing)?;
                     Command::decode_all(&Bytes::from(b.into_vec())).map_err(A::Error::custom)?
                 };
-                Ok(Request { time_ms, cmds })
+                Ok(Request {
+                    time_ms,
+                    cmds: Arc::new(cmds),
+                })
             }
         }
         d.deserialize_tuple(3, V)

@@ -529,10 +529,12 @@ impl Log {
     /// Applies entries of the replicated log in order, as
     /// [`Log::apply_replicated`] one by one would, answering alike; their
     /// writes go out together, so a batch costs one write, not one per
-    /// entry.
-    pub async fn apply_replicated_many(
+    /// entry. A command may be given owned or borrowed (`&Command`, a
+    /// `Cow`): a replica applies entries it holds shared without copying
+    /// their commands.
+    pub async fn apply_replicated_many<C: std::borrow::Borrow<Command> + Sync>(
         &self,
-        entries: &[(LogPosition, u64, Command)],
+        entries: &[(LogPosition, u64, C)],
     ) -> Result<Vec<Applied>> {
         if !self.options().replicated {
             return Err(Error::invalid(

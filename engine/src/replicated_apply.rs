@@ -246,13 +246,14 @@ pub(crate) async fn apply(
 /// Decides every entry in order, then waits for their answers: a batch of
 /// entries is written out together instead of one write (and one wake-up
 /// of the sync thread) per entry.
-pub(crate) async fn apply_many(
+pub(crate) async fn apply_many<C: std::borrow::Borrow<Command> + Sync>(
     log: &Log,
-    entries: &[(LogPosition, u64, Command)],
+    entries: &[(LogPosition, u64, C)],
 ) -> Result<Vec<Applied>> {
     let mut out = Vec::with_capacity(entries.len());
     let mut pending = Vec::new();
     for (at, time_ms, cmd) in entries {
+        let cmd: &Command = cmd.borrow();
         // An exact retry's answer reads the stream when it is settled:
         // settled at once, as alone, so it cannot depend on where a
         // replica's batch of entries ends.

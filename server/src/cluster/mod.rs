@@ -148,7 +148,7 @@ async fn set_limits(
         if leads {
             let req = fencelog_cluster::Request {
                 time_ms: 0,
-                cmds: vec![fencelog::Command::SetLimits(limits)],
+                cmds: std::sync::Arc::new(vec![fencelog::Command::SetLimits(limits)]),
             };
             match raft.client_write(req).await {
                 Ok(_) => {
