@@ -285,10 +285,7 @@ async fn take_over(
         other => ClusterError::Raft(other.to_string()),
     })?;
     let base = clock.anchor(term, engine.log().group_clock_ms());
-    let req = Request {
-        time_ms: base,
-        cmds: Arc::new(vec![Command::TakeOver]),
-    };
+    let req = Request::new(base, vec![Command::TakeOver]);
     let pending = raft
         .client_write_ff(req)
         .await
@@ -375,13 +372,7 @@ async fn run(
                 continue;
             }
         };
-        match raft
-            .client_write_ff(Request {
-                time_ms,
-                cmds: Arc::new(cmds),
-            })
-            .await
-        {
+        match raft.client_write_ff(Request::new(time_ms, cmds)).await {
             Ok(pending) => {
                 tokio::spawn(async move {
                     let outcome = pending.await;

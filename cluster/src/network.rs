@@ -1552,14 +1552,14 @@ mod tests {
     fn entry(index: u64, bytes: usize) -> Entry<TypeConfig> {
         Entry {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
-            payload: EntryPayload::Normal(Request {
-                time_ms: 1,
-                cmds: std::sync::Arc::new(vec![fencelog::Command::Write(fencelog::TxOp::Append {
+            payload: EntryPayload::Normal(Request::new(
+                1,
+                vec![fencelog::Command::Write(fencelog::TxOp::Append {
                     stream: bytes::Bytes::from_static(b"s"),
                     token: fencelog::Token::new(1).unwrap(),
                     payloads: vec![bytes::Bytes::from(vec![7u8; bytes])],
-                })]),
-            }),
+                })],
+            )),
         }
     }
 

@@ -388,12 +388,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 // entry (`Command::TakeOver`), stamped with the group's
                 // clock as the leader carries it on.
                 EntryPayload::Blank => (0, Some(Command::Blank), &[]),
-                EntryPayload::Normal(req) if req.cmds.is_empty() => {
+                EntryPayload::Normal(req) if req.cmds().is_empty() => {
                     (req.time_ms, Some(Command::Blank), &[])
                 }
                 // A command the entry could not carry is a
                 // `Command::Refused`: decided alike on every replica.
-                EntryPayload::Normal(req) => (req.time_ms, None, req.cmds.as_slice()),
+                EntryPayload::Normal(req) => (req.time_ms, None, req.cmds()),
                 EntryPayload::Membership(m) => {
                     let stored = StoredMembership::new(Some(entry.log_id), m.clone());
                     let bytes = crate::codec::MEMBERSHIP.encode(&stored).map_err(sm_err)?;
@@ -581,10 +581,10 @@ mod tests {
     fn entry(index: u64, payloads: &[&str]) -> Entry<TypeConfig> {
         Entry {
             log_id: id(1, index),
-            payload: EntryPayload::Normal(crate::types::Request {
-                time_ms: 10,
-                cmds: Arc::new(payloads.iter().map(|p| append(p)).collect()),
-            }),
+            payload: EntryPayload::Normal(crate::types::Request::new(
+                10,
+                payloads.iter().map(|p| append(p)).collect(),
+            )),
         }
     }
 

@@ -2,7 +2,7 @@
 //! the proposing leader's clock), their answers, and the Raft type
 //! configuration.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use fencelog::{Applied, Command, Error};
@@ -105,15 +105,69 @@ pub type NodeId = u64;
 /// write would cost a sync each, one after the other).
 // Request (bincode tuple): { version: u8 (REQUEST_VERSION = 2) | time_ms: u64 | len: u64 | commands: [u8; len] }
 //   commands: the engine's encoding (`Command::encode_all`); version 1 is read only (`request_v1.rs`)
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct Request {
     /// The proposing leader's monotonic clock in ms (lease time follows it).
     pub time_ms: u64,
-    /// What to decide when the entry is applied, in order. Shared: the
-    /// leader hands an entry to each replication stream and to apply, and
-    /// a follower to apply, each a clone of the entry; a clone of the
-    /// commands themselves allocated once per write, each time.
-    pub cmds: Arc<Vec<Command>>,
+    /// Shared: the leader hands an entry to each replication stream and to
+    /// apply, a follower to apply, each a clone of the entry.
+    body: Arc<Body>,
+}
+
+/// What a [`Request`]'s clones share.
+struct Body {
+    /// What to decide when the entry is applied, in order.
+    cmds: Vec<Command>,
+    /// The commands' encoding (`Command::encode_all`), made at most once:
+    /// an entry is written to the Raft log and into a frame for each
+    /// follower, and bincode measures before it writes, so each of those
+    /// would encode every command again. A request read from bytes keeps
+    /// the bytes it was read from (its payloads are slices of them).
+    encoded: OnceLock<Bytes>,
+}
+
+impl Request {
+    /// A request of `cmds`, proposed at `time_ms` on the leader's clock.
+    pub fn new(time_ms: u64, cmds: Vec<Command>) -> Request {
+        Request {
+            time_ms,
+            body: Arc::new(Body {
+                cmds,
+                encoded: OnceLock::new(),
+            }),
+        }
+    }
+
+    /// What to decide when the entry is applied, in order.
+    pub fn cmds(&self) -> &[Command] {
+        &self.body.cmds
+    }
+
+    /// The commands' encoding, made on first use.
+    fn encoded(&self) -> &Bytes {
+        self.body.encoded.get_or_init(|| {
+            let mut out = Vec::with_capacity(Command::encoded_len_all(&self.body.cmds));
+            Command::encode_all(&self.body.cmds, &mut out);
+            Bytes::from(out)
+        })
+    }
+}
+
+impl PartialEq for Request {
+    fn eq(&self, other: &Request) -> bool {
+        self.time_ms == other.time_ms && self.body.cmds == other.body.cmds
+    }
+}
+
+impl Eq for Request {}
+
+impl std::fmt::Debug for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Request")
+            .field("time_ms", &self.time_ms)
+            .field("cmds", &self.body.cmds)
+            .finish()
+    }
 }
 
 /// The format version of a [`Request`] (its first byte, in the Raft log
@@ -124,12 +178,10 @@ pub const REQUEST_VERSION: u8 = 2;
 impl Serialize for Request {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeTuple;
-        let mut cmds = Vec::new();
-        Command::encode_all(&self.cmds, &mut cmds);
         let mut t = s.serialize_tuple(3)?;
         t.serialize_element(&REQUEST_VERSION)?;
         t.serialize_element(&self.time_ms)?;
-        t.serialize_element(serde_bytes::Bytes::new(&cmds))?;
+        t.serialize_element(serde_bytes::Bytes::new(self.encoded()))?;
         t.end()
     }
 }
@@ -159,16 +211,21 @@ impl<'de> Deserialize<'de> for Request {
                         )));
                     }
                 };
-                let cmds = if version == 1 {
-                    a.next_element_seed(crate::request_v1::Commands)?
-                        .ok_or_else(missing)?
-                } else {
-                    let b: serde_bytes::ByteBuf = a.next_element()?.ok_or_else(missing)?;
-                    Command::decode_all(&Bytes::from(b.into_vec())).map_err(A::Error::custom)?
-                };
+                if version == 1 {
+                    let cmds = a
+                        .next_element_seed(crate::request_v1::Commands)?
+                        .ok_or_else(missing)?;
+                    return Ok(Request::new(time_ms, cmds));
+                }
+                let b: serde_bytes::ByteBuf = a.next_element()?.ok_or_else(missing)?;
+                let encoded = Bytes::from(b.into_vec());
+                let cmds = Command::decode_all(&encoded).map_err(A::Error::custom)?;
                 Ok(Request {
                     time_ms,
-                    cmds: Arc::new(cmds),
+                    body: Arc::new(Body {
+                        cmds,
+                        encoded: OnceLock::from(encoded),
+                    }),
                 })
             }
         }
@@ -360,5 +417,35 @@ mod tests {
         };
         let back: Member = bincode::deserialize(&bincode::serialize(&new).unwrap()).unwrap();
         assert_eq!(back, new);
+    }
+
+    #[test]
+    fn a_request_is_encoded_once_and_read_back_as_written() {
+        let append = |n: u64, payload: &'static [u8]| {
+            Command::Write(fencelog::TxOp::Append {
+                stream: Bytes::from_static(b"s"),
+                token: fencelog::Token::new(n).unwrap(),
+                payloads: vec![Bytes::from_static(payload)],
+            })
+        };
+        let req = Request::new(7, vec![append(1, b"a"), append(2, b"bc")]);
+        let mut fresh = Vec::new();
+        Command::encode_all(req.cmds(), &mut fresh);
+        let first = bincode::serialize(&req).unwrap();
+        // Measured, written, and written again from a clone: one encoding.
+        let clone = req.clone();
+        assert_eq!(bincode::serialize(&clone).unwrap(), first);
+        assert!(std::ptr::eq(req.encoded(), clone.encoded()));
+        assert_eq!(&req.encoded()[..], &fresh[..]);
+        // Read back: the same request, which keeps the bytes it was read
+        // from and writes them again as they were.
+        let back: Request = bincode::deserialize(&first).unwrap();
+        assert_eq!(back, req);
+        assert_eq!(back.cmds(), req.cmds());
+        assert_eq!(bincode::serialize(&back).unwrap(), first);
+        // Equal whatever each has encoded so far.
+        let unencoded = Request::new(7, vec![append(1, b"a"), append(2, b"bc")]);
+        assert_eq!(unencoded, back);
+        assert_ne!(Request::new(8, req.cmds().to_vec()), req);
     }
 }

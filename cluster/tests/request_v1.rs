@@ -140,7 +140,7 @@ fn expected() -> Vec<Command> {
 fn a_version_1_request_decodes_to_the_same_commands() {
     let req: Request = bincode::deserialize(&v1_bytes()).expect("a version 1 request decodes");
     assert_eq!(req.time_ms, 123_456_789);
-    assert_eq!(*req.cmds, expected());
+    assert_eq!(req.cmds(), expected());
     // Sent on (a leader's log to a follower) it is version 2, and the same.
     let again = bincode::serialize(&req).expect("encodes");
     assert_eq!(again[0], fencelog_cluster::REQUEST_VERSION);

@@ -146,10 +146,7 @@ async fn set_limits(
     for _ in 0..600 {
         let leads = raft.metrics().borrow().current_leader == Some(id);
         if leads {
-            let req = fencelog_cluster::Request {
-                time_ms: 0,
-                cmds: std::sync::Arc::new(vec![fencelog::Command::SetLimits(limits)]),
-            };
+            let req = fencelog_cluster::Request::new(0, vec![fencelog::Command::SetLimits(limits)]);
             match raft.client_write(req).await {
                 Ok(_) => {
                     tracing::info!(
