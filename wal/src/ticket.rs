@@ -240,6 +240,14 @@ impl Future for Ticket {
                 if let Some(result) = batch.result() {
                     return Poll::Ready(result);
                 }
+                if registered.is_none()
+                    && let Some(flush) = flush
+                {
+                    flush.try_flush_unsynced();
+                    if let Some(result) = batch.result() {
+                        return Poll::Ready(result);
+                    }
+                }
                 if registered.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
                     return Poll::Pending;
                 }

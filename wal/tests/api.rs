@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -421,4 +422,115 @@ fn uncache_sealed_lets_a_sealed_segment_leave_the_page_cache() {
             .collect();
         assert_eq!(got, written.into_iter().map(|(_, p)| p).collect::<Vec<_>>());
     }
+}
+
+/// A batch larger than a few pages is left to the sync thread even
+/// without a sync per batch: copying it would hold the awaiting task. In
+/// one log with room to spare, small batches are answered at their first
+/// poll and large ones are not.
+#[test]
+fn without_a_sync_per_batch_a_large_batch_is_still_the_sync_threads() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage: Arc<dyn Storage> = Arc::new(fencelog_wal::FsStorage);
+    let opts = fencelog_wal::WalOptions {
+        sync_every_batch: false,
+        flush_on_wait: true,
+        preallocation: fencelog_wal::Preallocation::Reserve,
+        segment_bytes: 64 << 20,
+        ..fencelog_wal::WalOptions::default()
+    };
+    let (wal, _) = open(&storage, dir.path(), &opts).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    // (record bytes, batches answered at their first poll) for 5-record
+    // batches of 1.5 KiB and of 40 KiB.
+    let mut ready_at_once = Vec::new();
+    rt.block_on(async {
+        for len in [300, 8 << 10] {
+            let mut ready = 0;
+            for round in 0..200u32 {
+                let mut last = None;
+                for n in 0..5u32 {
+                    let (_, ticket) = append_async(&wal, &payload(round, n, len)).await.unwrap();
+                    last = Some(ticket);
+                }
+                let mut ticket = last.unwrap();
+                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                ready += usize::from(std::pin::Pin::new(&mut ticket).poll(&mut cx).is_ready());
+                ticket.await.unwrap();
+            }
+            ready_at_once.push((len, ready));
+        }
+    });
+    assert!(ready_at_once[0].1 >= 180, "{ready_at_once:?}");
+    assert!(ready_at_once[1].1 <= 20, "{ready_at_once:?}");
+    wal.close().unwrap();
+    assert_eq!(all_records(storage.as_ref(), dir.path()).len(), 2000);
+}
+
+/// Without a sync per batch (a replica's engine log), a task that awaits
+/// a ticket writes its batch itself when the batch is only a write into
+/// the open segment: the ticket is answered at its first poll, with no
+/// hand-over to the sync thread. A batch that creates or seals a segment
+/// is still the sync thread's (it syncs), and every entry reads back
+/// after a reopen.
+#[test]
+fn without_a_sync_per_batch_the_awaiting_task_writes_a_plain_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage: Arc<dyn Storage> = Arc::new(fencelog_wal::FsStorage);
+    let opts = fencelog_wal::WalOptions {
+        sync_every_batch: false,
+        flush_on_wait: true,
+        preallocation: fencelog_wal::Preallocation::Reserve,
+        ..small_opts()
+    };
+    let (wal, _) = open(&storage, dir.path(), &opts).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let mut written = Vec::new();
+    let (mut plain, mut first_poll, mut rotations) = (0, 0, 0);
+    rt.block_on(async {
+        let mut segment = None;
+        for round in 0..800u32 {
+            let mut last = None;
+            let mut segments = Vec::new();
+            for n in 0..5u32 {
+                let p = payload(round, n, 300);
+                let (at, ticket) = append_async(&wal, &p).await.unwrap();
+                segments.push(at.segment);
+                written.push(p);
+                last = Some(ticket);
+            }
+            let mut ticket = last.unwrap();
+            // A batch that stays in the segment the last one wrote to.
+            let stays = segment.is_some() && segments.iter().all(|s| Some(*s) == segment);
+            segment = segments.last().copied();
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            let ready = std::pin::Pin::new(&mut ticket).poll(&mut cx).is_ready();
+            if stays {
+                plain += 1;
+                first_poll += usize::from(ready);
+            } else {
+                rotations += 1;
+            }
+            ticket.await.unwrap();
+        }
+    });
+    assert!(rotations > 10, "small segments rotate: {rotations}");
+    // The sync thread's idle round may hold the flush at the moment of
+    // a poll now and then; otherwise the task writes its batch itself.
+    assert!(
+        first_poll * 10 >= plain * 9,
+        "{first_poll} of {plain} plain batches answered at their first poll"
+    );
+    wal.close().unwrap();
+    let got: Vec<Vec<u8>> = all_records(storage.as_ref(), dir.path())
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect();
+    assert_eq!(got, written);
+    let (_wal, report) = open(&storage, dir.path(), &opts).unwrap();
+    assert!(report.cut.is_none(), "{report:?}");
 }
