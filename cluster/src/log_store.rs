@@ -362,6 +362,9 @@ pub struct LogStore {
     wal: Arc<Wal<RaftLogState>>,
     max_request: usize,
     recent: Arc<parking_lot::Mutex<Recent>>,
+    /// This node's id, once known: entries of another leader are a
+    /// follower's appends.
+    node: Option<NodeId>,
 }
 
 /// Durable entries leave the [`Recent`] cache once it holds more than this
@@ -528,7 +531,15 @@ impl LogStore {
             max_request: (opts_max_entry(segment_bytes) as usize)
                 .saturating_sub(ENTRY_HEADER + 256),
             recent: Arc::default(),
+            node: None,
         })
+    }
+
+    /// The log of node `id`: a follower's small appends are then written
+    /// and synced on the Raft thread (see [`Wal::flush_small_here`]).
+    pub(crate) fn of_node(mut self, id: NodeId) -> LogStore {
+        self.node = Some(id);
+        self
     }
 
     /// The last entry of this log (or the last purged, if none is left).
@@ -820,6 +831,19 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: Send,
     {
         let (ticket, ids) = self.append_entries(entries).await?;
+        // A follower appends another leader's entries, and acknowledges
+        // them once synced: with nothing else to do meanwhile (at
+        // pipeline 1 an entry is a few KiB), it writes and syncs a small
+        // batch itself rather than hand it to the sync thread and be woken
+        // back. A leader never does: its sync runs while it replicates.
+        let follower = ids
+            .first()
+            .is_some_and(|id| Some(id.leader_id.node_id) != self.node);
+        if follower && self.node.is_some() && self.wal.flush_small_here() && ticket.is_durable() {
+            self.recent.lock().durable(&ids);
+            callback.log_io_completed(Ok(()));
+            return Ok(());
+        }
         let recent = Arc::clone(&self.recent);
         tokio::spawn(async move {
             let result = ticket.await.map_err(io_err);

@@ -352,7 +352,8 @@ async fn open_raft_log(cfg: &NodeConfig, hooks: &Hooks) -> Result<LogStore, Clus
     Ok(match hooks.storage.clone() {
         None => tokio::task::spawn_blocking(move || LogStore::open(&raft_dir, segment))
             .await
-            .map_err(|e| ClusterError::Raft(e.to_string()))??,
+            .map_err(|e| ClusterError::Raft(e.to_string()))??
+            .of_node(cfg.id),
         Some(storage) => LogStore::open_with(storage, &raft_dir, segment, true)?,
     })
 }

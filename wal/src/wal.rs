@@ -916,6 +916,21 @@ impl<S: Sequencer> Wal<S> {
         self.shared.marks.lock().get()
     }
 
+    /// Writes (and, with a sync per batch, syncs) the pending batch on
+    /// the calling thread, if no flush is under way and the batch is a
+    /// small write into the open segment (at most 16 KiB; no segment to
+    /// create or seal, no mark to raise). Answers whether it did. It
+    /// blocks for the sync: for a caller whose next step waits for that
+    /// sync anyway (a Raft follower acknowledging entries), to whom the
+    /// sync thread's hand-over and wake-up are only two thread switches
+    /// more.
+    pub fn flush_small_here(&self) -> bool {
+        match self.shared.flush.try_lock() {
+            Some(mut fs) => self.shared.flush_pending_if(&mut fs, true) == Flushed::Batch,
+            None => false,
+        }
+    }
+
     /// Raises the marks to at least `marks` (each field separately),
     /// durably, before it returns.
     pub fn raise_marks(&self, marks: Marks) -> Result<Marks, WalError> {

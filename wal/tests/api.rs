@@ -424,6 +424,45 @@ fn uncache_sealed_lets_a_sealed_segment_leave_the_page_cache() {
     }
 }
 
+/// `flush_small_here`: with a sync per batch, the caller writes and syncs
+/// a small batch itself (its ticket is durable when it returns, the sync
+/// counted); a large batch, or nothing pending, is left alone.
+#[test]
+fn a_small_batch_is_written_and_synced_by_the_caller_on_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage: Arc<dyn Storage> = Arc::new(fencelog_wal::FsStorage);
+    let opts = fencelog_wal::WalOptions {
+        flush_on_wait: true,
+        segment_bytes: 64 << 20,
+        ..fencelog_wal::WalOptions::default()
+    };
+    let (wal, _) = open(&storage, dir.path(), &opts).unwrap();
+    assert!(!wal.flush_small_here(), "nothing pending");
+    let (mut here, mut large_left) = (0, 0);
+    for round in 0..50u32 {
+        // A small batch: written and synced here.
+        let (_, small) = append(&wal, &payload(round, 0, 1 << 10)).unwrap();
+        let before = wal.stats().syncs;
+        if wal.flush_small_here() {
+            assert!(small.is_durable());
+            assert_eq!(wal.stats().syncs, before + 1);
+            here += 1;
+        }
+        small.wait().unwrap();
+        // A large one: left for the sync thread (woken by the wait).
+        let (_, large) = append(&wal, &payload(round, 1, 40 << 10)).unwrap();
+        if !wal.flush_small_here() {
+            large_left += 1;
+        }
+        large.wait().unwrap();
+    }
+    // The sync thread's idle round may hold the flush now and then.
+    assert!(here >= 45, "{here} of 50 small batches written here");
+    assert_eq!(large_left, 50);
+    wal.close().unwrap();
+    assert_eq!(all_records(storage.as_ref(), dir.path()).len(), 100);
+}
+
 /// A batch larger than a few pages is left to the sync thread even
 /// without a sync per batch: copying it would hold the awaiting task. In
 /// one log with room to spare, small batches are answered at their first
