@@ -374,8 +374,9 @@ pub struct LogStore {
 /// slices of the buffer they arrived in (a client's request, a peer's
 /// frame), which it keeps alive, and a leader's entry also keeps its
 /// commands' encoding (made once for its log and its followers), so the
-/// memory it holds is more than its encoding; at 32 MiB the nodes' resident memory doubled (68 to 134-168
-/// MB after 10 s of appends at pipeline 16).
+/// memory it holds is more than its encoding; at 32 MiB the nodes'
+/// resident memory doubled (68 to 134-168 MB after 10 s of appends at
+/// pipeline 16).
 const RECENT_BYTES: usize = 4 << 20;
 
 /// Entries appended lately, as Raft gave them, by index: replication and
@@ -836,10 +837,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // pipeline 1 an entry is a few KiB), it writes and syncs a small
         // batch itself rather than hand it to the sync thread and be woken
         // back. A leader never does: its sync runs while it replicates.
-        let follower = ids
-            .first()
-            .is_some_and(|id| Some(id.leader_id.node_id) != self.node);
-        if follower && self.node.is_some() && self.wal.flush_small_here() && ticket.is_durable() {
+        let follower = self
+            .node
+            .is_some_and(|me| ids.first().is_some_and(|id| id.leader_id.node_id != me));
+        if follower && self.wal.flush_small_here() && ticket.is_durable() {
             self.recent.lock().durable(&ids);
             callback.log_io_completed(Ok(()));
             return Ok(());

@@ -217,7 +217,8 @@ struct Chunk {
 }
 
 /// The largest batch a task awaiting its ticket writes itself, without a
-/// sync per batch (see `InlineFlush::try_flush_unsynced`). Copying a few
+/// sync per batch (see `InlineFlush::try_flush_unsynced`), and the largest
+/// [`Wal::flush_small_here`] writes and syncs. Copying a few
 /// KiB into the page cache costs less than handing the batch to the sync
 /// thread and being woken by it; a large batch would hold the awaiting
 /// task (a replica's Raft thread) while it copies, most of all into
