@@ -926,10 +926,7 @@ impl<S: Sequencer> Wal<S> {
     /// sync thread's hand-over and wake-up are only two thread switches
     /// more.
     pub fn flush_small_here(&self) -> bool {
-        match self.shared.flush.try_lock() {
-            Some(mut fs) => self.shared.flush_pending_if(&mut fs, true) == Flushed::Batch,
-            None => false,
-        }
+        self.shared.flush_plain_here()
     }
 
     /// Raises the marks to at least `marks` (each field separately),
@@ -1359,11 +1356,8 @@ impl<S: Sequencer> InlineFlush for Shared<S> {
     }
 
     fn try_flush_unsynced(&self) {
-        if self.opts.sync_every_batch {
-            return;
-        }
-        if let Some(mut fs) = self.flush.try_lock() {
-            self.flush_pending_if(&mut fs, true);
+        if !self.opts.sync_every_batch {
+            self.flush_plain_here();
         }
     }
 
@@ -1428,6 +1422,14 @@ impl<S: Sequencer> Shared<S> {
     /// visible and wakes its waiters. The caller holds the flush lock.
     fn flush_pending(&self, fs: &mut FlushState) -> Flushed {
         self.flush_pending_if(fs, false)
+    }
+
+    /// Flushes the pending batch on the calling thread if no flush is under
+    /// way and the batch [`Pending::is_plain`]; answers whether it did.
+    fn flush_plain_here(&self) -> bool {
+        self.flush
+            .try_lock()
+            .is_some_and(|mut fs| self.flush_pending_if(&mut fs, true) == Flushed::Batch)
     }
 
     /// As [`Shared::flush_pending`]; with `plain_only`, only a batch that
