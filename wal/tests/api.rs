@@ -463,25 +463,48 @@ fn a_small_batch_is_written_and_synced_by_the_caller_on_request() {
     assert_eq!(all_records(storage.as_ref(), dir.path()).len(), 100);
 }
 
+/// A directory on real files for a log without a sync per batch (a
+/// replica's engine log: batches awaited, segments reserved), its options
+/// on top of `base`.
+fn unsynced_log(
+    base: fencelog_wal::WalOptions,
+) -> (
+    tempfile::TempDir,
+    Arc<dyn Storage>,
+    fencelog_wal::WalOptions,
+) {
+    let opts = fencelog_wal::WalOptions {
+        sync_every_batch: false,
+        flush_on_wait: true,
+        preallocation: fencelog_wal::Preallocation::Reserve,
+        ..base
+    };
+    (
+        tempfile::tempdir().unwrap(),
+        Arc::new(fencelog_wal::FsStorage),
+        opts,
+    )
+}
+
+/// A runtime to await tickets on, one thread.
+fn current_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+}
+
 /// A batch larger than a few pages is left to the sync thread even
 /// without a sync per batch: copying it would hold the awaiting task. In
 /// one log with room to spare, small batches are answered at their first
 /// poll and large ones are not.
 #[test]
 fn without_a_sync_per_batch_a_large_batch_is_still_the_sync_threads() {
-    let dir = tempfile::tempdir().unwrap();
-    let storage: Arc<dyn Storage> = Arc::new(fencelog_wal::FsStorage);
-    let opts = fencelog_wal::WalOptions {
-        sync_every_batch: false,
-        flush_on_wait: true,
-        preallocation: fencelog_wal::Preallocation::Reserve,
+    let (dir, storage, opts) = unsynced_log(fencelog_wal::WalOptions {
         segment_bytes: 64 << 20,
         ..fencelog_wal::WalOptions::default()
-    };
+    });
     let (wal, _) = open(&storage, dir.path(), &opts).unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
+    let rt = current_thread();
     // (record bytes, batches answered at their first poll) for 5-record
     // batches of 1.5 KiB and of 40 KiB.
     let mut ready_at_once = Vec::new();
@@ -516,18 +539,9 @@ fn without_a_sync_per_batch_a_large_batch_is_still_the_sync_threads() {
 /// after a reopen.
 #[test]
 fn without_a_sync_per_batch_the_awaiting_task_writes_a_plain_batch() {
-    let dir = tempfile::tempdir().unwrap();
-    let storage: Arc<dyn Storage> = Arc::new(fencelog_wal::FsStorage);
-    let opts = fencelog_wal::WalOptions {
-        sync_every_batch: false,
-        flush_on_wait: true,
-        preallocation: fencelog_wal::Preallocation::Reserve,
-        ..small_opts()
-    };
+    let (dir, storage, opts) = unsynced_log(small_opts());
     let (wal, _) = open(&storage, dir.path(), &opts).unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
+    let rt = current_thread();
     let mut written = Vec::new();
     let (mut plain, mut first_poll, mut rotations) = (0, 0, 0);
     rt.block_on(async {
