@@ -50,4 +50,5 @@ pub use node::{
     wait_for_leader,
 };
 pub use openraft::ChangeMembers;
+pub use snapshot::SnapshotFile;
 pub use types::{Member, NodeId, REQUEST_VERSION, Request, Response, Responses, WireError};

@@ -20,7 +20,7 @@ use openraft::{
 };
 use parking_lot::RwLock;
 
-use crate::snapshot::{self, Store};
+use crate::snapshot::{self, SnapshotFile, Store};
 use crate::types::{Member, NodeId, Response, Responses, TypeConfig};
 
 /// The current engine, shared with readers (the server reads from it).
@@ -291,10 +291,13 @@ async fn blocking<T: Send + 'static>(
         .map_err(sm_err)
 }
 
-async fn open_snapshot(
+/// A snapshot as Raft takes it: its metadata, and its bytes to read (a
+/// staged one is packed only if read).
+fn open_snapshot(
+    snaps: &Arc<Store>,
     saved: snapshot::Saved,
 ) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
-    let file = tokio::fs::File::open(&saved.path).await.map_err(sm_err)?;
+    let file = snaps.open_snapshot(&saved).map_err(sm_err)?;
     Ok(Snapshot {
         meta: saved.meta,
         snapshot: Box::new(file),
@@ -304,16 +307,16 @@ async fn open_snapshot(
 impl RaftSnapshotBuilder<TypeConfig> for Builder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
         // Applies wait only while the engine is synced and its files
-        // staged (links, and a copy of the segment being written).
+        // staged: links, a copy of `MARKS`, no record copied.
         let (applied, membership, staging) = {
             let _turn = self.turn.lock().await;
             let log = self.engine.log();
             let snaps = Arc::clone(&self.snaps);
             let engine = log.clone();
             let staging = blocking(move || {
-                engine.sync().map_err(std::io::Error::other)?;
+                let end = engine.sync_to_end().map_err(std::io::Error::other)?;
                 let staging = snaps.staging()?;
-                snapshot::stage(engine.dir(), engine.active_segment(), &staging)?;
+                snapshot::stage(engine.dir(), engine.active_segment(), end, &staging)?;
                 Ok(staging)
             })
             .await?;
@@ -334,14 +337,12 @@ impl RaftSnapshotBuilder<TypeConfig> for Builder {
         let snaps = Arc::clone(&self.snaps);
         let saved_meta = meta.clone();
         let saved = blocking(move || {
-            let out = snaps.packing();
-            let bytes = snapshot::pack(&staging, &out)?;
-            std::fs::remove_dir_all(&staging)?;
-            tracing::info!(bytes, snapshot = %saved_meta.snapshot_id, "snapshot built");
-            snaps.save(&out, &saved_meta)
+            let saved = snaps.save(&staging, &saved_meta)?;
+            tracing::info!(snapshot = %saved_meta.snapshot_id, "snapshot built");
+            Ok(saved)
         })
         .await?;
-        open_snapshot(saved).await
+        open_snapshot(&self.snaps, saved)
     }
 }
 
@@ -451,17 +452,17 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
     async fn begin_receiving_snapshot(
         &mut self,
-    ) -> Result<Box<tokio::fs::File>, StorageError<NodeId>> {
+    ) -> Result<Box<SnapshotFile>, StorageError<NodeId>> {
         let snaps = Arc::clone(&self.snaps);
         let (path, file) = blocking(move || snaps.incoming()).await?;
         self.incoming = Some(path);
-        Ok(Box::new(tokio::fs::File::from_std(file)))
+        Ok(Box::new(SnapshotFile::open(file)))
     }
 
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta<NodeId, Member>,
-        mut snapshot: Box<tokio::fs::File>,
+        mut snapshot: Box<SnapshotFile>,
     ) -> Result<(), StorageError<NodeId>> {
         use tokio::io::AsyncWriteExt;
         snapshot.flush().await.map_err(sm_err)?;
@@ -522,7 +523,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             blocking(move || snaps.current()).await?
         };
         match current {
-            Some(saved) => open_snapshot(saved).await.map(Some),
+            Some(saved) => open_snapshot(&self.snaps, saved).map(Some),
             None => Ok(None),
         }
     }

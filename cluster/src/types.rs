@@ -15,7 +15,7 @@ openraft::declare_raft_types!(
         R = Responses,
         NodeId = u64,
         Node = Member,
-        SnapshotData = tokio::fs::File,
+        SnapshotData = crate::snapshot::SnapshotFile,
 );
 
 /// A member of the cluster: where its peers send Raft messages, where

@@ -1683,4 +1683,12 @@ impl Log {
     pub fn sync(&self) -> Result<()> {
         Ok(self.inner.wal.sync_all()?)
     }
+
+    /// As [`Log::sync`], and answers where the entries of the segment
+    /// being written end (`None` if none does): every byte before that
+    /// offset is durable and never changes again, so a snapshot can
+    /// hard-link the segment instead of copying it.
+    pub fn sync_to_end(&self) -> Result<Option<fencelog_wal::SegmentEnd>> {
+        Ok(self.inner.wal.sync_to_end()?)
+    }
 }

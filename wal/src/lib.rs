@@ -53,4 +53,6 @@ pub use storage::{CrashMode, DirLock, Faults, FsStorage, SimStorage, Storage, St
 pub use ticket::Ticket;
 pub use turns::{Member, Turns};
 pub use verify::{SegmentReport, VerifiedEntry, VerifyReport, verify};
-pub use wal::{Appended, Durable, Removal, Replay, ReplayEntry, Sequencer, Wal, Writer};
+pub use wal::{
+    Appended, Durable, Removal, Replay, ReplayEntry, SegmentEnd, Sequencer, Wal, Writer,
+};

@@ -1111,6 +1111,16 @@ impl<S: Sequencer> Wal<S> {
     /// when this returns, and (if nothing new was submitted meanwhile) the
     /// next entry starts a new sync epoch.
     pub fn sync_all(&self) -> Result<(), WalError> {
+        self.sync_to_end().map(|_| ())
+    }
+
+    /// As [`Wal::sync_all`], and answers where the durable entries end:
+    /// the segment being written and the offset its entries end at, or
+    /// `None` when no segment holds entries not yet sealed. Bytes before
+    /// that offset never change again; the segment only grows past it
+    /// (entries, then its footer and trailer when sealed). A snapshot
+    /// hard-links the segment and keeps this offset instead of copying it.
+    pub fn sync_to_end(&self) -> Result<Option<SegmentEnd>, WalError> {
         let mut fs = self.shared.flush.lock();
         if self.shared.flush_pending(&mut fs) == Flushed::Failed {
             return Err(self.failed_error());
@@ -1136,7 +1146,10 @@ impl<S: Sequencer> Wal<S> {
         if locked.pending.is_empty() {
             locked.epoch_first_lsn = None;
         }
-        Ok(())
+        Ok(fs.current.as_ref().map(|(seg, _)| SegmentEnd {
+            segment: seg.seq,
+            end: fs.written_to,
+        }))
     }
 
     fn failed_error(&self) -> WalError {
@@ -1329,6 +1342,16 @@ impl FlushState {
             unsynced: false,
         }
     }
+}
+
+/// Where the entries of the segment being written end, as
+/// [`Wal::sync_to_end`] answers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentEnd {
+    /// The segment's sequence number (its file is `<segment>.wal`).
+    pub segment: u64,
+    /// The offset its entries end at; every byte before it is durable.
+    pub end: u64,
 }
 
 /// Lets a blocked [`Ticket`] flush its own batch when nobody else is.

@@ -640,3 +640,46 @@ fn without_a_sync_per_batch_the_awaiting_task_writes_a_plain_batch() {
     let (_wal, report) = open(&storage, dir.path(), &opts).unwrap();
     assert!(report.cut.is_none(), "{report:?}");
 }
+
+/// `sync_to_end` answers where the durable entries of the segment being
+/// written end; the bytes before that offset never change again, through
+/// later appends and the segment's sealing (a snapshot hard-links the
+/// segment and keeps only them).
+#[test]
+fn sync_to_end_answers_where_the_durable_entries_end() {
+    let (dir, storage, opts) = unsynced_log(small_opts());
+    let (wal, _) = open(&storage, dir.path(), &opts).unwrap();
+    let mut last = None;
+    let mut tickets = Vec::new();
+    for n in 0..5u32 {
+        let p = payload(7, n, 300);
+        let (at, ticket) = append(&wal, &p).unwrap();
+        last = Some((at, p.len()));
+        tickets.push(ticket);
+    }
+    let (at, len) = last.unwrap();
+    let end = wal
+        .sync_to_end()
+        .unwrap()
+        .expect("a segment is being written");
+    assert!(
+        tickets.iter().all(|t| t.is_durable()),
+        "synced before it answers"
+    );
+    assert_eq!(end.segment, at.segment);
+    assert_eq!(end.segment, wal.active_segment());
+    assert_eq!(end.end, at.position + format::entry_len(len));
+    let path = dir.path().join(format::segment_file_name(end.segment));
+    let before = std::fs::read(&path).unwrap();
+    // Enough more to seal that segment (64 KiB) and go on in the next.
+    for n in 5..400u32 {
+        let (_, ticket) = append(&wal, &payload(7, n, 300)).unwrap();
+        ticket.wait().unwrap();
+    }
+    assert!(wal.active_segment() > end.segment, "the segment was sealed");
+    let after = std::fs::read(&path).unwrap();
+    let cut = end.end as usize;
+    assert_eq!(before[..cut], after[..cut], "bytes before the end changed");
+    assert_ne!(before[cut..], after[cut..], "nothing was written past it");
+    wal.close().unwrap();
+}
