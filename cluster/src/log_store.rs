@@ -548,6 +548,12 @@ impl LogStore {
         self.wal.with_state(|s| s.last_log_id())
     }
 
+    /// Bytes this log has written since it was opened (entries, their
+    /// framing, checkpoints): what a snapshot lets Raft purge grows with it.
+    pub fn bytes_written(&self) -> u64 {
+        self.wal.stats().bytes_written
+    }
+
     /// The last entry this node knows committed (as Raft last told it).
     pub fn committed(&self) -> Option<u64> {
         self.wal.with_state(|s| s.committed.map(|c| c.index))

@@ -41,6 +41,11 @@ pub struct NodeConfig {
     pub heartbeat_ms: u64,
     /// A snapshot after this many entries applied since the last one.
     pub snapshot_every_entries: u64,
+    /// A snapshot also once this node's Raft log has written this many
+    /// bytes since the last one this rule asked for (checked every second;
+    /// 0: by entries only). Entries vary from one write to thousands: this
+    /// bounds the log on disk where a count of entries cannot.
+    pub snapshot_every_bytes: u64,
     /// The secret every member shares; peers prove it to each other
     /// before any Raft message is read (docs/CLUSTER.md, "Security").
     /// `None` (the default) only on loopback.
@@ -57,8 +62,9 @@ pub struct NodeConfig {
 
 impl NodeConfig {
     /// Defaults for a node: 8 MiB Raft segments, elections after 300–600 ms
-    /// of silence, heartbeats every 100 ms, a snapshot every 50 000 entries,
-    /// a queue of writes of at most 512 MiB, two entries in flight.
+    /// of silence, heartbeats every 100 ms, a snapshot every 50 000 entries
+    /// or 256 MiB of Raft log, a queue of writes of at most 512 MiB, two
+    /// entries in flight.
     pub fn new(id: NodeId, dir: PathBuf, raft_listen: SocketAddr, member: Member) -> NodeConfig {
         NodeConfig {
             id,
@@ -70,6 +76,7 @@ impl NodeConfig {
             election_timeout_ms: (300, 600),
             heartbeat_ms: 100,
             snapshot_every_entries: 50_000,
+            snapshot_every_bytes: 256 << 20,
             cluster_secret: None,
             max_queued_bytes: 512 << 20,
             entries_in_flight: crate::DEFAULT_ENTRIES_IN_FLIGHT,
@@ -93,7 +100,8 @@ pub struct Hooks {
     /// (`WalOptions::inline_io`: no sync, allocator or collector threads)
     /// and no preallocation. The incarnation file, the generation pointer
     /// and the snapshot store stay on real files in the node's directory;
-    /// snapshots do not work on it (set `snapshot_every_entries` high).
+    /// snapshots do not work on it (set `snapshot_every_entries` high; no
+    /// snapshot is asked for by bytes).
     pub storage: Option<Arc<dyn fencelog_wal::Storage>>,
     /// The peer transport instead of TCP: no peer listener is bound, and
     /// peers reach this node through [`Node::peer_endpoint`].
@@ -273,6 +281,13 @@ async fn start_here(cfg: NodeConfig, hooks: Hooks) -> Result<Node, ClusterError>
         Some(_) => None,
         None => Some(listen_for_peers(&cfg, &endpoint).await?),
     };
+    if cfg.snapshot_every_bytes > 0 && hooks.storage.is_none() {
+        tokio::spawn(snapshot_by_bytes(
+            raft.clone(),
+            log_store.clone(),
+            cfg.snapshot_every_bytes,
+        ));
+    }
     // The pre-votes share the pooled connections.
     tokio::spawn(crate::election::drive(
         Arc::clone(&election),
@@ -307,6 +322,27 @@ async fn start_here(cfg: NodeConfig, hooks: Hooks) -> Result<Node, ClusterError>
         endpoint,
         runtime: parking_lot::Mutex::new(None),
     })
+}
+
+/// Asks Raft for a snapshot each time this node's Raft log has written
+/// `every` bytes since the last ask: building one costs links, not a copy
+/// of the engine, and lets Raft purge the log behind it. Ends with Raft.
+async fn snapshot_by_bytes(raft: Raft, log: LogStore, every: u64) {
+    let mut asked_at = log.bytes_written();
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if raft.metrics().borrow().running_state.is_err() {
+            return;
+        }
+        let written = log.bytes_written();
+        if written.saturating_sub(asked_at) < every {
+            continue;
+        }
+        asked_at = written;
+        if raft.trigger().snapshot().await.is_err() {
+            return;
+        }
+    }
 }
 
 /// Raft on this node, and what its peers last answered: Raft's messages go

@@ -221,6 +221,18 @@ struct ClusterFlags {
         help_heading = "Cluster"
     )]
     cluster_snapshot_every: u64,
+    /// Snapshot also once the node's Raft log has written this much since
+    /// the last snapshot asked for by size (0: by entries only): entries
+    /// hold one write or thousands, so this is what bounds the log on
+    /// disk. A snapshot links the engine's files; it copies no record.
+    #[arg(
+        long,
+        default_value = "256MiB",
+        value_name = "SIZE",
+        value_parser = size_u64,
+        help_heading = "Cluster"
+    )]
+    cluster_snapshot_every_bytes: u64,
     /// Entries the leader keeps proposed and not yet answered, at most
     /// (1 to 8): writes that arrive meanwhile go out together in the next
     /// entry. One costs the least CPU per write (each entry costs every
@@ -288,6 +300,7 @@ impl ClusterFlags {
             join: self.cluster_join.clone(),
             election_timeout: Duration::from_millis(self.cluster_election_timeout_ms),
             snapshot_every: self.cluster_snapshot_every.max(1),
+            snapshot_every_bytes: self.cluster_snapshot_every_bytes,
             entries_in_flight: usize::from(self.cluster_entries_in_flight),
             raft_segment_bytes: 64 << 20,
             secret: self
@@ -569,6 +582,10 @@ impl ServeArgs {
                 (
                     "cluster-snapshot-every".into(),
                     c.snapshot_every.to_string(),
+                ),
+                (
+                    "cluster-snapshot-every-bytes".into(),
+                    c.snapshot_every_bytes.to_string(),
                 ),
                 (
                     "cluster-entries-in-flight".into(),

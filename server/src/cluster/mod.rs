@@ -47,6 +47,8 @@ pub struct ClusterConfig {
     pub election_timeout: Duration,
     /// A snapshot after this many entries.
     pub snapshot_every: u64,
+    /// A snapshot also after this many bytes of Raft log (0: never).
+    pub snapshot_every_bytes: u64,
     /// Entries the leader keeps in flight, at most (`NodeConfig`'s).
     pub entries_in_flight: usize,
     /// The Raft log's segment size.
@@ -202,6 +204,7 @@ impl Cluster {
         // room, and still two heartbeats per timeout.
         cfg.heartbeat_ms = (timeout / 2).max(10);
         cfg.snapshot_every_entries = config.snapshot_every;
+        cfg.snapshot_every_bytes = config.snapshot_every_bytes;
         cfg.raft_segment_bytes = config.raft_segment_bytes;
         cfg.cluster_secret = config.secret.clone();
         cfg.max_queued_bytes = max_queued_bytes;
