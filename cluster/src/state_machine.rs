@@ -640,4 +640,87 @@ mod tests {
         assert_eq!(sm.applied_state().await.unwrap().0, Some(id(1, 2)));
         assert_eq!(records(&sm.engine().log()), ["a", "b0", "b1", "b2"]);
     }
+
+    /// A snapshot built here, with the engine going on past it and the node
+    /// restarted in between, still holds exactly the entries up to its
+    /// index: packed when read after the restart and installed on another
+    /// replica, it gives that replica those records and no later one.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_snapshot_built_here_installs_elsewhere_as_of_its_index_after_a_restart() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let tmp = tempfile::tempdir().unwrap();
+        let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+        let mut base = Options::default();
+        base.wal.segment_bytes = 128 << 10;
+        base.wal.max_entry_bytes = 16 << 10;
+        base.max_payload_bytes = 4 << 10;
+        let min_entry = 16 << 10;
+        let filler = "x".repeat(1000);
+        let payloads: Vec<String> = (0..500).map(|i| format!("{i:04}{filler}")).collect();
+        let written = |from: usize, to: usize| -> Vec<String> { payloads[from..to].to_vec() };
+        let meta = {
+            let mut sm = StateMachine::open(&a, &base, min_entry).unwrap();
+            for i in 0..300 {
+                sm.apply(vec![entry(i as u64 + 1, &[payloads[i].as_str()])])
+                    .await
+                    .unwrap();
+            }
+            let snap = sm
+                .get_snapshot_builder()
+                .await
+                .build_snapshot()
+                .await
+                .unwrap();
+            assert_eq!(snap.meta.last_log_id, Some(id(1, 300)));
+            let at_snapshot = sm.engine().log().active_segment();
+            // The engine goes on: past the snapshot's end in the segment
+            // it was writing, which is sealed and followed by others.
+            for i in 300..450 {
+                sm.apply(vec![entry(i as u64 + 1, &[payloads[i].as_str()])])
+                    .await
+                    .unwrap();
+            }
+            assert!(
+                sm.engine().log().active_segment() > at_snapshot,
+                "the segment written at the snapshot was sealed"
+            );
+            snap.meta
+        };
+        // Restarted, and more again.
+        let mut sm = StateMachine::open(&a, &base, min_entry).unwrap();
+        for i in 450..500 {
+            sm.apply(vec![entry(i as u64 + 1, &[payloads[i].as_str()])])
+                .await
+                .unwrap();
+        }
+        assert_eq!(records(&sm.engine().log()).len(), 100, "a read of 100");
+        let mut snap = sm.get_current_snapshot().await.unwrap().expect("kept");
+        assert_eq!(snap.meta, meta);
+        let mut bytes = Vec::new();
+        snap.snapshot.read_to_end(&mut bytes).await.unwrap();
+        let mut other = StateMachine::open(&b, &base, min_entry).unwrap();
+        let mut incoming = other.begin_receiving_snapshot().await.unwrap();
+        incoming.write_all(&bytes).await.unwrap();
+        other.install_snapshot(&meta, incoming).await.unwrap();
+        let (applied, _) = other.applied_state().await.unwrap();
+        assert_eq!(applied, Some(id(1, 300)));
+        let log = other.engine().log();
+        let all: Vec<String> = log
+            .read(b"s", 0, 1000)
+            .unwrap()
+            .into_iter()
+            .map(|r| String::from_utf8_lossy(&r.payload).into_owned())
+            .collect();
+        assert_eq!(all, written(0, 300));
+        // And it goes on from there.
+        other
+            .apply(vec![entry(301, &[payloads[300].as_str()])])
+            .await
+            .unwrap();
+        assert_eq!(log_next(&other), 301);
+    }
+
+    fn log_next(sm: &StateMachine) -> u64 {
+        sm.engine().log().stat(b"s").unwrap().next_offset
+    }
 }
