@@ -660,11 +660,7 @@ mod tests {
         let written = |from: usize, to: usize| -> Vec<String> { payloads[from..to].to_vec() };
         let meta = {
             let mut sm = StateMachine::open(&a, &base, min_entry).unwrap();
-            for i in 0..300 {
-                sm.apply(vec![entry(i as u64 + 1, &[payloads[i].as_str()])])
-                    .await
-                    .unwrap();
-            }
+            apply_each(&mut sm, &payloads, 0, 300).await;
             let snap = sm
                 .get_snapshot_builder()
                 .await
@@ -675,11 +671,7 @@ mod tests {
             let at_snapshot = sm.engine().log().active_segment();
             // The engine goes on: past the snapshot's end in the segment
             // it was writing, which is sealed and followed by others.
-            for i in 300..450 {
-                sm.apply(vec![entry(i as u64 + 1, &[payloads[i].as_str()])])
-                    .await
-                    .unwrap();
-            }
+            apply_each(&mut sm, &payloads, 300, 450).await;
             assert!(
                 sm.engine().log().active_segment() > at_snapshot,
                 "the segment written at the snapshot was sealed"
@@ -688,11 +680,7 @@ mod tests {
         };
         // Restarted, and more again.
         let mut sm = StateMachine::open(&a, &base, min_entry).unwrap();
-        for i in 450..500 {
-            sm.apply(vec![entry(i as u64 + 1, &[payloads[i].as_str()])])
-                .await
-                .unwrap();
-        }
+        apply_each(&mut sm, &payloads, 450, 500).await;
         assert_eq!(records(&sm.engine().log()).len(), 100, "a read of 100");
         let mut snap = sm.get_current_snapshot().await.unwrap().expect("kept");
         assert_eq!(snap.meta, meta);
@@ -718,6 +706,15 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(log_next(&other), 301);
+    }
+
+    /// Applies `payloads[from..to]`, one entry each (entry `i + 1`).
+    async fn apply_each(sm: &mut StateMachine, payloads: &[String], from: usize, to: usize) {
+        for (i, p) in payloads.iter().enumerate().take(to).skip(from) {
+            sm.apply(vec![entry(i as u64 + 1, &[p.as_str()])])
+                .await
+                .unwrap();
+        }
     }
 
     fn log_next(sm: &StateMachine) -> u64 {
