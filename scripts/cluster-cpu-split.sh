@@ -10,7 +10,8 @@
 #
 #   scripts/cluster-cpu-split.sh [FENCELOG_BINARY] [PIPELINE] [SECONDS] [RUNS]
 #
-# Defaults: target/release/fencelog, pipeline 16, 5 s, 3 runs. Ports 7601
+# Defaults: target/release/fencelog, pipeline 16, 5 s, 3 runs; WORKLOAD=read
+# (or reject) measures that workload instead of appends. Ports 7601
 # (single node) and 7611-7613 (+10000 for Raft) on 127.0.0.1; data under a
 # temporary directory, removed afterwards. Every run starts from empty
 # data directories: a group that has run a while is slower on this VM
@@ -20,6 +21,7 @@ bin="${1:-target/release/fencelog}"
 pipeline="${2:-16}"
 secs="${3:-5}"
 runs="${4:-3}"
+workload="${WORKLOAD:-append}"
 # shellcheck source=scripts/background.sh
 . "$(dirname "$0")/background.sh"
 # shellcheck source=scripts/cpu-ticks.sh
@@ -29,9 +31,9 @@ tck=$(getconf CLK_TCK)
 # bench ADDR: runs the load; prints "APPENDS_PER_S REQUESTS LOADGEN_CPU_S".
 bench() {
     /usr/bin/time -f "%U %S" -o "$work/time" \
-        "$bin" bench --addr "$1" --workload append --pipeline "$pipeline" \
+        "$bin" bench --addr "$1" --workload "$workload" --pipeline "$pipeline" \
         --duration "$secs" >"$work/bench" 2>&1
-    awk '$1 == "append" && $2 ~ /^[0-9]+$/ { print $6, $4 }' "$work/bench" | head -n 1 |
+    awk -v w="$workload" '$1 == w && $2 ~ /^[0-9]+$/ { print $6, $4 }' "$work/bench" | head -n 1 |
         tr '\n' ' '
     awk '{ print $1 + $2 }' "$work/time"
 }
@@ -42,7 +44,7 @@ stop() {
     wait "$1" 2>/dev/null || true
 }
 
-printf '%-7s %-10s %-12s %-40s %-14s %s\n' setup appends/s "CPU s/M" \
+printf '%-7s %-10s %-12s %-40s %-14s %s\n' setup "$workload/s" "CPU s/M" \
     "per node: leader, followers (CPU s/M)" "server cores" "load generator cores"
 for run in $(seq 1 "$runs"); do
     rm -rf "$work/single" "$work/cluster"

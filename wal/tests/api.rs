@@ -625,10 +625,13 @@ fn without_a_sync_per_batch_the_awaiting_task_writes_a_plain_batch() {
         }
     });
     assert!(rotations > 10, "small segments rotate: {rotations}");
-    // The sync thread's idle round may hold the flush at the moment of
-    // a poll now and then; otherwise the task writes its batch itself.
+    // The sync thread may hold the flush at the moment of a poll (its
+    // idle round, or finishing the batch before while the machine is
+    // busy: 82 % answered at once in one CI run beside other tests);
+    // otherwise the task writes its batch itself. Without that, none is
+    // answered at its first poll: the batch only starts when polled.
     assert!(
-        first_poll * 10 >= plain * 9,
+        first_poll * 2 >= plain,
         "{first_poll} of {plain} plain batches answered at their first poll"
     );
     wal.close().unwrap();
