@@ -560,6 +560,12 @@ pub struct Status {
     pub snapshot_index: Option<u64>,
     /// Snapshots installed since this node started.
     pub snapshots_installed: u64,
+    /// Linearizable reads since this node started, and the ReadIndex
+    /// rounds they took (reads that arrive while a round runs share the
+    /// next).
+    pub reads: u64,
+    /// See [`Status::reads`].
+    pub read_rounds: u64,
     /// The members whose health this node can judge, and how: on the
     /// leader every other member (from when each last answered it), on a
     /// follower its leader (from when it last heard from it). A member
@@ -904,6 +910,7 @@ impl Node {
             .map(|(id, n)| (*id, (n.clone(), voters.contains(id))))
             .collect();
         let silence = self.election.silence();
+        let (reads, read_rounds) = self.reads.counts();
         let judge = |since: Option<Duration>| Health {
             online: since.is_some_and(|d| d <= silence),
             heard_ms: since.map(|d| d.as_millis() as u64),
@@ -949,6 +956,8 @@ impl Node {
             members,
             snapshot_index: m.snapshot.map(|l| l.index),
             snapshots_installed: self.engine.snapshots_installed(),
+            reads,
+            read_rounds,
         }
     }
 

@@ -8,6 +8,7 @@
 //! trip, not one round (and one message to each follower) per read.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
@@ -21,6 +22,9 @@ type Waiter = oneshot::Sender<Result<(), ClusterError>>;
 #[derive(Default)]
 pub(crate) struct Reads {
     state: Mutex<State>,
+    /// Reads that joined a round, and rounds run, since the node started.
+    joined: AtomicU64,
+    rounds: AtomicU64,
 }
 
 #[derive(Default)]
@@ -39,6 +43,7 @@ impl Reads {
         raft: &Raft,
     ) -> impl Future<Output = Result<(), ClusterError>> + Send + 'static + use<> {
         let (tx, rx) = oneshot::channel();
+        self.joined.fetch_add(1, Ordering::Relaxed);
         let start = {
             let mut s = self.state.lock();
             s.waiting.push(tx);
@@ -58,6 +63,14 @@ impl Reads {
         }
     }
 
+    /// Reads that joined a round and rounds run since the node started.
+    pub(crate) fn counts(&self) -> (u64, u64) {
+        (
+            self.joined.load(Ordering::Relaxed),
+            self.rounds.load(Ordering::Relaxed),
+        )
+    }
+
     /// Runs rounds while reads wait; each round answers the reads that were
     /// waiting when it started.
     async fn rounds(self: Arc<Self>, raft: Raft) {
@@ -70,6 +83,7 @@ impl Reads {
                 }
                 std::mem::take(&mut s.waiting)
             };
+            self.rounds.fetch_add(1, Ordering::Relaxed);
             let outcome = round(&raft).await;
             for w in batch {
                 let _ = w.send(match &outcome {

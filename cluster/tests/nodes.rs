@@ -335,3 +335,46 @@ async fn snapshots_by_bytes_bound_the_raft_log_on_every_node() {
         node.shutdown().await.unwrap();
     }
 }
+
+/// Linearizable reads that arrive together share ReadIndex rounds, and the
+/// leader counts both (`raft_reads`, `raft_read_rounds` in `CLUSTER INFO`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_reads_share_rounds_and_are_counted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cfgs = BTreeMap::new();
+    for id in 1..=3 {
+        cfgs.insert(id, config(id, tmp.path(), free_addr()));
+    }
+    let mut nodes = BTreeMap::new();
+    for (id, cfg) in &cfgs {
+        nodes.insert(*id, Node::start(cfg.clone()).await.unwrap());
+    }
+    let members: BTreeMap<u64, Member> =
+        cfgs.iter().map(|(id, c)| (*id, c.member.clone())).collect();
+    nodes[&1].initialize(members).await.unwrap();
+    assert_eq!(write(&nodes, append("s", 1, "a")).await, Response::Value(0));
+    let lead = &nodes[&leader(&nodes).await];
+    let before = lead.status();
+    // 500 reads joined at once (each joins its round when called).
+    let reads: Vec<_> = (0..500).map(|_| lead.read_round()).collect();
+    for r in futures_join(reads).await {
+        r.unwrap();
+    }
+    let after = lead.status();
+    assert_eq!(after.reads - before.reads, 500);
+    let rounds = after.read_rounds - before.read_rounds;
+    assert!((1..=3).contains(&rounds), "500 reads took {rounds} rounds");
+    for node in nodes.into_values() {
+        node.shutdown().await.unwrap();
+    }
+}
+
+/// Awaits every future, in order (they all run meanwhile: their rounds
+/// are spawned tasks).
+async fn futures_join<T>(all: Vec<impl Future<Output = T>>) -> Vec<T> {
+    let mut out = Vec::with_capacity(all.len());
+    for f in all {
+        out.push(f.await);
+    }
+    out
+}

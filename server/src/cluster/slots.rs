@@ -297,7 +297,7 @@ fn info(c: &Cluster, status: &Status) -> String {
         "raft_node_id:{}\r\nraft_incarnation:{:016x}\r\nraft_state:{}\r\nraft_term:{}\r\nraft_leader:{}\r\n\
          raft_voters:{voters}\r\nraft_last_log_index:{}\r\nraft_committed:{}\r\n\
          raft_last_applied:{}\r\nraft_snapshot_index:{}\r\nraft_snapshots_installed:{}\r\n\
-         raft_ms_since_quorum_ack:{}\r\n",
+         raft_ms_since_quorum_ack:{}\r\nraft_reads:{}\r\nraft_read_rounds:{}\r\n",
         c.config().node_id,
         c.node().incarnation(),
         status.state,
@@ -315,6 +315,8 @@ fn info(c: &Cluster, status: &Status) -> String {
         status
             .millis_since_quorum_ack
             .map_or_else(|| "none".to_string(), |m| m.to_string()),
+        status.reads,
+        status.read_rounds,
     ));
     for (id, matched) in &status.matched {
         s.push_str(&format!(
