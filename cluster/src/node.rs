@@ -230,6 +230,10 @@ pub struct Node {
     /// Its peer network (to probe a peer's incarnation).
     network: Network,
     raft: Raft,
+    /// Raft's metrics, kept: each client request asks whether this node
+    /// serves as the leader, and a receiver made per ask costs shared
+    /// atomics on every connection thread.
+    metrics: tokio::sync::watch::Receiver<openraft::RaftMetrics<NodeId, Member>>,
     engine: Engine,
     log_store: LogStore,
     max_request: u64,
@@ -310,6 +314,7 @@ async fn start_here(cfg: NodeConfig, hooks: Hooks) -> Result<Node, ClusterError>
         id: cfg.id,
         incarnation,
         network,
+        metrics: raft.metrics(),
         raft,
         engine,
         log_store,
@@ -765,8 +770,7 @@ impl Node {
     /// above every time an applied entry carried.
     pub fn group_now_ms(&self) -> Option<u64> {
         let term = {
-            let m = self.raft.metrics();
-            let m = m.borrow();
+            let m = self.metrics.borrow();
             (m.state == ServerState::Leader).then_some(m.current_term)?
         };
         self.batcher.now_ms(term)
@@ -811,19 +815,20 @@ impl Node {
         if let Some(refused) = self.refusal() {
             return Err(refused);
         }
-        self.reads.join(&self.raft).await
+        self.reads.join(&self.raft, &self.engine).await.map(|_| ())
     }
 
     /// [`Node::linearizable`], joined now: the round the returned future
     /// waits for starts after this call, whenever the future is first
     /// polled (a pipelined read is answered in its connection's order,
     /// after the answers before it, yet shares the round of its arrival).
+    /// It answers the engine to read, shared by the round's reads.
     pub fn read_round(
         &self,
-    ) -> impl Future<Output = Result<(), ClusterError>> + Send + 'static + use<> {
+    ) -> impl Future<Output = Result<fencelog::Log, ClusterError>> + Send + 'static + use<> {
         let round = match self.refusal() {
             Some(refused) => Err(refused),
-            None => Ok(self.reads.join(&self.raft)),
+            None => Ok(self.reads.join(&self.raft, &self.engine)),
         };
         async move { round?.await }
     }
@@ -838,8 +843,7 @@ impl Node {
     /// or stepped down for that and has heard from no leader since.
     /// Data commands ask this first (`propose`, `linearizable`).
     pub fn refusal(&self) -> Option<ClusterError> {
-        let m = self.raft.metrics();
-        let m = m.borrow();
+        let m = self.metrics.borrow();
         let membership = m.membership_config.membership();
         let member = membership.get_node(&self.id).is_some();
         let removed = !member && membership.voter_ids().next().is_some();
@@ -878,8 +882,7 @@ impl Node {
     /// before it was). It does not campaign, and answers clients `MOVED`
     /// to the leader it knows, or [`ClusterError::Removed`].
     pub fn removed(&self) -> bool {
-        let m = self.raft.metrics();
-        let m = m.borrow();
+        let m = self.metrics.borrow();
         let membership = m.membership_config.membership();
         membership.get_node(&self.id).is_none() && membership.voter_ids().next().is_some()
     }

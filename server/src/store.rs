@@ -144,9 +144,12 @@ pub trait Store: Send + Sync {
     /// `Error::Aborted` naming the op.
     fn transact(&self, ops: Vec<TxOp>) -> BoxFuture<'_, Result<Vec<u64>, Failure>>;
 
-    /// When a read of `key` may look at the engine. `here`: wait for the
-    /// round in this call (a read that may block waits for its round first).
-    fn read(&self, key: &[u8], here: bool) -> BoxFuture<'_, Result<Barrier, Failure>>;
+    /// When a read of `key` may look at the engine, decided now (a
+    /// round is joined as the read arrives). Answered without a future: a
+    /// read costs no allocation where no round is needed. The key is
+    /// shared, not copied: a read kept for its round keeps it to say where
+    /// the key lives should the round find another leader.
+    fn read(&self, key: &Bytes) -> Result<Barrier, Failure>;
 
     /// `LEASE.ACQUIRE`.
     fn acquire(
@@ -216,8 +219,8 @@ impl Store for Log {
         Box::pin(async move { Ok(self.transact_deferred(ops).await?.await?) })
     }
 
-    fn read(&self, _key: &[u8], _here: bool) -> BoxFuture<'_, Result<Barrier, Failure>> {
-        Box::pin(std::future::ready(Ok(Barrier::Now(self.clone()))))
+    fn read(&self, _key: &Bytes) -> Result<Barrier, Failure> {
+        Ok(Barrier::Now(self.clone()))
     }
 
     fn acquire(

@@ -239,23 +239,13 @@ impl Store for Group {
         })
     }
 
-    fn read(&self, key: &[u8], here: bool) -> BoxFuture<'_, Result<Barrier, Failure>> {
+    fn read(&self, key: &Bytes) -> Result<Barrier, Failure> {
         // Joined now, when the read arrives: pipelined reads share a round.
         let round = self.cluster.node().read_round();
-        let (c, key) = (Arc::clone(&self.cluster), Bytes::copy_from_slice(key));
-        let after: Pending<Log> = Box::pin(async move {
-            match round.await {
-                Ok(()) => Ok(c.log()),
-                Err(e) => Err(elsewhere(&c, &key, &e)),
-            }
-        });
-        Box::pin(async move {
-            if here {
-                after.await.map(Barrier::Now)
-            } else {
-                Ok(Barrier::After(after))
-            }
-        })
+        let (c, key) = (Arc::clone(&self.cluster), key.clone());
+        Ok(Barrier::After(Box::pin(async move {
+            round.await.map_err(|e| elsewhere(&c, &key, &e))
+        })))
     }
 
     fn acquire(

@@ -232,13 +232,17 @@ pub async fn write(ctx: &Arc<Context>, client: ClientTag, op: TxOp) -> Outcome {
 /// `here`: a read that may block waits for its round in this call.
 pub async fn after_round(
     store: &dyn Store,
-    key: &[u8],
+    key: &Bytes,
     here: bool,
     read: impl FnOnce(Log) -> Outcome + Send + 'static,
 ) -> Outcome {
-    match store.read(key, here).await {
+    match store.read(key) {
         Err(f) => Outcome::Reply(f.into_reply()),
         Ok(Barrier::Now(log)) => read(log),
+        Ok(Barrier::After(round)) if here => match round.await {
+            Ok(log) => read(log),
+            Err(f) => Outcome::Reply(f.into_reply()),
+        },
         Ok(Barrier::After(round)) => Outcome::Pending(Box::pin(async move {
             match round.await {
                 Ok(log) => read(log).into_reply().await,
