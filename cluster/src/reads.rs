@@ -55,10 +55,10 @@ impl Round {
             // Registered before the check: a finish in between wakes it.
             notified.as_mut().enable();
             if let Some(outcome) = self.outcome.get() {
-                return outcome
-                    .as_ref()
-                    .map(Log::clone)
-                    .map_err(ClusterError::duplicate);
+                return match outcome {
+                    Ok(log) => Ok(log.clone()),
+                    Err(e) => Err(e.duplicate()),
+                };
             }
             notified.await;
         }
