@@ -6,6 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 
@@ -36,6 +37,9 @@ pub(crate) struct SegmentHandle {
     pub seq: u64,
     pub path: PathBuf,
     sealed: OnceLock<SealedInfo>,
+    /// The file's length as last asked (0: not yet). A segment's file
+    /// never shrinks, so a read within it needs no `stat`.
+    known_len: AtomicU64,
 }
 
 impl SegmentHandle {
@@ -44,7 +48,18 @@ impl SegmentHandle {
             seq,
             path: dir.join(format::segment_file_name(seq)),
             sealed: OnceLock::new(),
+            known_len: AtomicU64::new(0),
         }
+    }
+
+    /// The file's length as last asked, 0 if never.
+    pub(crate) fn known_len(&self) -> u64 {
+        self.known_len.load(Ordering::Relaxed)
+    }
+
+    /// Notes the file's length, just asked.
+    pub(crate) fn set_known_len(&self, len: u64) {
+        self.known_len.fetch_max(len, Ordering::Relaxed);
     }
 
     pub(crate) fn set_sealed(&self, info: SealedInfo) {

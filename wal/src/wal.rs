@@ -960,20 +960,31 @@ impl<S: Sequencer> Wal<S> {
             .shared
             .files
             .get(self.shared.storage.as_ref(), &handle)?;
-        let end = match self.sealed_info(&handle, file.as_ref())? {
-            Some(info) => info.footer_pos,
-            None => file
-                .len()
-                .map_err(|e| WalError::io("stat", &handle.path, e))?,
+        let read = |end: u64| {
+            segment::read_entry_at(
+                file.as_ref(),
+                &handle.path,
+                segment,
+                position,
+                end,
+                u32::MAX,
+            )
         };
-        let entry = segment::read_entry_at(
-            file.as_ref(),
-            &handle.path,
-            segment,
-            position,
-            end,
-            u32::MAX,
-        )?
+        let entry = match self.sealed_info(&handle, file.as_ref())? {
+            Some(info) => read(info.footer_pos)?,
+            // The segment being written: within the length last asked no
+            // `stat` is needed (a file never shrinks); past it, ask again.
+            None => match read(handle.known_len())? {
+                Some(entry) => Some(entry),
+                None => {
+                    let len = file
+                        .len()
+                        .map_err(|e| WalError::io("stat", &handle.path, e))?;
+                    handle.set_known_len(len);
+                    read(len)?
+                }
+            },
+        }
         .ok_or_else(no_entry)?;
         if entry.lsn > self.durable_lsn() {
             return Err(no_entry());

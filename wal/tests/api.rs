@@ -688,3 +688,47 @@ fn sync_to_end_answers_where_the_durable_entries_end() {
     assert_ne!(before[cut..], after[cut..], "nothing was written past it");
     wal.close().unwrap();
 }
+
+/// A read in the segment being written asks the file's length only when
+/// the entry lies past the length it last saw: with no preallocation the
+/// file grows with every batch, and each new entry still reads back.
+#[test]
+fn entries_of_a_growing_segment_read_back_as_it_grows() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage: Arc<dyn Storage> = Arc::new(fencelog_wal::FsStorage);
+    let opts = fencelog_wal::WalOptions {
+        preallocation: fencelog_wal::Preallocation::None,
+        ..small_opts()
+    };
+    let (wal, _) = open(&storage, dir.path(), &opts).unwrap();
+    let mut written = Vec::new();
+    for n in 0..120u32 {
+        let p = payload(3, n, 700);
+        let (at, ticket) = append(&wal, &p).unwrap();
+        ticket.wait().unwrap();
+        written.push((at, p));
+        // Every entry so far, the newest past the length last seen.
+        for (at, p) in &written {
+            let e = wal.read_entry(at.segment, at.position).unwrap();
+            assert_eq!(
+                &e.payload[..],
+                &p[..],
+                "entry {} of {}",
+                at.lsn,
+                written.len()
+            );
+        }
+    }
+    assert!(
+        written.last().unwrap().0.segment > written[0].0.segment,
+        "segments rolled"
+    );
+    // A position past every entry is no entry, not an error.
+    let (last, p) = written.last().unwrap();
+    let past = last.position + format::entry_len(p.len());
+    assert!(matches!(
+        wal.read_entry(last.segment, past),
+        Err(WalError::NoEntry { .. })
+    ));
+    wal.close().unwrap();
+}
