@@ -280,9 +280,23 @@ pub(crate) async fn drive(
 /// granted it their votes).
 pub(crate) fn quorum_silent(m: &openraft::RaftMetrics<NodeId, Member>, silence: Duration) -> bool {
     m.state == ServerState::Leader
-        && m.membership_config.membership().voter_ids().count() > 1
+        && several_voters(m.membership_config.membership())
         && m.millis_since_quorum_ack
             .is_some_and(|ms| Duration::from_millis(ms) > silence)
+}
+
+/// Whether `membership` names any voter. Asked on every client request:
+/// openraft's `voter_ids` builds a set (clones of each configuration's),
+/// this reads them in place.
+pub(crate) fn any_voter(membership: &openraft::Membership<NodeId, Member>) -> bool {
+    membership.get_joint_config().iter().any(|c| !c.is_empty())
+}
+
+/// Whether `membership` names more than one voter (as [`any_voter`]).
+pub(crate) fn several_voters(membership: &openraft::Membership<NodeId, Member>) -> bool {
+    let mut ids = membership.get_joint_config().iter().flatten();
+    ids.next()
+        .is_some_and(|first| ids.any(|other| other != first))
 }
 
 /// CheckQuorum: the leader grants its vote for the next term to nobody,
@@ -305,6 +319,42 @@ async fn step_down(raft: &Raft, log: &LogStore, term: u64, id: NodeId) -> bool {
         Err(e) => {
             tracing::warn!(error = %e, "stepping down failed");
             false
+        }
+    }
+}
+
+#[cfg(test)]
+mod voter_tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use super::*;
+
+    /// The in-place checks agree with openraft's `voter_ids` on single and
+    /// joint configurations, empty ones included.
+    #[test]
+    fn voter_checks_agree_with_openraft() {
+        let configs: Vec<Vec<Vec<u64>>> = vec![
+            vec![vec![]],
+            vec![vec![1]],
+            vec![vec![1, 2, 3]],
+            vec![vec![1], vec![1]],
+            vec![vec![1], vec![2]],
+            vec![vec![1], vec![1, 2]],
+            vec![vec![], vec![4]],
+            vec![vec![2, 3], vec![3]],
+        ];
+        for joint in configs {
+            let sets: Vec<BTreeSet<u64>> =
+                joint.iter().map(|c| c.iter().copied().collect()).collect();
+            let nodes: BTreeMap<u64, Member> = sets
+                .iter()
+                .flatten()
+                .map(|id| (*id, Member::default()))
+                .collect();
+            let m = openraft::Membership::new(sets, nodes);
+            let n = m.voter_ids().count();
+            assert_eq!(any_voter(&m), n > 0, "{joint:?}");
+            assert_eq!(several_voters(&m), n > 1, "{joint:?}");
         }
     }
 }

@@ -846,7 +846,7 @@ impl Node {
         let m = self.metrics.borrow();
         let membership = m.membership_config.membership();
         let member = membership.get_node(&self.id).is_some();
-        let removed = !member && membership.voter_ids().next().is_some();
+        let removed = !member && crate::election::any_voter(membership);
         if m.state == ServerState::Leader {
             if removed {
                 // Its own removal is in its log: it leads only until that
@@ -884,7 +884,7 @@ impl Node {
     pub fn removed(&self) -> bool {
         let m = self.metrics.borrow();
         let membership = m.membership_config.membership();
-        membership.get_node(&self.id).is_none() && membership.voter_ids().next().is_some()
+        membership.get_node(&self.id).is_none() && crate::election::any_voter(membership)
     }
 
     /// The leader's queue of writes waiting for an entry: writes and bytes
