@@ -551,10 +551,10 @@ pub(crate) fn stage(
         let (from, to) = (engine.join(name), staging.join(name));
         let done = match segment_seq(name) {
             Some(seq) if end.map_or(seq < active, |e| seq <= e.segment) => {
-                std::fs::hard_link(&from, &to).or_else(|_| std::fs::copy(&from, &to).map(|_| ()))
+                std::fs::hard_link(&from, &to).or_else(|_| copy_synced(&from, &to))
             }
             Some(_) => continue,
-            None => std::fs::copy(&from, &to).and_then(|_| File::open(&to)?.sync_all()),
+            None => copy_synced(&from, &to),
         };
         match done {
             Ok(()) => {}
@@ -567,6 +567,14 @@ pub(crate) fn stage(
         write_tail(staging, end)?;
     }
     sync_dir(staging)
+}
+
+/// Copies `from` to `to` and syncs the copy: the snapshot is the staged
+/// directory itself, so a copy (of `MARKS`, or of a segment where a hard
+/// link failed) must be as durable as the linked, already synced, files.
+fn copy_synced(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::copy(from, to)?;
+    File::open(to)?.sync_all()
 }
 
 /// Packs the files staged in `staging` into `out` (a snapshot's `TAIL`
