@@ -20,10 +20,12 @@
 //!
 //! `<node>/snap/` holds at most one finished snapshot, `<id>.d/` (built
 //! here) or `<id>.snap` (received) with its Raft metadata in `<id>.meta`,
-//! plus a staging directory, an incoming file, or archives being sent
-//! (`sending-*.tmp`, unlinked once open) while those are in use; what an
-//! interrupted process left is removed at start. A snapshot being packed
-//! for a replica when a newer one is saved stays until the packing ends.
+//! plus a staging directory or an incoming file while those are in use,
+//! and `<id>.snap` beside `<id>.d/` once a send packed it (kept for the
+//! next send until a newer snapshot replaces both); what an interrupted
+//! process left, and such an archive, is removed at start. A snapshot
+//! being packed for a replica when a newer one is saved stays until the
+//! packing ends.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -166,8 +168,12 @@ impl Store {
         for e in std::fs::read_dir(&dir)?.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             let path = e.path();
+            // A snapshot without its metadata, or an archive packed for
+            // sending beside a directory (never synced: not trusted after
+            // a restart; the next send packs it again).
             let orphan = (name.ends_with(".d") || name.ends_with(".snap"))
-                && !path.with_extension("meta").exists();
+                && (!path.with_extension("meta").exists()
+                    || (name.ends_with(".snap") && path.with_extension("d").is_dir()));
             if name.starts_with("staging") || (orphan && path.is_dir()) {
                 std::fs::remove_dir_all(path)?;
             } else if name.starts_with("incoming") || name.ends_with(".tmp") || orphan {
@@ -345,15 +351,33 @@ impl Store {
         }
     }
 
-    /// Packs the staged snapshot in `dir` into an unlinked file (removed
-    /// when the last reader closes it).
+    /// The staged snapshot in `dir` as an archive: packed by its first
+    /// send into `<id>.snap` beside it, which later sends open (openraft
+    /// starts a failed transfer over, and packing reads the whole engine).
+    /// Not synced: `open` removes it after a restart, and the directory
+    /// stays the durable snapshot.
     fn pack_for_sending(&self, dir: &Path) -> std::io::Result<File> {
+        let packed = dir.with_extension("snap");
+        match File::open(&packed) {
+            Ok(file) => return Ok(file),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
         let n = self.sends.fetch_add(1, Ordering::Relaxed);
-        let path = self.dir.join(format!("sending-{n}.tmp"));
-        let packed = pack(dir, &path).and_then(|_| File::open(&path));
-        let removed = std::fs::remove_file(&path);
-        let file = packed?;
-        removed?;
+        let tmp = self.dir.join(format!("sending-{n}.tmp"));
+        // Opened before the rename: a newer snapshot saved meanwhile may
+        // remove the name, never the open file.
+        let file = pack(dir, &tmp)
+            .and_then(|_| File::open(&tmp))
+            .and_then(|file| std::fs::rename(&tmp, &packed).map(|()| file));
+        let Ok(file) = file else {
+            let _ = std::fs::remove_file(&tmp);
+            return file;
+        };
+        if !dir.with_extension("meta").exists() {
+            // Replaced before it was packed: nothing would remove it later.
+            std::fs::remove_file(&packed)?;
+        }
         Ok(file)
     }
 }
@@ -950,15 +974,36 @@ mod tests {
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         assert!(left.iter().all(|n| !n.starts_with("sending")), "{left:?}");
+        // The current one is packed by its first send and kept for the
+        // next (a transfer that failed starts over): the same archive.
+        let Source::Staged(second_dir) = second.source.clone() else {
+            panic!("a built snapshot is staged")
+        };
+        let read_all = |saved: &Saved| {
+            let mut reader = store.open_snapshot(saved).unwrap();
+            rt.block_on(async {
+                let mut all = Vec::new();
+                reader.read_to_end(&mut all).await.unwrap();
+                all
+            })
+        };
+        let sent = read_all(&second);
+        let kept = second_dir.with_extension("snap");
+        let inode = |p: &Path| std::os::unix::fs::MetadataExt::ino(&p.metadata().unwrap());
+        let packed_at = inode(&kept);
+        assert_eq!(read_all(&second), sent);
+        assert_eq!(inode(&kept), packed_at, "packed again for the second send");
+        // A restart does not trust it (never synced): removed, the
+        // directory stays the snapshot.
+        drop(Store::open(root.path().join("snap")).unwrap());
+        assert!(!kept.exists() && second_dir.exists());
+        assert_eq!(read_all(&second), sent);
         // A received archive, newer, replaces the staged one.
         let incoming = root.path().join("snap").join("incoming-test");
         std::fs::write(&incoming, &expected).unwrap();
         let received = store.save(&incoming, &meta_at(30)).unwrap();
         assert!(matches!(received.source, Source::Packed(_)));
-        let Source::Staged(second_dir) = second.source else {
-            panic!("a built snapshot is staged")
-        };
-        assert!(!second_dir.exists());
+        assert!(!second_dir.exists() && !kept.exists());
         // A crash left a directory without metadata: removed at open.
         let orphan = root
             .path()
