@@ -109,17 +109,17 @@ fn next(node: &Node, stream: &str) -> u64 {
     node.log().stat(stream.as_bytes()).unwrap().next_offset
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn three_nodes_fence_across_a_leader_change_and_catch_up_a_fourth_by_snapshot() {
-    // RUST_LOG=openraft=info shows Raft's side of a failure.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
-    let tmp = tempfile::tempdir().unwrap();
+/// Nodes 1 to 3 in `dir` (each [`config`], then `tweak`), started and
+/// formed into a group by node 1: their configurations and the nodes.
+async fn form_group(
+    dir: &Path,
+    tweak: impl Fn(&mut NodeConfig),
+) -> (BTreeMap<u64, NodeConfig>, BTreeMap<u64, Node>) {
     let mut cfgs = BTreeMap::new();
     for id in 1..=3 {
-        cfgs.insert(id, config(id, tmp.path(), free_addr()));
+        let mut cfg = config(id, dir, free_addr());
+        tweak(&mut cfg);
+        cfgs.insert(id, cfg);
     }
     let mut nodes = BTreeMap::new();
     for (id, cfg) in &cfgs {
@@ -128,6 +128,18 @@ async fn three_nodes_fence_across_a_leader_change_and_catch_up_a_fourth_by_snaps
     let members: BTreeMap<u64, Member> =
         cfgs.iter().map(|(id, c)| (*id, c.member.clone())).collect();
     nodes[&1].initialize(members).await.unwrap();
+    (cfgs, nodes)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_nodes_fence_across_a_leader_change_and_catch_up_a_fourth_by_snapshot() {
+    // RUST_LOG=openraft=info shows Raft's side of a failure.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let tmp = tempfile::tempdir().unwrap();
+    let (cfgs, mut nodes) = form_group(tmp.path(), |_| {}).await;
 
     // Writes and a stale rejection, decided alike everywhere.
     assert_eq!(write(&nodes, append("s", 5, "a")).await, Response::Value(0));
@@ -281,20 +293,11 @@ fn disk_bytes(dir: &Path) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn snapshots_by_bytes_bound_the_raft_log_on_every_node() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut cfgs = BTreeMap::new();
-    for id in 1..=3 {
-        let mut cfg = config(id, tmp.path(), free_addr());
+    let (cfgs, nodes) = form_group(tmp.path(), |cfg| {
         cfg.snapshot_every_entries = 1 << 40;
         cfg.snapshot_every_bytes = 1 << 20;
-        cfgs.insert(id, cfg);
-    }
-    let mut nodes = BTreeMap::new();
-    for (id, cfg) in &cfgs {
-        nodes.insert(*id, Node::start(cfg.clone()).await.unwrap());
-    }
-    let members: BTreeMap<u64, Member> =
-        cfgs.iter().map(|(id, c)| (*id, c.member.clone())).collect();
-    nodes[&1].initialize(members).await.unwrap();
+    })
+    .await;
     // 2500 writes of 8 KiB: about 20 MiB through each node's Raft log.
     let payload = "p".repeat(8 << 10);
     for i in 0..2500u64 {
@@ -341,17 +344,7 @@ async fn snapshots_by_bytes_bound_the_raft_log_on_every_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_reads_share_rounds_and_are_counted() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut cfgs = BTreeMap::new();
-    for id in 1..=3 {
-        cfgs.insert(id, config(id, tmp.path(), free_addr()));
-    }
-    let mut nodes = BTreeMap::new();
-    for (id, cfg) in &cfgs {
-        nodes.insert(*id, Node::start(cfg.clone()).await.unwrap());
-    }
-    let members: BTreeMap<u64, Member> =
-        cfgs.iter().map(|(id, c)| (*id, c.member.clone())).collect();
-    nodes[&1].initialize(members).await.unwrap();
+    let (_, nodes) = form_group(tmp.path(), |_| {}).await;
     assert_eq!(write(&nodes, append("s", 1, "a")).await, Response::Value(0));
     let lead = &nodes[&leader(&nodes).await];
     let before = lead.status();
