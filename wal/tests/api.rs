@@ -377,8 +377,7 @@ fn uncache_sealed_lets_a_sealed_segment_leave_the_page_cache() {
         let mut written = Vec::new();
         for n in 0..2_000u32 {
             let p = payload(7, n, 200);
-            let (at, ticket) = append(&wal, &p).unwrap();
-            ticket.wait().unwrap();
+            let at = append_durable(&wal, &p).unwrap();
             written.push((at, p));
         }
         let sealed: Vec<u64> = wal
@@ -704,8 +703,7 @@ fn entries_of_a_growing_segment_read_back_as_it_grows() {
     let mut written = Vec::new();
     for n in 0..120u32 {
         let p = payload(3, n, 700);
-        let (at, ticket) = append(&wal, &p).unwrap();
-        ticket.wait().unwrap();
+        let at = append_durable(&wal, &p).unwrap();
         written.push((at, p));
         // Every entry so far, the newest past the length last seen.
         for (at, p) in &written {

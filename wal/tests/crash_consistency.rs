@@ -124,8 +124,7 @@ fn check_recovered(image: &SimStorage, dir: &Path, opts: &WalOptions, outcome: &
     let mut want = records.clone();
     for n in 0..3 {
         let p = payload(77, n, 40);
-        let (at, ticket) = append(&wal, &p).unwrap();
-        ticket.wait().unwrap();
+        let at = append_durable(&wal, &p).unwrap();
         want.push((at.lsn, p));
     }
     let after_cut = fork.cut_power(CrashMode::LoseUnsynced);

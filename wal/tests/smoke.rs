@@ -20,8 +20,7 @@ fn append_read_reopen_on_real_files() {
         assert_eq!(report.entries_replayed, 0);
         for n in 0..2000u32 {
             let p = payload(1, n, (n as usize * 7) % 300);
-            let (at, ticket) = append(&wal, &p).unwrap();
-            ticket.wait().unwrap();
+            let at = append_durable(&wal, &p).unwrap();
             written.push((at, p));
         }
         for (at, p) in &written {

@@ -93,6 +93,14 @@ pub fn append(wal: &Wal<Counter>, bytes: &[u8]) -> Result<(Appended, Ticket), Wa
     })?
 }
 
+/// As [`append`], then waits until the record is durable; answers where
+/// it went.
+pub fn append_durable(wal: &Wal<Counter>, bytes: &[u8]) -> Result<Appended, WalError> {
+    let (at, ticket) = append(wal, bytes)?;
+    ticket.wait()?;
+    Ok(at)
+}
+
 /// As [`append`], from an async task: waits for room without blocking
 /// its runtime's thread.
 pub async fn append_async(
