@@ -22,22 +22,6 @@ fn cmd(addr: SocketAddr, args: &[&[u8]]) -> Result<Reply, String> {
     Resp::connect(addr, Duration::from_secs(2))?.cmd(args)
 }
 
-/// A write at the leader, retried (TRYAGAIN, MOVED, a connection refused)
-/// until it is answered with something else.
-fn at_leader(c: &Cluster, args: &[&[u8]]) -> Reply {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let leader = c.leader(Duration::from_secs(20));
-        match cmd(c.nodes[&leader].client, args) {
-            Ok(Reply::Error(e)) if e.starts_with("TRYAGAIN") || e.starts_with("MOVED") => {}
-            Ok(r) => return r,
-            Err(_) => {}
-        }
-        assert!(Instant::now() < deadline, "{args:?} never answered");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn info(c: &Cluster, id: u64) -> std::collections::BTreeMap<String, String> {
     cluster_info(c.nodes[&id].client).unwrap_or_default()
 }
@@ -56,7 +40,7 @@ fn a_wiped_replica_neither_votes_nor_takes_entries_until_rejoined_and_the_fence_
 
     // The stream exists everywhere with token 1.
     assert_eq!(
-        at_leader(&c, &[b"LOG.APPEND", b"jobs", b"1", b"first"]),
+        c.at_leader(&[b"LOG.APPEND", b"jobs", b"1", b"first"]),
         Reply::Int(0)
     );
     c.converge(Duration::from_secs(20));
@@ -132,7 +116,7 @@ fn a_wiped_replica_neither_votes_nor_takes_entries_until_rejoined_and_the_fence_
 
     // A returns: the group leads again with the fence.
     c.restart(a);
-    match at_leader(&c, &[b"LOG.APPEND", b"jobs", b"5", b"late"]) {
+    match c.at_leader(&[b"LOG.APPEND", b"jobs", b"5", b"late"]) {
         Reply::Error(e) => assert!(e.starts_with("STALE"), "{e}"),
         other => panic!("a write below the fence got {other:?}\n{}", c.logs()),
     }
@@ -171,10 +155,10 @@ fn a_wiped_replica_neither_votes_nor_takes_entries_until_rejoined_and_the_fence_
         .unwrap();
     c.kill(other);
     assert!(matches!(
-        at_leader(&c, &[b"LOG.APPEND", b"jobs", b"1000", b"after"]),
+        c.at_leader(&[b"LOG.APPEND", b"jobs", b"1000", b"after"]),
         Reply::Int(_)
     ));
-    match at_leader(&c, &[b"LOG.APPEND", b"jobs", b"999", b"late"]) {
+    match c.at_leader(&[b"LOG.APPEND", b"jobs", b"999", b"late"]) {
         Reply::Error(e) => assert!(e.starts_with("STALE"), "{e}"),
         other => panic!("{other:?}"),
     }

@@ -306,6 +306,24 @@ impl Cluster {
         }
     }
 
+    /// A command at the leader, sent again (TRYAGAIN, MOVED, a connection
+    /// refused) until it is answered with something else, for 30 s.
+    pub fn at_leader(&self, args: &[&[u8]]) -> Reply {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let leader = self.leader(Duration::from_secs(20));
+            match Resp::connect(self.nodes[&leader].client, Duration::from_secs(2))
+                .and_then(|mut c| c.cmd(args))
+            {
+                Ok(Reply::Error(e)) if e.starts_with("TRYAGAIN") || e.starts_with("MOVED") => {}
+                Ok(r) => return r,
+                Err(_) => {}
+            }
+            assert!(Instant::now() < deadline, "{args:?} never answered");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// SIGKILL, and wait for it.
     pub fn kill(&mut self, id: u64) {
         let node = self.nodes.get_mut(&id).unwrap();
