@@ -324,12 +324,32 @@ impl Store {
         if !path.is_dir() {
             return std::fs::remove_file(path);
         }
-        let mut pins = self.pins.lock();
-        if pins.count.contains_key(path) {
-            pins.replaced.insert(path.to_path_buf());
-            return Ok(());
+        {
+            let mut pins = self.pins.lock();
+            if pins.count.contains_key(path) {
+                pins.replaced.insert(path.to_path_buf());
+                return Ok(());
+            }
         }
+        // Not pinned, and `save` (the caller) holds off `open_current`:
+        // nobody pins it now.
         std::fs::remove_dir_all(path)
+    }
+
+    /// The finished snapshot, if any, and its bytes to read (as
+    /// [`Store::open_snapshot`]). Under the lock `save` holds: a snapshot
+    /// being replaced is either pinned before the save removes it (then
+    /// kept until it is packed) or not seen at all, never found and then
+    /// gone before it is opened.
+    pub fn open_current(
+        self: &Arc<Self>,
+    ) -> std::io::Result<Option<(SnapshotMeta<NodeId, Member>, SnapshotFile)>> {
+        let _one = self.saving.lock();
+        let Some(saved) = self.current()? else {
+            return Ok(None);
+        };
+        let file = self.open_snapshot(&saved)?;
+        Ok(Some((saved.meta, file)))
     }
 
     /// The bytes of `saved`, to read: an archive is opened; a staged
@@ -390,18 +410,21 @@ struct Pinned {
 
 impl Drop for Pinned {
     fn drop(&mut self) {
-        let mut pins = self.store.pins.lock();
-        let Some(n) = pins.count.get_mut(&self.dir) else {
-            return;
+        let replaced = {
+            let mut pins = self.store.pins.lock();
+            let Some(n) = pins.count.get_mut(&self.dir) else {
+                return;
+            };
+            *n -= 1;
+            if *n > 0 {
+                return;
+            }
+            pins.count.remove(&self.dir);
+            pins.replaced.remove(&self.dir)
         };
-        *n -= 1;
-        if *n > 0 {
-            return;
-        }
-        pins.count.remove(&self.dir);
-        if pins.replaced.remove(&self.dir)
-            && let Err(e) = std::fs::remove_dir_all(&self.dir)
-        {
+        // Outside the lock; a replaced snapshot is never current again, so
+        // nobody pins it meanwhile.
+        if replaced && let Err(e) = std::fs::remove_dir_all(&self.dir) {
             tracing::warn!(dir = %self.dir.display(), error = %e, "could not remove a replaced snapshot");
         }
     }
@@ -950,6 +973,9 @@ mod tests {
         // A newer one is built while the first is (about to be) sent.
         let second = staged(20);
         assert_eq!(store.current().unwrap().unwrap().meta, second.meta);
+        let (meta, unread) = store.open_current().unwrap().unwrap();
+        assert_eq!(meta, second.meta);
+        drop(unread);
         // Built again at the same index: the one saved stays.
         let again = staged(20);
         assert_eq!(again.source, second.source);

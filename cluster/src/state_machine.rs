@@ -518,14 +518,14 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let snaps = Arc::clone(&self.snaps);
         let current = if self.inline_io {
             // Simulated: no thread (a small read of real files).
-            snaps.current().map_err(sm_err)?
+            snaps.open_current().map_err(sm_err)?
         } else {
-            blocking(move || snaps.current()).await?
+            blocking(move || snaps.open_current()).await?
         };
-        match current {
-            Some(saved) => open_snapshot(&self.snaps, saved).map(Some),
-            None => Ok(None),
-        }
+        Ok(current.map(|(meta, file)| Snapshot {
+            meta,
+            snapshot: Box::new(file),
+        }))
     }
 }
 
