@@ -334,6 +334,8 @@ struct Shared<S: Sequencer> {
     files: FileCache,
     /// Footers of sealed segments, within a budget.
     footers: FooterCache,
+    /// How much a read of an entry asks for first.
+    read_size: segment::ReadSize,
     /// The token marks file (written by whoever flushes, or by
     /// [`Wal::raise_marks`]).
     marks: Mutex<MarksFile>,
@@ -751,6 +753,7 @@ impl<S: Sequencer> Wal<S> {
             locked: Mutex::new(locked),
             files: FileCache::new(opts.max_open_segments),
             footers,
+            read_size: segment::ReadSize::new(),
             ceiling: AtomicU64::new(marks.get().ceiling),
             marks: Mutex::new(marks),
             opts,
@@ -968,6 +971,7 @@ impl<S: Sequencer> Wal<S> {
                 position,
                 end,
                 u32::MAX,
+                &self.shared.read_size,
             )
         };
         let entry = match self.sealed_info(&handle, file.as_ref())? {

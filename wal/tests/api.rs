@@ -691,6 +691,53 @@ fn sync_to_end_answers_where_the_durable_entries_end() {
 /// A read in the segment being written asks the file's length only when
 /// the entry lies past the length it last saw: with no preallocation the
 /// file grows with every batch, and each new entry still reads back.
+/// A read asks first for as much as the entries read before it held:
+/// each entry reads back whole whether the one before was smaller (a
+/// second read for the rest), larger (a first read past its end, up to
+/// the next entry or the file's end) or the same, in either order.
+#[test]
+fn entries_of_any_size_read_back_whatever_was_read_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage: Arc<dyn Storage> = Arc::new(fencelog_wal::FsStorage);
+    let opts = fencelog_wal::WalOptions {
+        segment_bytes: 1 << 20,
+        max_entry_bytes: 200 << 10,
+        max_batch_bytes: 256 << 10,
+        ..fencelog_wal::WalOptions::default()
+    };
+    let (wal, _) = open(&storage, dir.path(), &opts).unwrap();
+    // Around the first read before any (512) and past its
+    // ceiling (64 KiB).
+    let sizes = [
+        0, 1, 100, 470, 471, 500, 511, 512, 513, 1000, 4000, 4097, 20_000, 65_500, 70_000, 150_000,
+        3, 100, 100, 9000, 7,
+    ];
+    let written: Vec<_> = sizes
+        .iter()
+        .enumerate()
+        .map(|(n, &len)| {
+            let p = payload(5, n as u32, len);
+            (append_durable(&wal, &p).unwrap(), p)
+        })
+        .collect();
+    let check = |order: &mut dyn Iterator<Item = usize>| {
+        for i in order {
+            let (at, p) = &written[i];
+            let e = wal.read_entry(at.segment, at.position).unwrap();
+            assert_eq!(e.payload.len(), p.len(), "entry {i} of {} bytes", sizes[i]);
+            assert_eq!(&e.payload[..], &p[..], "entry {i} of {} bytes", sizes[i]);
+        }
+    };
+    check(&mut (0..written.len()));
+    check(&mut (0..written.len()).rev());
+    // Large and small alternating.
+    check(&mut (0..written.len()).map(|i| if i % 2 == 0 { i } else { written.len() - i }));
+    // The last entry of the file: a first read larger than it stops at
+    // the end.
+    check(&mut [13, written.len() - 1, 14, written.len() - 1].into_iter());
+    wal.close().unwrap();
+}
+
 #[test]
 fn entries_of_a_growing_segment_read_back_as_it_grows() {
     let dir = tempfile::tempdir().unwrap();
