@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use event_listener::{Event, Listener};
-use fencelog_wal::{Appended, FsStorage, RecoveryReport, Storage, Ticket, Wal, Writer};
+use fencelog_wal::{
+    Appended, FsStorage, RecoveryReport, SegmentReader, Storage, Ticket, Wal, Writer,
+};
 
 use crate::core::{Core, ceiling_for};
 use crate::error::{Error, Result};
@@ -1317,6 +1319,7 @@ impl Log {
     ) -> Result<()> {
         let (sealed_end, open) = self.open_entries(view, from, end);
         let mut cursor = from;
+        let mut reading = Reading::default();
         // Sealed segments, one after another, through their footers.
         while cursor < end && cursor < sealed_end {
             let found = self.inner.locator.locate(&self.inner.wal, view, cursor)?;
@@ -1325,6 +1328,7 @@ impl Log {
                     break;
                 }
                 self.decode_entry(
+                    &mut reading,
                     view,
                     found.segment,
                     ix.position,
@@ -1349,7 +1353,17 @@ impl Log {
                 break;
             }
             let before = out.len();
-            self.decode_entry(view, segment, position, first, cursor, end, out, budget)?;
+            self.decode_entry(
+                &mut reading,
+                view,
+                segment,
+                position,
+                first,
+                cursor,
+                end,
+                out,
+                budget,
+            )?;
             if budget.full {
                 return Ok(());
             }
@@ -1369,8 +1383,9 @@ impl Log {
     /// holds `view`'s records from `first`, and keeps its records in
     /// `[from, end)`.
     #[allow(clippy::too_many_arguments)]
-    fn decode_entry(
-        &self,
+    fn decode_entry<'w>(
+        &'w self,
+        reading: &mut Reading<'w>,
         view: &StreamView,
         segment: u64,
         position: u64,
@@ -1380,7 +1395,7 @@ impl Log {
         out: &mut Vec<Record>,
         budget: &mut Budget,
     ) -> Result<()> {
-        let entry = self.inner.wal.read_entry(segment, position)?;
+        let entry = reading.entry(&self.inner.wal, segment, position)?;
         let payload = entry.payload;
         let (token, first_offset, records) =
             self.find_append(&payload, view, segment, position, first)?;
@@ -1572,6 +1587,7 @@ impl Log {
         }
         let mut records = Vec::new();
         self.decode_entry(
+            &mut Reading::default(),
             view,
             segment,
             entry.position,
@@ -1690,5 +1706,31 @@ impl Log {
     /// hard-link the segment instead of copying it.
     pub fn sync_to_end(&self) -> Result<Option<fencelog_wal::SegmentEnd>> {
         Ok(self.inner.wal.sync_to_end()?)
+    }
+}
+
+/// The segment a read of records is in: its reader is kept while the read
+/// goes on in that segment, so that its entries are read without looking
+/// the segment and its file up again for each (two locks and two shared
+/// reference counts per entry, which two reading threads contended on).
+#[derive(Default)]
+struct Reading<'w> {
+    reader: Option<SegmentReader<'w, Core>>,
+}
+
+impl<'w> Reading<'w> {
+    fn entry(
+        &mut self,
+        wal: &'w Wal<Core>,
+        segment: u64,
+        position: u64,
+    ) -> std::result::Result<fencelog_wal::Entry, fencelog_wal::WalError> {
+        let reader = match self.reader.take() {
+            Some(r) if r.segment() == segment => r,
+            _ => wal.segment_reader(segment)?,
+        };
+        let entry = reader.read_entry(position);
+        self.reader = Some(reader);
+        entry
     }
 }

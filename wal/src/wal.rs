@@ -308,6 +308,60 @@ struct Locked<S: Sequencer> {
     broken: Option<String>,
 }
 
+/// Reads entries of one segment (see [`Wal::segment_reader`]). It holds the
+/// segment's file open: an evicted file stays open until the reader is
+/// dropped, like any read in flight.
+pub struct SegmentReader<'w, S: Sequencer> {
+    wal: &'w Wal<S>,
+    handle: Arc<SegmentHandle>,
+    file: Arc<dyn StorageFile>,
+}
+
+impl<S: Sequencer> SegmentReader<'_, S> {
+    /// The segment read.
+    pub fn segment(&self) -> u64 {
+        self.handle.seq
+    }
+
+    /// Reads the durable entry at `position`, as [`Wal::read_entry`].
+    pub fn read_entry(&self, position: u64) -> Result<Entry, WalError> {
+        let (handle, file) = (&self.handle, self.file.as_ref());
+        let segment = handle.seq;
+        let no_entry = || WalError::NoEntry { segment, position };
+        let read = |end: u64| {
+            segment::read_entry_at(
+                file,
+                &handle.path,
+                segment,
+                position,
+                end,
+                u32::MAX,
+                &self.wal.shared.read_size,
+            )
+        };
+        let entry = match self.wal.sealed_info(handle, file)? {
+            Some(info) => read(info.footer_pos)?,
+            // The segment being written: within the length last asked no
+            // `stat` is needed (a file never shrinks); past it, ask again.
+            None => match read(handle.known_len())? {
+                Some(entry) => Some(entry),
+                None => {
+                    let len = file
+                        .len()
+                        .map_err(|e| WalError::io("stat", &handle.path, e))?;
+                    handle.set_known_len(len);
+                    read(len)?
+                }
+            },
+        }
+        .ok_or_else(no_entry)?;
+        if entry.lsn > self.wal.durable_lsn() {
+            return Err(no_entry());
+        }
+        Ok(entry)
+    }
+}
+
 struct Shared<S: Sequencer> {
     dir: PathBuf,
     storage: Arc<dyn Storage>,
@@ -957,43 +1011,24 @@ impl<S: Sequencer> Wal<S> {
     /// checksum. The payload is read into memory the caller then owns
     /// (slices of it never copy); a failing disk answers an error.
     pub fn read_entry(&self, segment: u64, position: u64) -> Result<Entry, WalError> {
+        self.segment_reader(segment)?.read_entry(position)
+    }
+
+    /// A reader of `segment`'s entries: the segment and its open file are
+    /// looked up once, not once per entry (a read of many records in one
+    /// segment took two shared locks and two shared reference counts per
+    /// entry, which two threads reading contended on).
+    pub fn segment_reader(&self, segment: u64) -> Result<SegmentReader<'_, S>, WalError> {
         let handle = self.shared.handle(segment)?;
-        let no_entry = || WalError::NoEntry { segment, position };
         let file = self
             .shared
             .files
             .get(self.shared.storage.as_ref(), &handle)?;
-        let read = |end: u64| {
-            segment::read_entry_at(
-                file.as_ref(),
-                &handle.path,
-                segment,
-                position,
-                end,
-                u32::MAX,
-                &self.shared.read_size,
-            )
-        };
-        let entry = match self.sealed_info(&handle, file.as_ref())? {
-            Some(info) => read(info.footer_pos)?,
-            // The segment being written: within the length last asked no
-            // `stat` is needed (a file never shrinks); past it, ask again.
-            None => match read(handle.known_len())? {
-                Some(entry) => Some(entry),
-                None => {
-                    let len = file
-                        .len()
-                        .map_err(|e| WalError::io("stat", &handle.path, e))?;
-                    handle.set_known_len(len);
-                    read(len)?
-                }
-            },
-        }
-        .ok_or_else(no_entry)?;
-        if entry.lsn > self.durable_lsn() {
-            return Err(no_entry());
-        }
-        Ok(entry)
+        Ok(SegmentReader {
+            wal: self,
+            handle,
+            file,
+        })
     }
 
     /// The footer payload of a sealed segment, or `None` while it is not

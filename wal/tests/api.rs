@@ -691,6 +691,63 @@ fn sync_to_end_answers_where_the_durable_entries_end() {
 /// A read in the segment being written asks the file's length only when
 /// the entry lies past the length it last saw: with no preallocation the
 /// file grows with every batch, and each new entry still reads back.
+/// A segment reader looks its segment up once and reads on: through the
+/// seal of its segment (the entries then end at the footer, not at the
+/// file's end) and while its file is evicted from the cache of open files
+/// by reads of other segments (it holds the file open).
+#[test]
+fn a_segment_reader_reads_on_through_a_seal_and_an_eviction() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage: Arc<dyn Storage> = Arc::new(fencelog_wal::FsStorage);
+    let opts = fencelog_wal::WalOptions {
+        max_open_segments: 1,
+        ..small_opts()
+    };
+    let (wal, _) = open(&storage, dir.path(), &opts).unwrap();
+    let mut written = Vec::new();
+    let first = append_durable(&wal, &payload(7, 0, 300)).unwrap();
+    written.push((first, payload(7, 0, 300)));
+    let reader = wal.segment_reader(first.segment).unwrap();
+    assert_eq!(reader.segment(), first.segment);
+    // Being written: read, then appended to.
+    assert_eq!(
+        &reader.read_entry(first.position).unwrap().payload[..],
+        &written[0].1[..]
+    );
+    for n in 1..400u32 {
+        let p = payload(7, n, 300 + n as usize % 700);
+        written.push((append_durable(&wal, &p).unwrap(), p));
+    }
+    let later = written.iter().filter(|(at, _)| at.segment != first.segment);
+    assert!(later.clone().count() > 0, "the reader's segment was sealed");
+    // Reads of later segments take the one slot of the file cache.
+    for (at, p) in later {
+        assert_eq!(
+            &wal.read_entry(at.segment, at.position).unwrap().payload[..],
+            &p[..]
+        );
+    }
+    let mine: Vec<_> = written
+        .iter()
+        .filter(|(at, _)| at.segment == first.segment)
+        .collect();
+    assert!(mine.len() > 10);
+    for (at, p) in &mine {
+        assert_eq!(&reader.read_entry(at.position).unwrap().payload[..], &p[..]);
+    }
+    // Past its last entry: the footer, which is no entry.
+    let (last, p) = mine[mine.len() - 1];
+    let past = last.position + format::entry_len(p.len());
+    assert!(matches!(
+        reader.read_entry(past),
+        Err(WalError::NoEntry { .. })
+    ));
+    // No reader for a segment that does not exist.
+    assert!(wal.segment_reader(last.segment + 1_000).is_err());
+    drop(reader);
+    wal.close().unwrap();
+}
+
 /// A read asks first for as much as the entries read before it held:
 /// each entry reads back whole whether the one before was smaller (a
 /// second read for the rest), larger (a first read past its end, up to
