@@ -979,6 +979,12 @@ pub enum Reply {
     Array(Vec<Reply>),
     /// `%n …` in RESP3; a flat array of keys and values in RESP2.
     Map(Vec<(Reply, Reply)>),
+    /// Records read: an array of `[offset, token, payload]`, as
+    /// [`Reply::Array`]s of two [`Reply::Integer`]s and a [`Reply::Bulk`]
+    /// would be, encoded from the records themselves (a reply of many
+    /// records held a vector of three replies per record, and took an
+    /// allocation and a free for each).
+    Records(Vec<fencelog::Record>),
 }
 
 impl Reply {
@@ -1028,6 +1034,28 @@ impl Reply {
                 1 + digits(items.len() as i128)
                     + 2
                     + items.iter().map(|i| i.encoded_len(proto)).sum::<usize>()
+            }
+            Reply::Records(records) => {
+                1 + digits(records.len() as i128)
+                    + 2
+                    + records
+                        .iter()
+                        .map(|r| {
+                            let len = r.payload.len();
+                            // `*3`, two integers, the payload's bulk.
+                            4 + 1
+                                + digits(i128::from(saturated(r.offset)))
+                                + 2
+                                + 1
+                                + digits(i128::from(saturated(r.token.get())))
+                                + 2
+                                + 1
+                                + digits(len as i128)
+                                + 2
+                                + len
+                                + 2
+                        })
+                        .sum::<usize>()
             }
             Reply::Map(pairs) => {
                 let n = if proto >= 3 {
@@ -1091,6 +1119,17 @@ impl Reply {
                 put_number(out, b'*', items.len() as i64);
                 for item in items {
                     item.encode_to(proto, out);
+                }
+            }
+            Reply::Records(records) => {
+                put_number(out, b'*', records.len() as i64);
+                for r in records {
+                    out.put(b"*3\r\n");
+                    put_number(out, b':', saturated(r.offset));
+                    put_number(out, b':', saturated(r.token.get()));
+                    put_number(out, b'$', r.payload.len() as i64);
+                    out.put_bytes(&r.payload);
+                    out.put(b"\r\n");
                 }
             }
             Reply::Map(pairs) => {
@@ -1257,6 +1296,12 @@ impl Output {
 
 /// A type byte, a number and CRLF (`:42\r\n`, `$5\r\n`), without an
 /// allocation: the number is formatted on the stack.
+/// A count or offset as a RESP integer: past `i64::MAX` (which no stream
+/// reaches) it reads `i64::MAX`, as `outcome::number` answers.
+fn saturated(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
 fn put_number(out: &mut impl Sink, kind: u8, n: i64) {
     let mut digits = itoa::Buffer::new();
     let digits = digits.format(n).as_bytes();
@@ -1659,6 +1704,55 @@ mod tests {
                 let mut out = BytesMut::new();
                 r.encode(proto, &mut out);
                 assert_eq!(r.encoded_len(proto), out.len(), "{r:?} in RESP{proto}");
+            }
+        }
+    }
+
+    /// Records encode byte for byte as the arrays of an offset, a token
+    /// and a payload they stand for, in both protocols, small payloads
+    /// and one past the zero-copy size, offsets saturating as `number`
+    /// does.
+    #[test]
+    fn records_encode_as_the_arrays_they_stand_for() {
+        let record = |offset: u64, token: u64, len: usize| fencelog::Record {
+            offset,
+            token: fencelog::Token::new(token).unwrap(),
+            payload: Bytes::from(vec![b'x'; len]),
+        };
+        let records = vec![
+            record(0, 1, 0),
+            record(9, 42, 100),
+            record(10, fencelog::MAX_TOKEN, ZERO_COPY_MIN_BYTES + 1),
+            record(u64::MAX, 7, 3),
+        ];
+        for records in [Vec::new(), records] {
+            let as_records = Reply::Records(records.clone());
+            let as_arrays = Reply::Array(
+                records
+                    .iter()
+                    .map(|r| {
+                        Reply::Array(vec![
+                            crate::outcome::number(r.offset),
+                            crate::outcome::number(r.token.get()),
+                            Reply::Bulk(r.payload.clone()),
+                        ])
+                    })
+                    .collect(),
+            );
+            for proto in [2, 3] {
+                let (mut a, mut b) = (BytesMut::new(), BytesMut::new());
+                as_records.encode(proto, &mut a);
+                as_arrays.encode(proto, &mut b);
+                assert_eq!(a, b, "RESP{proto}, {} records", records.len());
+                assert_eq!(as_records.encoded_len(proto), a.len());
+                let mut out = Output::new();
+                as_records.encode_output(proto, &mut out);
+                let written: Vec<u8> = out
+                    .slices(usize::MAX)
+                    .iter()
+                    .flat_map(|s| s.to_vec())
+                    .collect();
+                assert_eq!(&written[..], &a[..], "through the output, RESP{proto}");
             }
         }
     }

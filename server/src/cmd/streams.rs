@@ -390,18 +390,7 @@ async fn stepped_read(
 }
 
 fn records_reply(records: Vec<fencelog::Record>) -> Reply {
-    Reply::Array(
-        records
-            .into_iter()
-            .map(|r| {
-                Reply::Array(vec![
-                    number(r.offset),
-                    number(r.token.get()),
-                    Reply::Bulk(r.payload),
-                ])
-            })
-            .collect(),
-    )
+    Reply::Records(records)
 }
 
 /// `LOG.STAT stream`
