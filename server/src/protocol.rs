@@ -1294,14 +1294,14 @@ impl Output {
     }
 }
 
-/// A type byte, a number and CRLF (`:42\r\n`, `$5\r\n`), without an
-/// allocation: the number is formatted on the stack.
 /// A count or offset as a RESP integer: past `i64::MAX` (which no stream
 /// reaches) it reads `i64::MAX`, as `outcome::number` answers.
 fn saturated(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
+/// A type byte, a number and CRLF (`:42\r\n`, `$5\r\n`), without an
+/// allocation: the number is formatted on the stack.
 fn put_number(out: &mut impl Sink, kind: u8, n: i64) {
     let mut digits = itoa::Buffer::new();
     let digits = digits.format(n).as_bytes();
