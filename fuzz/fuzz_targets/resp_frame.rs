@@ -25,8 +25,9 @@
 //!
 //! Replies: a few `Reply` trees built from the bytes are encoded with
 //! protocol 2 and 3 and decoded by the small RESP2/RESP3 decoder below,
-//! which must give back the reply (protocol 2: verbatim strings as bulk
-//! strings, maps as flat arrays; CR and LF in simple strings and errors as
+//! which must give back the reply (records as arrays of offset, token and
+//! payload; protocol 2: verbatim strings as bulk strings, maps as flat
+//! arrays; CR and LF in simple strings and errors as
 //! spaces) and consume exactly the encoding. An array of bulk strings and a
 //! map of bulk strings encoded with protocol 2 are also requests that parse
 //! to those bulk strings.
@@ -223,6 +224,21 @@ impl Cursor<'_> {
         String::from_utf8_lossy(&self.bytes()).into_owned()
     }
 
+    /// A record read: any offset (past `i64::MAX` it encodes saturated),
+    /// a valid token, any payload.
+    fn record(&mut self) -> fencelog::Record {
+        let mut v = [0u8; 8];
+        for x in &mut v {
+            *x = self.byte();
+        }
+        let token = 1 + u64::from(self.byte()) * 1_000_003;
+        fencelog::Record {
+            offset: u64::from_le_bytes(v),
+            token: fencelog::Token::new(token).expect("a token within 1..=MAX_TOKEN"),
+            payload: Bytes::from(self.bytes()),
+        }
+    }
+
     fn reply(&mut self, depth: u32) -> Reply {
         match self.byte() % 8 {
             0 => Reply::Simple(self.string()),
@@ -236,6 +252,10 @@ impl Cursor<'_> {
             }
             3 => Reply::Bulk(Bytes::from(self.bytes())),
             4 => Reply::Verbatim(self.string()),
+            5 => {
+                let n = self.byte() % 4;
+                Reply::Records((0..n).map(|_| self.record()).collect())
+            }
             6 if depth < 3 => {
                 let n = self.byte() % 5;
                 Reply::Array((0..n).map(|_| self.reply(depth + 1)).collect())
@@ -261,6 +281,20 @@ fn expected(r: &Reply, proto: u8) -> Reply {
         Reply::Error(s) => Reply::Error(line(s)),
         Reply::Verbatim(s) if proto < 3 => Reply::Bulk(Bytes::from(s.clone())),
         Reply::Array(items) => Reply::Array(items.iter().map(|i| expected(i, proto)).collect()),
+        // Records are the arrays of an offset, a token and a payload.
+        Reply::Records(records) => Reply::Array(
+            records
+                .iter()
+                .map(|r| {
+                    let int = |n: u64| Reply::Integer(i64::try_from(n).unwrap_or(i64::MAX));
+                    Reply::Array(vec![
+                        int(r.offset),
+                        int(r.token.get()),
+                        Reply::Bulk(r.payload.clone()),
+                    ])
+                })
+                .collect(),
+        ),
         Reply::Map(pairs) if proto < 3 => Reply::Array(
             pairs
                 .iter()
