@@ -688,22 +688,16 @@ fn sync_to_end_answers_where_the_durable_entries_end() {
     wal.close().unwrap();
 }
 
-/// A read in the segment being written asks the file's length only when
-/// the entry lies past the length it last saw: with no preallocation the
-/// file grows with every batch, and each new entry still reads back.
 /// A segment reader looks its segment up once and reads on: through the
 /// seal of its segment (the entries then end at the footer, not at the
 /// file's end) and while its file is evicted from the cache of open files
 /// by reads of other segments (it holds the file open).
 #[test]
 fn a_segment_reader_reads_on_through_a_seal_and_an_eviction() {
-    let dir = tempfile::tempdir().unwrap();
-    let storage: Arc<dyn Storage> = Arc::new(fencelog_wal::FsStorage);
-    let opts = fencelog_wal::WalOptions {
+    let (_dir, wal) = open_fs(&fencelog_wal::WalOptions {
         max_open_segments: 1,
         ..small_opts()
-    };
-    let (wal, _) = open(&storage, dir.path(), &opts).unwrap();
+    });
     let mut written = Vec::new();
     let first = append_durable(&wal, &payload(7, 0, 300)).unwrap();
     written.push((first, payload(7, 0, 300)));
@@ -754,15 +748,12 @@ fn a_segment_reader_reads_on_through_a_seal_and_an_eviction() {
 /// the next entry or the file's end) or the same, in either order.
 #[test]
 fn entries_of_any_size_read_back_whatever_was_read_before() {
-    let dir = tempfile::tempdir().unwrap();
-    let storage: Arc<dyn Storage> = Arc::new(fencelog_wal::FsStorage);
-    let opts = fencelog_wal::WalOptions {
+    let (_dir, wal) = open_fs(&fencelog_wal::WalOptions {
         segment_bytes: 1 << 20,
         max_entry_bytes: 200 << 10,
         max_batch_bytes: 256 << 10,
         ..fencelog_wal::WalOptions::default()
-    };
-    let (wal, _) = open(&storage, dir.path(), &opts).unwrap();
+    });
     // Around the first read before any (512) and past its
     // ceiling (64 KiB).
     let sizes = [
@@ -795,15 +786,15 @@ fn entries_of_any_size_read_back_whatever_was_read_before() {
     wal.close().unwrap();
 }
 
+/// A read in the segment being written asks the file's length only when
+/// the entry lies past the length it last saw: with no preallocation the
+/// file grows with every batch, and each new entry still reads back.
 #[test]
 fn entries_of_a_growing_segment_read_back_as_it_grows() {
-    let dir = tempfile::tempdir().unwrap();
-    let storage: Arc<dyn Storage> = Arc::new(fencelog_wal::FsStorage);
-    let opts = fencelog_wal::WalOptions {
+    let (_dir, wal) = open_fs(&fencelog_wal::WalOptions {
         preallocation: fencelog_wal::Preallocation::None,
         ..small_opts()
-    };
-    let (wal, _) = open(&storage, dir.path(), &opts).unwrap();
+    });
     let mut written = Vec::new();
     for n in 0..120u32 {
         let p = payload(3, n, 700);

@@ -59,6 +59,15 @@ pub fn open(
     Wal::open(Arc::clone(storage), dir, opts.clone(), build)
 }
 
+/// A log with `opts` in a fresh temporary directory on the real file
+/// system, removed when the returned directory is dropped.
+pub fn open_fs(opts: &WalOptions) -> (tempfile::TempDir, Wal<Counter>) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let storage: Arc<dyn Storage> = Arc::new(fencelog_wal::FsStorage);
+    let (wal, _) = open(&storage, dir.path(), opts).expect("a log opens in an empty directory");
+    (dir, wal)
+}
+
 /// Small segments so that rotation and sealing happen all the time.
 pub fn small_opts() -> WalOptions {
     WalOptions {
