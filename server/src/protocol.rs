@@ -1013,6 +1013,8 @@ impl Reply {
             usize::from(n < 0) + digits.map_or(1, |d| d as usize + 1)
         }
         let line = |s: &str| 1 + s.len() + 2;
+        let integer = |n: i64| 1 + digits(i128::from(n)) + 2;
+        let bulk = |len: usize| 1 + digits(len as i128) + 2 + len + 2;
         match self {
             Reply::Simple(s) | Reply::Error(s) => line(s),
             Reply::Stale { presented, highest } => {
@@ -1022,8 +1024,8 @@ impl Reply {
                     + digits(i128::from(*highest))
                     + 2
             }
-            Reply::Integer(n) => 1 + digits(i128::from(*n)) + 2,
-            Reply::Bulk(b) => 1 + digits(b.len() as i128) + 2 + b.len() + 2,
+            Reply::Integer(n) => integer(*n),
+            Reply::Bulk(b) => bulk(b.len()),
             Reply::Verbatim(s) if proto >= 3 => {
                 1 + digits(s.len() as i128 + 4) + 2 + 4 + s.len() + 2
             }
@@ -1041,19 +1043,10 @@ impl Reply {
                     + records
                         .iter()
                         .map(|r| {
-                            let len = r.payload.len();
-                            // `*3`, two integers, the payload's bulk.
-                            4 + 1
-                                + digits(i128::from(saturated(r.offset)))
-                                + 2
-                                + 1
-                                + digits(i128::from(saturated(r.token.get())))
-                                + 2
-                                + 1
-                                + digits(len as i128)
-                                + 2
-                                + len
-                                + 2
+                            // `*3`, as `Reply::Array` of these three.
+                            4 + integer(saturated(r.offset))
+                                + integer(saturated(r.token.get()))
+                                + bulk(r.payload.len())
                         })
                         .sum::<usize>()
             }
@@ -1102,11 +1095,7 @@ impl Reply {
                 out.put(stale_line(&mut line, *presented, *highest));
             }
             Reply::Integer(n) => put_number(out, b':', *n),
-            Reply::Bulk(b) => {
-                put_number(out, b'$', b.len() as i64);
-                out.put_bytes(b);
-                out.put(b"\r\n");
-            }
+            Reply::Bulk(b) => put_bulk(out, b),
             Reply::Verbatim(s) if proto >= 3 => {
                 out.put(format!("={}\r\ntxt:", s.len() + 4).as_bytes());
                 out.put(s.as_bytes());
@@ -1127,9 +1116,7 @@ impl Reply {
                     out.put(b"*3\r\n");
                     put_number(out, b':', saturated(r.offset));
                     put_number(out, b':', saturated(r.token.get()));
-                    put_number(out, b'$', r.payload.len() as i64);
-                    out.put_bytes(&r.payload);
-                    out.put(b"\r\n");
+                    put_bulk(out, &r.payload);
                 }
             }
             Reply::Map(pairs) => {
@@ -1298,6 +1285,14 @@ impl Output {
 /// reaches) it reads `i64::MAX`, as `outcome::number` answers.
 fn saturated(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// `$len`, the bytes (kept as they are if large: see [`Sink::put_bytes`])
+/// and CRLF.
+fn put_bulk(out: &mut impl Sink, b: &Bytes) {
+    put_number(out, b'$', b.len() as i64);
+    out.put_bytes(b);
+    out.put(b"\r\n");
 }
 
 /// A type byte, a number and CRLF (`:42\r\n`, `$5\r\n`), without an

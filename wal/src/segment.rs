@@ -230,8 +230,9 @@ pub(crate) struct ReadSize(AtomicU32);
 
 /// The first read before any entry was read.
 const FIRST_READ: u32 = 512;
-/// The first read is never larger than this: a hint from one large entry
-/// costs a later small read at most this much.
+/// The first read is never larger than this (a multiple of 64, as every
+/// hint is): a hint from one large entry costs a later small read at most
+/// this much.
 const MAX_FIRST_READ: u32 = 64 << 10;
 
 impl ReadSize {
@@ -253,7 +254,7 @@ impl ReadSize {
             .saturating_add(whole / 4)
             .clamp(ENTRY_HEADER_LEN as u64, u64::from(MAX_FIRST_READ))
             .next_multiple_of(64) as u32;
-        self.0.store(want.min(MAX_FIRST_READ), Ordering::Relaxed);
+        self.0.store(want, Ordering::Relaxed);
     }
 }
 

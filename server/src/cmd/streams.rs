@@ -312,7 +312,7 @@ fn read_parsed(log: Log, a: &[Bytes], max_bytes: u64, waits: bool) -> Outcome {
     Outcome::Blocking(Blocking::new(on_shutdown, move |progress| {
         Box::pin(async move {
             match stepped_read(&log, &stream, from, opts, progress.as_ref()).await {
-                Ok(records) => records_reply(records),
+                Ok(records) => Reply::Records(records),
                 Err(e) => error_reply(&e),
             }
         })
@@ -403,10 +403,6 @@ async fn stepped_read(
         p(0);
     }
     Ok(records)
-}
-
-fn records_reply(records: Vec<fencelog::Record>) -> Reply {
-    Reply::Records(records)
 }
 
 /// `LOG.STAT stream`
