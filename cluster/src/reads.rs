@@ -50,18 +50,28 @@ impl Round {
 
     async fn wait(&self) -> Result<Log, ClusterError> {
         loop {
+            // Most of a round's reads are first polled after it ended (a
+            // connection answers its pipelined reads in order): those take
+            // the outcome without joining the `Notify`'s list under its lock.
+            if let Some(outcome) = self.outcome() {
+                return outcome;
+            }
             let notified = self.done.notified();
             tokio::pin!(notified);
             // Registered before the check: a finish in between wakes it.
             notified.as_mut().enable();
-            if let Some(outcome) = self.outcome.get() {
-                return match outcome {
-                    Ok(log) => Ok(log.clone()),
-                    Err(e) => Err(e.duplicate()),
-                };
+            if let Some(outcome) = self.outcome() {
+                return outcome;
             }
             notified.await;
         }
+    }
+
+    fn outcome(&self) -> Option<Result<Log, ClusterError>> {
+        self.outcome.get().map(|outcome| match outcome {
+            Ok(log) => Ok(log.clone()),
+            Err(e) => Err(e.duplicate()),
+        })
     }
 }
 
