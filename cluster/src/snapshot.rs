@@ -35,7 +35,6 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, ready};
 
 use fencelog::wal::SegmentEnd;
@@ -156,8 +155,10 @@ pub(crate) struct Store {
     /// and the newer snapshot stays.
     saving: parking_lot::Mutex<()>,
     pins: parking_lot::Mutex<Pins>,
-    /// Names archives being sent apart.
-    sends: AtomicU64,
+    /// One send packs at a time (on a blocking thread): a second send of
+    /// the same snapshot, to another replica, waits and opens the archive
+    /// the first packed instead of reading the whole engine again.
+    packing: parking_lot::Mutex<()>,
 }
 
 impl Store {
@@ -189,7 +190,7 @@ impl Store {
             dir,
             saving: parking_lot::Mutex::new(()),
             pins: parking_lot::Mutex::new(Pins::default()),
-            sends: AtomicU64::new(0),
+            packing: parking_lot::Mutex::new(()),
         })
     }
 
@@ -378,13 +379,13 @@ impl Store {
     /// stays the durable snapshot.
     fn pack_for_sending(&self, dir: &Path) -> std::io::Result<File> {
         let packed = dir.with_extension("snap");
+        let _one = self.packing.lock();
         match File::open(&packed) {
             Ok(file) => return Ok(file),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
-        let n = self.sends.fetch_add(1, Ordering::Relaxed);
-        let tmp = self.dir.join(format!("sending-{n}.tmp"));
+        let tmp = self.dir.join("sending.tmp");
         // Opened before the rename: a newer snapshot saved meanwhile may
         // remove the name, never the open file.
         let file = pack(dir, &tmp)
