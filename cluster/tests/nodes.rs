@@ -350,8 +350,9 @@ async fn concurrent_reads_share_rounds_and_are_counted() {
     let before = lead.status();
     // 500 reads joined at once (each joins its round when called).
     let reads: Vec<_> = (0..500).map(|_| lead.read_round()).collect();
-    for r in futures_join(reads).await {
-        r.unwrap();
+    // Awaited in order: they all run meanwhile (their rounds are tasks).
+    for r in reads {
+        r.await.unwrap();
     }
     let after = lead.status();
     assert_eq!(after.reads - before.reads, 500);
@@ -360,14 +361,4 @@ async fn concurrent_reads_share_rounds_and_are_counted() {
     for node in nodes.into_values() {
         node.shutdown().await.unwrap();
     }
-}
-
-/// Awaits every future, in order (they all run meanwhile: their rounds
-/// are spawned tasks).
-async fn futures_join<T>(all: Vec<impl Future<Output = T>>) -> Vec<T> {
-    let mut out = Vec::with_capacity(all.len());
-    for f in all {
-        out.push(f.await);
-    }
-    out
 }
