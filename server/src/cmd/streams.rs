@@ -489,7 +489,7 @@ mod tests {
     use std::sync::Mutex;
 
     /// A read of many small records tells the budget what they hold, not
-    /// their payload bytes alone (which were a fifth of it).
+    /// their payload bytes alone (a small part of it).
     #[tokio::test]
     async fn a_read_tells_the_budget_what_its_records_hold() {
         let dir = tempfile::tempdir().unwrap();
