@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use fencelog_wal::{Appended, Durable, EntryKind, Replay, Sequencer, WalError};
-use hashbrown::HashMap;
+use hashbrown::{HashMap, HashTable};
 
 use crate::checkpoint::{self, Row};
 use crate::footer::{self, StreamPart};
@@ -25,7 +25,7 @@ use crate::op::{self, Acquire, Op};
 use crate::options::Options;
 use crate::replicated::{GroupLimits, LogPosition, ReplState, ReplicatedClock};
 use crate::token::MAX_TOKEN;
-use crate::view::{Effect, IndexEntry, OpenEntry, StreamView, Views};
+use crate::view::{Effect, IndexEntry, Key, OpenEntry, StreamView, Views};
 
 /// A stream as the serialized section knows it: every accepted write
 /// counts, synced or not.
@@ -76,8 +76,10 @@ pub(crate) fn ceiling_for(token: u64) -> u64 {
 }
 
 pub(crate) struct Core {
-    /// Keyed by the stream's name, the same allocation as its view's.
-    pub streams: HashMap<Bytes, StreamCore>,
+    /// Keyed by the stream's name (its view's, not a copy), hashed with
+    /// the views' hasher: a decision hashes a name once for both (see
+    /// [`Key`]).
+    pub streams: HashTable<StreamCore>,
     next_stream_id: u64,
     pub views: Arc<Views>,
     gc: GcHandle,
@@ -130,7 +132,7 @@ impl Core {
 
     pub(crate) fn new(views: Arc<Views>, gc: GcHandle, leases: Leases, max_streams: u64) -> Core {
         Core {
-            streams: HashMap::new(),
+            streams: HashTable::new(),
             next_stream_id: 1,
             views,
             gc,
@@ -146,56 +148,66 @@ impl Core {
         }
     }
 
-    /// The highest token of `name` as decisions see it: its own, or the
+    /// `name` with its hash, for the lookups of one decision.
+    pub(crate) fn key<'a>(&self, name: &'a [u8]) -> Key<'a> {
+        self.views.key(name)
+    }
+
+    /// The stream `key`, if it was ever written.
+    pub(crate) fn stream(&self, key: Key<'_>) -> Option<&StreamCore> {
+        self.streams.find(key.hash, |s| *s.view.name == *key.name)
+    }
+
+    /// The highest token of a stream as decisions see it: its own, or the
     /// floor. A stream never seen has the floor.
-    pub(crate) fn highest(&self, name: &[u8]) -> (u64, u64) {
-        match self.streams.get(name) {
+    pub(crate) fn highest(&self, key: Key<'_>) -> (u64, u64) {
+        match self.stream(key) {
             Some(s) if s.highest >= self.floor => (s.highest, s.highest_lsn),
             // The floor is durable (in the marks file): nothing to wait for.
             _ => (self.floor, 0),
         }
     }
 
-    /// Whether a stream `name` may be created (it exists, or there is room).
-    pub(crate) fn room_for(&self, name: &[u8]) -> Result<(), u64> {
-        if self.streams.contains_key(name) || (self.streams.len() as u64) < self.max_streams {
+    /// Whether a stream may be created (it exists, or there is room).
+    pub(crate) fn room_for(&self, key: Key<'_>) -> Result<(), u64> {
+        if (self.streams.len() as u64) < self.max_streams || self.stream(key).is_some() {
             Ok(())
         } else {
             Err(self.max_streams)
         }
     }
 
-    /// The stream `name`, created (with a new id and view) if it is new.
+    /// The stream `key`, created (with a new id and view) if it is new.
     /// Only accepted writes call this, so recovery assigns the same ids.
-    /// One hash lookup for a stream that exists (the common case).
-    fn stream_mut(&mut self, name: &[u8]) -> &mut StreamCore {
-        // A second lookup only for a new stream: the borrow checker cannot
-        // see that the first one's borrow ends on the `None` path.
-        if self.streams.get_mut(name).is_none() {
-            let id = self.next_stream_id;
-            self.next_stream_id += 1;
-            self.names_bytes += name.len() as u64;
-            let name = Bytes::copy_from_slice(name);
-            let view = Arc::new(StreamView::new(id, name.clone()));
-            self.views.insert(Arc::clone(&view));
-            self.streams.insert(
-                name,
-                StreamCore {
-                    view,
-                    highest: 0,
-                    highest_lsn: 0,
-                    next_offset: 0,
-                    start_offset: 0,
-                    total_bytes: 0,
-                    last_lsn: 0,
-                    last_sealed: 0,
-                },
-            );
+    fn stream_mut(&mut self, key: Key<'_>) -> &mut StreamCore {
+        let views = &self.views;
+        let entry = self.streams.entry(
+            key.hash,
+            |s| *s.view.name == *key.name,
+            |s| views.hash(&s.view.name),
+        );
+        match entry {
+            hashbrown::hash_table::Entry::Occupied(s) => s.into_mut(),
+            hashbrown::hash_table::Entry::Vacant(place) => {
+                let id = self.next_stream_id;
+                self.next_stream_id += 1;
+                self.names_bytes += key.name.len() as u64;
+                let view = Arc::new(StreamView::new(id, Bytes::copy_from_slice(key.name)));
+                views.insert(Arc::clone(&view));
+                place
+                    .insert(StreamCore {
+                        view,
+                        highest: 0,
+                        highest_lsn: 0,
+                        next_offset: 0,
+                        start_offset: 0,
+                        total_bytes: 0,
+                        last_lsn: 0,
+                        last_sealed: 0,
+                    })
+                    .into_mut()
+            }
         }
-        // Present: inserted just above if it was missing.
-        self.streams
-            .get_mut(name)
-            .unwrap_or_else(|| unreachable!("stream {name:?} was just inserted"))
     }
 
     fn raise(s: &mut StreamCore, token: u64, lsn: u64) {
@@ -220,11 +232,12 @@ impl Core {
     /// Checks the fencing rule once more where an entry is applied (a
     /// decision that broke it would be a bug; a replayed entry that breaks
     /// it is damage).
-    fn check_token(&self, name: &[u8], token: u64) -> Result<(), String> {
-        let (highest, _) = self.highest(name);
+    fn check_token(&self, key: Key<'_>, token: u64) -> Result<(), String> {
+        let (highest, _) = self.highest(key);
         if token < highest {
             return Err(format!(
-                "token {token} is below the highest {highest} of stream {name:?}"
+                "token {token} is below the highest {highest} of stream {:?}",
+                key.name
             ));
         }
         Ok(())
@@ -234,7 +247,7 @@ impl Core {
     /// entry landed at `at`.
     pub(crate) fn apply_append(
         &mut self,
-        name: &[u8],
+        key: Key<'_>,
         token: u64,
         first_offset: u64,
         count: u32,
@@ -249,11 +262,12 @@ impl Core {
             };
         }
         let floor = self.floor;
-        let s = self.stream_mut(name);
+        let s = self.stream_mut(key);
         if token < s.highest.max(floor) {
             return Err(format!(
-                "token {token} is below the highest {} of stream {name:?}",
-                s.highest.max(floor)
+                "token {token} is below the highest {} of stream {:?}",
+                s.highest.max(floor),
+                key.name
             ));
         }
         if first_offset != s.next_offset || count == 0 {
@@ -296,13 +310,13 @@ impl Core {
     /// An accepted fence.
     pub(crate) fn apply_fence(
         &mut self,
-        name: &[u8],
+        key: Key<'_>,
         token: u64,
         lsn: u64,
     ) -> Result<Effect, String> {
-        self.check_token(name, token)?;
+        self.check_token(key, token)?;
         self.max_token = self.max_token.max(token);
-        let s = self.stream_mut(name);
+        let s = self.stream_mut(key);
         Self::raise(s, token, lsn);
         Ok(Self::advance(s, None))
     }
@@ -310,15 +324,15 @@ impl Core {
     /// An accepted trim (or, with `before` = next offset, delete).
     pub(crate) fn apply_trim(
         &mut self,
-        name: &[u8],
+        key: Key<'_>,
         token: u64,
         before: u64,
         lsn: u64,
     ) -> Result<Effect, String> {
-        self.check_token(name, token)?;
+        self.check_token(key, token)?;
         self.max_token = self.max_token.max(token);
         let gc = self.gc.clone();
-        let s = self.stream_mut(name);
+        let s = self.stream_mut(key);
         if before > s.next_offset {
             return Err(format!(
                 "a trim before {before} beyond the next offset {}",
@@ -350,7 +364,7 @@ impl Core {
     fn apply_acquire(&mut self, a: &Acquire<'_>, lsn: u64) -> Result<Effect, String> {
         self.max_token = self.max_token.max(a.token);
         let fenced = if a.fence {
-            Some(self.apply_fence(a.name, a.token, lsn)?)
+            Some(self.apply_fence(self.key(a.name), a.token, lsn)?)
         } else {
             None
         };
@@ -399,22 +413,23 @@ impl Core {
     pub(crate) fn apply_op(&mut self, op: &Op<'_>, at: Appended) -> Result<Effect, String> {
         match *op {
             Op::Append(a) => self.apply_append(
-                a.stream,
+                self.key(a.stream),
                 a.token,
                 a.first_offset,
                 a.count,
                 a.payload_bytes(),
                 at,
             ),
-            Op::Fence { stream, token } => self.apply_fence(stream, token, at.lsn),
+            Op::Fence { stream, token } => self.apply_fence(self.key(stream), token, at.lsn),
             Op::Trim {
                 stream,
                 token,
                 before,
-            } => self.apply_trim(stream, token, before, at.lsn),
+            } => self.apply_trim(self.key(stream), token, before, at.lsn),
             Op::Delete { stream, token } => {
-                let next = self.streams.get(stream).map_or(0, |s| s.next_offset);
-                self.apply_trim(stream, token, next, at.lsn)
+                let key = self.key(stream);
+                let next = self.stream(key).map_or(0, |s| s.next_offset);
+                self.apply_trim(key, token, next, at.lsn)
             }
             Op::Acquire(a) => self.apply_acquire(&a, at.lsn),
             Op::Release { name, owner, token } => {
@@ -473,7 +488,11 @@ impl Core {
         let mut encoded = Vec::with_capacity(parts.len());
         let mut streams = Vec::with_capacity(parts.len());
         for (id, part) in &parts {
-            let Some(s) = self.streams.get_mut(&part.view.name[..]) else {
+            let hash = self.views.hash(&part.view.name);
+            let Some(s) = self
+                .streams
+                .find_mut(hash, |s| s.view.name == part.view.name)
+            else {
                 continue;
             };
             encoded.push(StreamPart {
@@ -519,8 +538,9 @@ impl Core {
             self.max_token = self.max_token.max(rec.highest);
             self.names_bytes += name.len() as u64;
             self.views.insert(Arc::clone(&view));
-            self.streams.insert(
-                name,
+            let views = &self.views;
+            self.streams.insert_unique(
+                views.hash(&name),
                 StreamCore {
                     view,
                     highest: rec.highest,
@@ -531,6 +551,7 @@ impl Core {
                     last_lsn: 0,
                     last_sealed: rec.last_sealed,
                 },
+                |s| views.hash(&s.view.name),
             );
         }
         self.max_token = self.max_token.max(c.last_token);
@@ -618,7 +639,7 @@ impl Core {
     /// Every stream's start offset, by id (for garbage collection).
     pub(crate) fn starts(&self) -> HashMap<u64, u64> {
         self.streams
-            .values()
+            .iter()
             .map(|s| (s.view.id, s.start_offset))
             .collect()
     }
@@ -638,7 +659,7 @@ impl Sequencer for Core {
         }
         let rows = self
             .streams
-            .values()
+            .iter()
             .map(|s| Row {
                 id: s.view.id,
                 name: &s.view.name,

@@ -119,8 +119,9 @@ pub(crate) fn decide_acquire(
     }
     let mut token = leases.last_token() + 1;
     if fence {
-        crate::log::room_for(w, name)?;
-        let (highest, _) = w.state().highest(name);
+        let key = w.state().key(name);
+        crate::log::room_for(w, key)?;
+        let (highest, _) = w.state().highest(key);
         token = token.max(highest + 1);
     }
     if token > MAX_TOKEN {
@@ -163,7 +164,8 @@ fn reacquire(
     fence: bool,
     (token, lsn, durable_ttl): (u64, u64, u64),
 ) -> Result<Acquired> {
-    let (highest, highest_lsn) = w.state().highest(name);
+    let key = w.state().key(name);
+    let (highest, highest_lsn) = w.state().highest(key);
     if fence && highest > token {
         // Tokens from elsewhere passed this lease's on the stream: it
         // cannot fence, and its writes would be rejected. Say so.
@@ -175,7 +177,7 @@ fn reacquire(
     }
     let mut ticket = extend(w, name, owner, token, ttl_ms, durable_ttl, lsn)?;
     if fence && highest < token {
-        crate::log::write_fence(w, name, token)?;
+        crate::log::write_fence(w, key, token)?;
         ticket = w.ticket();
     }
     Ok(Acquired::Granted {

@@ -27,6 +27,7 @@ use crate::op::{self, Op};
 use crate::options::Options;
 use crate::replicated::write_op;
 use crate::token::{Offset, Token, check_stream_name};
+use crate::view::Key;
 use crate::view::{Effect, StreamView, Views};
 
 /// One record read back: its offset, the token its append carried, and its
@@ -278,10 +279,10 @@ pub(crate) fn check_payloads_within<P: AsRef<[u8]>>(
 
 /// What the serialized section knows of a stream: (highest, its LSN, next,
 /// start, the stream's newest LSN). A stream never seen has only the floor.
-pub(crate) fn stream_state(w: &mut Writer<'_, Core>, stream: &[u8]) -> (u64, u64, u64, u64, u64) {
+pub(crate) fn stream_state(w: &mut Writer<'_, Core>, key: Key<'_>) -> (u64, u64, u64, u64, u64) {
     let core = w.state();
     let floor = core.floor;
-    match core.streams.get(stream) {
+    match core.stream(key) {
         Some(s) if s.highest >= floor => (
             s.highest,
             s.highest_lsn,
@@ -309,8 +310,8 @@ pub(crate) fn stale(
 }
 
 /// A new stream may be created: the table is not full.
-pub(crate) fn room_for(w: &mut Writer<'_, Core>, stream: &[u8]) -> Result<()> {
-    w.state().room_for(stream).map_err(|max| Error::TooLarge {
+pub(crate) fn room_for(w: &mut Writer<'_, Core>, key: Key<'_>) -> Result<()> {
+    w.state().room_for(key).map_err(|max| Error::TooLarge {
         what: "streams",
         len: max.saturating_add(1),
         max,
@@ -333,12 +334,12 @@ pub(crate) fn reserve(w: &mut Writer<'_, Core>) {
 
 pub(crate) fn decide_append<P: AsRef<[u8]>>(
     w: &mut Writer<'_, Core>,
-    stream: &[u8],
+    key: Key<'_>,
     token: u64,
     payloads: &[P],
     expected: Option<u64>,
 ) -> Result<Decision> {
-    let (highest, highest_lsn, next, _, last_lsn) = stream_state(w, stream);
+    let (highest, highest_lsn, next, _, last_lsn) = stream_state(w, key);
     if let Some(expected) = expected
         && expected != next
     {
@@ -365,16 +366,16 @@ pub(crate) fn decide_append<P: AsRef<[u8]>>(
     }
     if next == 0 && last_lsn == 0 {
         // Perhaps a new stream: is there room for one more?
-        room_for(w, stream)?;
+        room_for(w, key)?;
     }
-    let len = op::append_len(stream, payloads);
+    let len = op::append_len(key.name, payloads);
     let at = write_op(w, len, |buf| {
-        op::encode_append(buf, stream, token, next, payloads)
+        op::encode_append(buf, key.name, token, next, payloads)
     })?;
     let bytes = payloads.iter().map(|p| p.as_ref().len() as u64).sum();
     let effect = w
         .state()
-        .apply_append(stream, token, next, payloads.len() as u32, bytes, at)
+        .apply_append(key, token, next, payloads.len() as u32, bytes, at)
         .map_err(internal)?;
     w.on_durable(effect);
     Ok(Decision::accepted(next, w.ticket()))
@@ -385,7 +386,8 @@ pub(crate) fn decide_fence(
     stream: &[u8],
     token: u64,
 ) -> Result<Decision> {
-    let (highest, highest_lsn, ..) = stream_state(w, stream);
+    let key = w.state().key(stream);
+    let (highest, highest_lsn, ..) = stream_state(w, key);
     if token < highest {
         return Ok(stale(w, token, highest, highest_lsn));
     }
@@ -393,15 +395,16 @@ pub(crate) fn decide_fence(
         // Nothing to write: answer once the highest token is durable.
         return Ok(Decision::accepted(highest, w.ticket_for(highest_lsn)));
     }
-    write_fence(w, stream, token)?;
+    write_fence(w, key, token)?;
     Ok(Decision::accepted(token, w.ticket()))
 }
 
-/// Writes a fence of `stream` at `token` and applies it.
-pub(crate) fn write_fence(w: &mut Writer<'_, Core>, stream: &[u8], token: u64) -> Result<()> {
-    room_for(w, stream)?;
+/// Writes a fence of the stream at `token` and applies it.
+pub(crate) fn write_fence(w: &mut Writer<'_, Core>, key: Key<'_>, token: u64) -> Result<()> {
+    room_for(w, key)?;
+    let stream = key.name;
     write_applied(w, &Op::Fence { stream, token }, |core, at| {
-        core.apply_fence(stream, token, at.lsn)
+        core.apply_fence(key, token, at.lsn)
     })
 }
 
@@ -426,7 +429,8 @@ pub(crate) fn decide_trim(
     before: u64,
     delete: bool,
 ) -> Result<Decision> {
-    let (highest, highest_lsn, next, start, last_lsn) = stream_state(w, stream);
+    let key = w.state().key(stream);
+    let (highest, highest_lsn, next, start, last_lsn) = stream_state(w, key);
     if token < highest {
         return Ok(stale(w, token, highest, highest_lsn));
     }
@@ -449,7 +453,7 @@ pub(crate) fn decide_trim(
             w.ticket_for(last_lsn.max(highest_lsn)),
         ));
     }
-    room_for(w, stream)?;
+    room_for(w, key)?;
     let op = if delete {
         Op::Delete { stream, token }
     } else {
@@ -460,7 +464,7 @@ pub(crate) fn decide_trim(
         }
     };
     write_applied(w, &op, |core, at| {
-        core.apply_trim(stream, token, before, at.lsn)
+        core.apply_trim(key, token, before, at.lsn)
     })?;
     Ok(Decision::accepted(answer, w.ticket()))
 }
@@ -657,8 +661,8 @@ impl Log {
 
     /// The fast path: a token below the stream's durable highest token is
     /// rejected without the write lock, the disk or an allocation.
-    fn fast_stale(&self, stream: &[u8], token: Token) -> Result<()> {
-        let highest = self.inner.views.durable_highest(stream);
+    fn fast_stale(&self, key: Key<'_>, token: Token) -> Result<()> {
+        let highest = self.inner.views.durable_highest(key);
         if token.get() < highest {
             self.inner.counters.stale.add(1);
             return Err(Error::Stale {
@@ -691,8 +695,8 @@ impl Log {
         payloads: &[P],
     ) -> Result<Offset> {
         let stream = stream.as_ref();
-        let size = self.precheck_append(stream, Some(token), payloads)?;
-        let d = self.decide(|w| decide_append(w, stream, token.get(), payloads, None))?;
+        let (size, key) = self.precheck_append(stream, Some(token), payloads)?;
+        let d = self.decide(|w| decide_append(w, key, token.get(), payloads, None))?;
         self.finish_append(d.wait().and_then(Decided::value), size)
     }
 
@@ -704,9 +708,9 @@ impl Log {
         payloads: &[P],
     ) -> Result<Offset> {
         let stream = stream.as_ref();
-        let size = self.precheck_append(stream, Some(token), payloads)?;
+        let (size, key) = self.precheck_append(stream, Some(token), payloads)?;
         let d = self
-            .decide_async(|w| decide_append(w, stream, token.get(), payloads, None))
+            .decide_async(|w| decide_append(w, key, token.get(), payloads, None))
             .await?;
         self.finish_append(d.wait_async().await.and_then(Decided::value), size)
     }
@@ -740,9 +744,21 @@ impl Log {
         token: Token,
         payloads: Vec<Bytes>,
     ) -> Result<Deferred<Offset>> {
-        let size = self.precheck_append(stream, Some(token), &payloads)?;
+        self.append_deferred_after(Some(token), stream, token, payloads)
+            .await
+    }
+
+    /// [`Log::append_deferred`], its fast path taken only with `fast`.
+    pub(crate) async fn append_deferred_after(
+        &self,
+        fast: Option<Token>,
+        stream: &[u8],
+        token: Token,
+        payloads: Vec<Bytes>,
+    ) -> Result<Deferred<Offset>> {
+        let (size, key) = self.precheck_append(stream, fast, &payloads)?;
         let d = self
-            .decide_async(|w| decide_append(w, stream, token.get(), &payloads, None))
+            .decide_async(|w| decide_append(w, key, token.get(), &payloads, None))
             .await?;
         let log = self.clone();
         Ok(Deferred::new(async move {
@@ -784,18 +800,21 @@ impl Log {
 
     /// The checks before the write lock: arguments, limits, and (for a
     /// plain append) the fast path.
-    fn precheck_append<P: AsRef<[u8]>>(
+    /// The stream's key comes back for the decision, which so hashes the
+    /// name once.
+    fn precheck_append<'a, P: AsRef<[u8]>>(
         &self,
-        stream: &[u8],
+        stream: &'a [u8],
         fast: Option<Token>,
         payloads: &[P],
-    ) -> Result<AppendSize> {
+    ) -> Result<(AppendSize, Key<'a>)> {
         check_stream_name(stream)?;
         check_payloads(&self.inner.opts, payloads)?;
+        let key = self.inner.views.key(stream);
         if let Some(token) = fast {
-            self.fast_stale(stream, token)?;
+            self.fast_stale(key, token)?;
         }
-        Ok(AppendSize::of(payloads))
+        Ok((AppendSize::of(payloads), key))
     }
 
     fn finish_append(&self, result: Result<u64>, size: AppendSize) -> Result<u64> {
@@ -826,9 +845,9 @@ impl Log {
         payloads: &[P],
     ) -> Result<Offset> {
         let stream = stream.as_ref();
-        let size = self.precheck_append(stream, None, payloads)?;
-        let d = self
-            .decide(|w| decide_append(w, stream, token.get(), payloads, Some(expected_offset)))?;
+        let (size, key) = self.precheck_append(stream, None, payloads)?;
+        let d =
+            self.decide(|w| decide_append(w, key, token.get(), payloads, Some(expected_offset)))?;
         self.finish_append_at(d.wait(), stream, token, payloads, size)
     }
 
@@ -841,11 +860,9 @@ impl Log {
         payloads: &[P],
     ) -> Result<Offset> {
         let stream = stream.as_ref();
-        let size = self.precheck_append(stream, None, payloads)?;
+        let (size, key) = self.precheck_append(stream, None, payloads)?;
         let d = self
-            .decide_async(|w| {
-                decide_append(w, stream, token.get(), payloads, Some(expected_offset))
-            })
+            .decide_async(|w| decide_append(w, key, token.get(), payloads, Some(expected_offset)))
             .await?;
         self.finish_append_at(d.wait_async().await, stream, token, payloads, size)
     }
@@ -859,11 +876,9 @@ impl Log {
         expected_offset: Offset,
         payloads: Vec<Bytes>,
     ) -> Result<Deferred<Offset>> {
-        let size = self.precheck_append(stream, None, &payloads)?;
+        let (size, key) = self.precheck_append(stream, None, &payloads)?;
         let d = self
-            .decide_async(|w| {
-                decide_append(w, stream, token.get(), &payloads, Some(expected_offset))
-            })
+            .decide_async(|w| decide_append(w, key, token.get(), &payloads, Some(expected_offset)))
             .await?;
         let log = self.clone();
         let stream = stream.to_vec();
@@ -980,7 +995,7 @@ impl Log {
     /// Name check and fast path, for writes without payloads.
     fn precheck(&self, stream: &[u8], token: Token) -> Result<()> {
         check_stream_name(stream)?;
-        self.fast_stale(stream, token)
+        self.fast_stale(self.inner.views.key(stream), token)
     }
 
     fn finish_fence(&self, result: Result<u64>) -> Result<Token> {

@@ -188,13 +188,19 @@ fn decide_write(w: &mut Writer<'_, Core>, op: &TxOp) -> Result<Decision> {
             stream,
             token,
             payloads,
-        } => decide_append(w, stream, token.get(), payloads, None),
+        } => {
+            let key = w.state().key(stream);
+            decide_append(w, key, token.get(), payloads, None)
+        }
         TxOp::AppendAt {
             stream,
             token,
             expected_offset,
             payloads,
-        } => decide_append(w, stream, token.get(), payloads, Some(*expected_offset)),
+        } => {
+            let key = w.state().key(stream);
+            decide_append(w, key, token.get(), payloads, Some(*expected_offset))
+        }
         TxOp::Fence { stream, token } => decide_fence(w, stream, token.get()),
         TxOp::Trim {
             stream,

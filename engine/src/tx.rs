@@ -141,15 +141,15 @@ pub(crate) fn decide(w: &mut Writer<'_, Core>, ops: &[TxOp]) -> Result<TxDecisio
         let s = match seen.get(name) {
             Some(s) => *s,
             None => {
-                crate::log::room_for(w, name).map_err(|e| Error::Aborted {
+                let key = w.state().key(name);
+                crate::log::room_for(w, key).map_err(|e| Error::Aborted {
                     index,
                     cause: Box::new(e),
                 })?;
-                let (logged, logged_lsn) = w.state().highest(name);
+                let (logged, logged_lsn) = w.state().highest(key);
                 let (next, start, last_lsn) = w
                     .state()
-                    .streams
-                    .get(name)
+                    .stream(key)
                     .map_or((0, 0, 0), |c| (c.next_offset, c.start_offset, c.last_lsn));
                 Seen {
                     logged,
@@ -322,13 +322,23 @@ impl Log {
     /// offset, a fence's highest token, a trim's new start offset, a
     /// delete's count of records removed. The one place a caller that holds
     /// a [`TxOp`] (the server's commands) meets the single-op methods.
+    ///
+    /// Unlike [`Log::append_deferred`], an append here is not first looked
+    /// at without the write lock: a caller that holds a `TxOp` has checked
+    /// its arguments already, stale token included ([`Log::check_append`],
+    /// as the server does before it builds the op), and would pay for that
+    /// lookup twice. A stale append is still rejected, by its decision,
+    /// with the same error.
     pub async fn write_deferred(&self, op: TxOp) -> Result<Deferred<u64>> {
         match op {
             TxOp::Append {
                 stream,
                 token,
                 payloads,
-            } => self.append_deferred(&stream, token, payloads).await,
+            } => {
+                self.append_deferred_after(None, &stream, token, payloads)
+                    .await
+            }
             TxOp::AppendAt {
                 stream,
                 token,
@@ -356,7 +366,8 @@ impl Log {
     pub(crate) fn check_tx(&self, ops: &[TxOp]) -> Result<()> {
         self.check_tx_shape(ops)?;
         for (index, tx_op) in ops.iter().enumerate() {
-            let highest = self.inner().views.durable_highest(tx_op.stream());
+            let views = &self.inner().views;
+            let highest = views.durable_highest(views.key(tx_op.stream()));
             let token = tx_op.token().get();
             if token < highest {
                 self.inner().counters.stale.add(1);

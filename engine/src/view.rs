@@ -109,6 +109,16 @@ const SHARDS: usize = 32;
 /// more was 40 % of a stale rejection's lookup).
 type Shard = RwLock<HashTable<Arc<StreamView>>>;
 
+/// A stream's name with its hash, made once per decision by
+/// [`Views::key`] and used for both tables that know streams by name (the
+/// views here and the serialized section's `Streams`, which share one
+/// hasher): an append used to hash its stream's name five times.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Key<'a> {
+    pub name: &'a [u8],
+    pub hash: u64,
+}
+
 /// Every stream's view, by name.
 pub(crate) struct Views {
     shards: [Shard; SHARDS],
@@ -144,28 +154,41 @@ impl Views {
     /// table does not use to place or tag an entry (its low bits, up to
     /// 2^32 buckets, and its top seven), so that the entries of one shard
     /// do not all start their probes in a 32nd of its buckets.
-    fn shard(&self, name: &[u8]) -> (u64, &Shard) {
-        let hash = self.hash(name);
-        (hash, &self.shards[((hash >> 32) % SHARDS as u64) as usize])
+    fn shard(&self, hash: u64) -> &Shard {
+        &self.shards[((hash >> 32) % SHARDS as u64) as usize]
     }
 
-    fn hash(&self, name: &[u8]) -> u64 {
+    /// The hash of a stream's name, for this table and the serialized
+    /// section's.
+    pub(crate) fn hash(&self, name: &[u8]) -> u64 {
         use std::hash::BuildHasher;
         self.hasher.hash_one(name)
     }
 
-    pub(crate) fn get(&self, name: &[u8]) -> Option<Arc<StreamView>> {
-        let (hash, shard) = self.shard(name);
-        shard.read().find(hash, |v| *v.name == *name).cloned()
+    /// `name` with its hash.
+    pub(crate) fn key<'a>(&self, name: &'a [u8]) -> Key<'a> {
+        Key {
+            name,
+            hash: self.hash(name),
+        }
     }
 
-    /// The durable highest token of `name` (the floor for a stream never
-    /// seen): the fast path that rejects stale writes without the write lock.
-    pub(crate) fn durable_highest(&self, name: &[u8]) -> u64 {
-        let (hash, shard) = self.shard(name);
-        let own = shard
+    pub(crate) fn get(&self, name: &[u8]) -> Option<Arc<StreamView>> {
+        let hash = self.hash(name);
+        self.shard(hash)
             .read()
             .find(hash, |v| *v.name == *name)
+            .cloned()
+    }
+
+    /// The durable highest token of a stream (the floor for one never
+    /// seen): the fast path that rejects stale writes without the write
+    /// lock.
+    pub(crate) fn durable_highest(&self, key: Key<'_>) -> u64 {
+        let own = self
+            .shard(key.hash)
+            .read()
+            .find(key.hash, |v| *v.name == *key.name)
             .map_or(0, |v| v.highest.load(Ordering::Acquire));
         own.max(self.floor.load(Ordering::Acquire))
     }
@@ -174,9 +197,10 @@ impl Views {
         self.ordered
             .write()
             .insert(view.name.clone(), Arc::clone(&view));
-        let (hash, shard) = self.shard(&view.name);
+        let hash = self.hash(&view.name);
         // As a map's insert: a view of the same name is replaced.
-        match shard
+        match self
+            .shard(hash)
             .write()
             .entry(hash, |v| v.name == view.name, |v| self.hash(&v.name))
         {
