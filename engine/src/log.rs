@@ -1740,7 +1740,7 @@ impl<'w> Reading<'w> {
         segment: u64,
         position: u64,
     ) -> std::result::Result<fencelog_wal::Entry, fencelog_wal::WalError> {
-        let reader = match self.reader.take() {
+        let mut reader = match self.reader.take() {
             Some(r) if r.segment() == segment => r,
             _ => wal.segment_reader(segment)?,
         };

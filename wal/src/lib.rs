@@ -33,6 +33,7 @@ mod files;
 pub mod format;
 pub mod marks;
 mod options;
+mod read_ahead;
 mod recovery;
 mod segment;
 mod stats;

@@ -33,6 +33,7 @@ use crate::format::{
 };
 use crate::marks::{Marks, MarksFile};
 use crate::options::{Preallocation, WalOptions};
+use crate::read_ahead::ReadAhead;
 use crate::recovery::{self, RecoveryReport, Scanned, Tail};
 use crate::segment::{self, Entry, SealedInfo, SegmentHandle};
 use crate::stats::{WalStats, WalStatsSnapshot};
@@ -310,11 +311,13 @@ struct Locked<S: Sequencer> {
 
 /// Reads entries of one segment (see [`Wal::segment_reader`]). It holds the
 /// segment's file open: an evicted file stays open until the reader is
-/// dropped, like any read in flight.
+/// dropped, like any read in flight. Entries asked for one shortly after
+/// the other are read ahead, in windows of up to 64 KiB.
 pub struct SegmentReader<'w, S: Sequencer> {
     wal: &'w Wal<S>,
     handle: Arc<SegmentHandle>,
     file: Arc<dyn StorageFile>,
+    ahead: ReadAhead,
 }
 
 impl<S: Sequencer> SegmentReader<'_, S> {
@@ -324,21 +327,13 @@ impl<S: Sequencer> SegmentReader<'_, S> {
     }
 
     /// Reads the durable entry at `position`, as [`Wal::read_entry`].
-    pub fn read_entry(&self, position: u64) -> Result<Entry, WalError> {
-        let (handle, file) = (&self.handle, self.file.as_ref());
+    pub fn read_entry(&mut self, position: u64) -> Result<Entry, WalError> {
+        let (handle, file, ahead) = (&self.handle, self.file.as_ref(), &mut self.ahead);
         let segment = handle.seq;
         let no_entry = || WalError::NoEntry { segment, position };
-        let read = |end: u64| {
-            segment::read_entry_at(
-                file,
-                &handle.path,
-                segment,
-                position,
-                end,
-                u32::MAX,
-                &self.wal.shared.read_size,
-            )
-        };
+        let read_size = &self.wal.shared.read_size;
+        let mut read =
+            |end: u64| ahead.read_entry(file, &handle.path, segment, position, end, read_size);
         let entry = match self.wal.sealed_info(handle, file)? {
             Some(info) => read(info.footer_pos)?,
             // The segment being written: within the length last asked no
@@ -1028,6 +1023,7 @@ impl<S: Sequencer> Wal<S> {
             wal: self,
             handle,
             file,
+            ahead: ReadAhead::default(),
         })
     }
 
