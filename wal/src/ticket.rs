@@ -103,7 +103,14 @@ impl Batch {
         if self.state.load(Ordering::Acquire) != PENDING {
             return false;
         }
-        w.tasks.push(waker.clone());
+        // Many waiters may share one waker (a server's connections on one
+        // thread all wait through that thread's relay): one registered
+        // lately is not cloned, kept and woken again. Only the last two are
+        // looked at, so that many tasks with wakers of their own do not
+        // make registering quadratic.
+        if !w.tasks.iter().rev().take(2).any(|t| t.will_wake(waker)) {
+            w.tasks.push(waker.clone());
+        }
         true
     }
 
@@ -265,5 +272,50 @@ impl Future for Ticket {
                 Poll::Pending
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::task::Wake;
+
+    struct Counted(AtomicUsize);
+
+    impl Wake for Counted {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Waiters that share a waker (a server's connections through their
+    /// thread's relay) register it once: it is kept and woken once. Tasks
+    /// with wakers of their own are each kept and woken.
+    #[test]
+    fn a_waker_registered_again_is_kept_once_and_woken_once() {
+        let batch = Batch::new();
+        let shared = Arc::new(Counted(AtomicUsize::new(0)));
+        let waker = Waker::from(Arc::clone(&shared));
+        for _ in 0..100 {
+            assert!(batch.register_task(&waker));
+        }
+        let own: Vec<_> = (0..5)
+            .map(|_| Arc::new(Counted(AtomicUsize::new(0))))
+            .collect();
+        assert_eq!(batch.waiters.lock().tasks.len(), 1);
+        for o in &own {
+            // A task polled twice while it waits registers twice.
+            let own_waker = Waker::from(Arc::clone(o));
+            assert!(batch.register_task(&own_waker));
+            assert!(batch.register_task(&own_waker));
+        }
+        assert_eq!(batch.waiters.lock().tasks.len(), 6);
+        batch.complete();
+        assert_eq!(shared.0.load(Ordering::Relaxed), 1);
+        for o in &own {
+            assert_eq!(o.0.load(Ordering::Relaxed), 1);
+        }
+        assert!(!batch.register_task(&waker), "a finished batch takes none");
     }
 }

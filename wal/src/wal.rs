@@ -244,9 +244,21 @@ struct Pending<E> {
 
 impl<E> Pending<E> {
     fn new() -> Self {
+        Self::sized(0, 0)
+    }
+
+    /// The batch after `self`, with room for as many chunks and effects:
+    /// batches in a run are of about one size, and growing the effects one
+    /// push at a time from empty reallocated them about five times a batch
+    /// (3 % of an append's instructions at pipeline 1).
+    fn next(&self) -> Self {
+        Self::sized(self.chunks.len(), self.effects.len())
+    }
+
+    fn sized(chunks: usize, effects: usize) -> Self {
         Pending {
-            chunks: Vec::new(),
-            effects: Vec::new(),
+            chunks: Vec::with_capacity(chunks),
+            effects: Vec::with_capacity(effects),
             batch: Batch::new(),
             first_lsn: None,
             bytes: 0,
@@ -1519,7 +1531,8 @@ impl<S: Sequencer> Shared<S> {
             {
                 return Flushed::Nothing;
             }
-            let pending = mem::replace(&mut locked.pending, Pending::new());
+            let next = locked.pending.next();
+            let pending = mem::replace(&mut locked.pending, next);
             // With a sync per batch, the next batch is written only after
             // this one's `fdatasync` returned: entries encoded from now on
             // start a new epoch. Without one, nothing will have been synced
