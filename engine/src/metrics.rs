@@ -1,54 +1,8 @@
 //! Counters of the engine, exported by the server (INFO, /metrics).
 
-use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
-use fencelog_wal::WalStatsSnapshot;
-
-const STRIPES: usize = 16;
-
-#[repr(align(128))]
-#[derive(Default)]
-struct Padded(AtomicU64);
-
-/// A counter split over cache lines: threads on different cores count
-/// without fighting over one line (the stale-write fast path counts
-/// millions per second).
-pub(crate) struct Counter {
-    cells: [Padded; STRIPES],
-}
-
-impl Default for Counter {
-    fn default() -> Self {
-        Counter {
-            cells: std::array::from_fn(|_| Padded::default()),
-        }
-    }
-}
-
-thread_local! {
-    static STRIPE: Cell<usize> = const { Cell::new(usize::MAX) };
-}
-
-fn stripe() -> usize {
-    STRIPE.with(|s| {
-        if s.get() == usize::MAX {
-            static NEXT: AtomicU64 = AtomicU64::new(0);
-            s.set(NEXT.fetch_add(1, Ordering::Relaxed) as usize % STRIPES);
-        }
-        s.get()
-    })
-}
-
-impl Counter {
-    pub(crate) fn add(&self, n: u64) {
-        self.cells[stripe()].0.fetch_add(n, Ordering::Relaxed);
-    }
-
-    pub(crate) fn get(&self) -> u64 {
-        self.cells.iter().map(|c| c.0.load(Ordering::Relaxed)).sum()
-    }
-}
+use fencelog_wal::{StripedCounter as Counter, WalStatsSnapshot};
 
 #[derive(Default)]
 pub(crate) struct Counters {

@@ -736,10 +736,7 @@ impl Connection {
             // (decided writes still become durable).
             Ok(0) => Err(End::Closed),
             Ok(n) => {
-                self.ctx
-                    .stats
-                    .bytes_in
-                    .fetch_add(n as u64, Ordering::Relaxed);
+                self.ctx.stats.bytes_in.add(n as u64);
                 self.check_query_limit()
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(()),

@@ -44,8 +44,9 @@ pub struct ServerStats {
     pub connections_total: AtomicU64,
     pub connections_now: AtomicU64,
     pub connections_refused: AtomicU64,
-    pub commands: AtomicU64,
-    pub bytes_in: AtomicU64,
+    /// Striped: every request adds to both, on every connection thread.
+    pub commands: fencelog::wal::StripedCounter,
+    pub bytes_in: fencelog::wal::StripedCounter,
     /// Transactions whose writes were submitted, and those rejected.
     pub transactions: AtomicU64,
     pub transactions_aborted: AtomicU64,
@@ -67,8 +68,8 @@ impl ServerStats {
             connections_total: AtomicU64::new(0),
             connections_now: AtomicU64::new(0),
             connections_refused: AtomicU64::new(0),
-            commands: AtomicU64::new(0),
-            bytes_in: AtomicU64::new(0),
+            commands: fencelog::wal::StripedCounter::new(),
+            bytes_in: fencelog::wal::StripedCounter::new(),
             transactions: AtomicU64::new(0),
             transactions_aborted: AtomicU64::new(0),
             query_buffer_limit_disconnections: AtomicU64::new(0),

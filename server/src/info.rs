@@ -193,7 +193,7 @@ fn stats_1(ctx: &Context, _m: &fencelog::Metrics) -> Vec<Metric> {
             prometheus: "fencelog_commands_processed_total",
             help: "Commands run.",
             kind: Kind::Counter,
-            value: s.commands.load(Ordering::Relaxed) as f64,
+            value: s.commands.get() as f64,
         },
     ]
 }
@@ -207,7 +207,7 @@ fn stats_2(ctx: &Context, _m: &fencelog::Metrics) -> Vec<Metric> {
         prometheus: "fencelog_net_input_bytes_total",
         help: "Bytes received from clients.",
         kind: Kind::Counter,
-        value: s.bytes_in.load(Ordering::Relaxed) as f64,
+        value: s.bytes_in.get() as f64,
     }]
 }
 

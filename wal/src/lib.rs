@@ -49,7 +49,7 @@ pub use marks::Marks;
 pub use options::{Preallocation, RecoveryMode, WalOptions};
 pub use recovery::{Cut, CutKind, FloorRaise, RecoveryReport, plan_recovery};
 pub use segment::Entry;
-pub use stats::{Histogram, HistogramSnapshot, WalStats, WalStatsSnapshot};
+pub use stats::{Histogram, HistogramSnapshot, StripedCounter, WalStats, WalStatsSnapshot};
 pub use storage::{CrashMode, DirLock, Faults, FsStorage, SimStorage, Storage, StorageFile};
 pub use ticket::Ticket;
 pub use turns::{Member, Turns};

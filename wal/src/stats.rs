@@ -1,6 +1,76 @@
 //! Counters and histograms of the log, cheap enough for every sync.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+const STRIPES: usize = 16;
+
+#[repr(align(128))]
+#[derive(Debug, Default)]
+struct Padded(AtomicU64);
+
+/// A counter split over cache lines: threads on different cores count
+/// without fighting over one line. A counter that every request adds to
+/// (the engine's stale rejections, a server's commands) is written by
+/// every thread serving requests; on one shared line, each add on one
+/// core took the line from the other (`perf`: a rate limiter's one shared
+/// add cost 5 % of a pipelined rejection's user CPU, three times its share
+/// of instructions).
+#[derive(Debug)]
+pub struct StripedCounter {
+    cells: [Padded; STRIPES],
+}
+
+impl Default for StripedCounter {
+    fn default() -> Self {
+        StripedCounter {
+            cells: std::array::from_fn(|_| Padded::default()),
+        }
+    }
+}
+
+thread_local! {
+    static STRIPE: Cell<usize> = const { Cell::new(usize::MAX) };
+}
+
+/// This thread's stripe: threads take stripes round robin as they first
+/// count.
+fn stripe() -> usize {
+    STRIPE.with(|s| {
+        if s.get() == usize::MAX {
+            static NEXT: AtomicU64 = AtomicU64::new(0);
+            s.set(NEXT.fetch_add(1, Ordering::Relaxed) as usize % STRIPES);
+        }
+        s.get()
+    })
+}
+
+impl StripedCounter {
+    /// Zero.
+    pub fn new() -> StripedCounter {
+        StripedCounter::default()
+    }
+
+    /// Adds `n` on this thread's stripe.
+    pub fn add(&self, n: u64) {
+        self.cells[stripe()].0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The count: the sum of the stripes.
+    pub fn get(&self) -> u64 {
+        self.cells.iter().map(|c| c.0.load(Ordering::Relaxed)).sum()
+    }
+
+    /// The count, leaving zero: each stripe is taken whole, so an add that
+    /// races with this counts either now or in the next take, never
+    /// twice or not at all.
+    pub fn take(&self) -> u64 {
+        self.cells
+            .iter()
+            .map(|c| c.0.swap(0, Ordering::AcqRel))
+            .sum()
+    }
+}
 
 const BUCKETS: usize = 40;
 
@@ -223,5 +293,36 @@ mod tests {
         let s = h.snapshot();
         assert_eq!((s.count, s.sum), (16, 51_106));
         assert_eq!(s.quantile_upper_bound(0.99), 8191);
+    }
+
+    /// Adds from several threads, each on a stripe of its own, all count:
+    /// what the takes made meanwhile took plus what is left is every add,
+    /// none twice.
+    #[test]
+    fn a_striped_counter_counts_every_add_once_across_threads_and_takes() {
+        let c = std::sync::Arc::new(StripedCounter::new());
+        let adders: Vec<_> = (0..4)
+            .map(|t| {
+                let c = std::sync::Arc::clone(&c);
+                std::thread::spawn(move || {
+                    for i in 0..10_000u64 {
+                        c.add(1 + (i + t) % 3);
+                    }
+                })
+            })
+            .collect();
+        let mut taken = 0;
+        while !adders.iter().all(|a| a.is_finished()) {
+            taken += c.take();
+        }
+        for a in adders {
+            a.join().unwrap();
+        }
+        let want: u64 = (0..4u64)
+            .map(|t| (0..10_000u64).map(|i| 1 + (i + t) % 3).sum::<u64>())
+            .sum();
+        assert_eq!(taken + c.get(), want);
+        assert_eq!(c.take() + taken, want);
+        assert_eq!(c.get(), 0);
     }
 }

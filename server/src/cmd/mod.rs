@@ -23,7 +23,6 @@ pub mod streams;
 pub mod transactions;
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use crate::command_table::Registry;
 use crate::context::Context;
@@ -63,7 +62,7 @@ pub async fn execute_named(
     upper_cmd: &Upper,
 ) -> Outcome {
     let cmd = upper_cmd.as_str();
-    ctx.stats.commands.fetch_add(1, Ordering::Relaxed);
+    ctx.stats.commands.add(1);
     let spec = match session.last_spec {
         Some(last) if last.name == cmd => Some(last),
         _ => {
