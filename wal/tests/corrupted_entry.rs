@@ -290,14 +290,6 @@ proptest! {
     }
 }
 
-/// The number of cases: `default`, or `PROPTEST_CASES` for a deeper run.
-fn cases(default: u32) -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 /// Builds a segment by hand: a header, then entries of (lsn, epoch's first
 /// lsn, kind, payload).
 fn segment(seq: u64, entries: &[(u64, u64, format::EntryKind, &[u8])]) -> Vec<u8> {

@@ -301,14 +301,6 @@ fn power_cut_at_every_operation_of_a_run() {
     assert!(cut > 250, "only {cut} crash points were tried");
 }
 
-/// The number of cases: `default`, or `PROPTEST_CASES` for a deeper run.
-fn cases(default: u32) -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 /// The segment allocator works in the background while the sync thread
 /// rotates: whichever creates the next segment, it must be created once.
 /// (A request left pending once made the allocator rename an empty file

@@ -141,3 +141,11 @@ pub fn all_records(storage: &dyn Storage, dir: &Path) -> Vec<(u64, Vec<u8>)> {
     assert!(!report.is_damaged(), "verify found damage: {report:#?}");
     out
 }
+
+/// The number of cases: `default`, or `PROPTEST_CASES` for a deeper run.
+pub fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
