@@ -247,12 +247,14 @@ impl<E> Pending<E> {
         Self::sized(0, 0)
     }
 
-    /// The batch after `self`, with room for as many chunks and effects:
+    /// The batch after `self`, with room for as many chunks and effects
+    /// (up to 1 024: a burst's batch does not size every one after it):
     /// batches in a run are of about one size, and growing the effects one
     /// push at a time from empty reallocated them about five times a batch
     /// (3 % of an append's instructions at pipeline 1).
     fn next(&self) -> Self {
-        Self::sized(self.chunks.len(), self.effects.len())
+        const MOST: usize = 1024;
+        Self::sized(self.chunks.len().min(MOST), self.effects.len().min(MOST))
     }
 
     fn sized(chunks: usize, effects: usize) -> Self {
