@@ -125,7 +125,7 @@ impl std::ops::Deref for Shard {
 
 /// A stream's name with its hash, made once per decision by
 /// [`Views::key`] and used for both tables that know streams by name (the
-/// views here and the serialized section's `Streams`, which share one
+/// views here and the serialized section's stream table, which share one
 /// hasher): an append used to hash its stream's name five times.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Key<'a> {
@@ -167,7 +167,7 @@ impl Views {
     /// The name's hash and its shard. The shard is taken from bits the
     /// table does not use to place or tag an entry (its low bits, up to
     /// 2^32 buckets, and its top seven), so that the entries of one shard
-    /// do not all start their probes in a 32nd of its buckets.
+    /// do not all start their probes in a 64th of its buckets.
     fn shard(&self, hash: u64) -> &Shard {
         &self.shards[((hash >> 32) % SHARDS as u64) as usize]
     }
