@@ -15,7 +15,6 @@
 //! whole and valid (its end, an entry written after it was read) is read
 //! directly.
 
-use std::cell::RefCell;
 use std::path::Path;
 
 use bytes::Bytes;
@@ -31,14 +30,6 @@ const NEAR: u64 = 16 << 10;
 /// The first window; each one after is twice the last, up to [`MAX_WINDOW`].
 const FIRST_WINDOW: usize = 8 << 10;
 const MAX_WINDOW: usize = 64 << 10;
-
-thread_local! {
-    /// The window buffer of this thread's last reader, kept for its next:
-    /// a reader lives for one read of records, and a fresh buffer was
-    /// zeroed before every window (5 % of a `COUNT 100` read's
-    /// instructions). At most [`MAX_WINDOW`] bytes per thread.
-    static SPARE: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
-}
 
 /// One reader's window over its segment (see the module's doc).
 #[derive(Debug, Default)]
@@ -94,9 +85,6 @@ impl ReadAhead {
         }
         let len = self.next.clamp(FIRST_WINDOW, MAX_WINDOW);
         let len = len.min(usize::try_from(end - pos).unwrap_or(len));
-        if self.buf.is_empty() {
-            self.buf = SPARE.with(|s| std::mem::take(&mut *s.borrow_mut()));
-        }
         if self.buf.len() < len {
             self.buf.resize(len, 0);
         }
@@ -109,9 +97,7 @@ impl ReadAhead {
     }
 
     /// The valid entry at `pos` if the window holds all of it, its payload
-    /// copied out (the window's bytes are only ever read up to `valid`:
-    /// what a buffer kept from another reader holds past it is not
-    /// looked at).
+    /// copied out.
     fn in_window(&self, seq: u64, pos: u64) -> Option<Entry> {
         let from = usize::try_from(pos.checked_sub(self.at)?).ok()?;
         let rest = self.buf[..self.valid].get(from..)?;
@@ -127,22 +113,6 @@ impl ReadAhead {
                 payload: Bytes::copy_from_slice(&bytes[ENTRY_HEADER_LEN..]),
             }),
             _ => None,
-        }
-    }
-}
-
-impl Drop for ReadAhead {
-    fn drop(&mut self) {
-        if self.buf.capacity() > 0 && self.buf.len() <= MAX_WINDOW {
-            let buf = std::mem::take(&mut self.buf);
-            // A thread that is exiting has no spare slot left: the buffer
-            // is then simply freed.
-            let _ = SPARE.try_with(|s| {
-                let mut spare = s.borrow_mut();
-                if spare.capacity() < buf.capacity() {
-                    *spare = buf;
-                }
-            });
         }
     }
 }
