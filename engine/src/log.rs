@@ -27,8 +27,7 @@ use crate::op::{self, Op};
 use crate::options::Options;
 use crate::replicated::write_op;
 use crate::token::{Offset, Token, check_stream_name};
-use crate::view::Key;
-use crate::view::{Effect, StreamView, Views};
+use crate::view::{Effect, Key, StreamView, Views};
 
 /// One record read back: its offset, the token its append carried, and its
 /// payload (a slice of the buffer its entry was read into: no copy).
@@ -744,19 +743,19 @@ impl Log {
         token: Token,
         payloads: Vec<Bytes>,
     ) -> Result<Deferred<Offset>> {
-        self.append_deferred_after(Some(token), stream, token, payloads)
+        self.append_deferred_after(true, stream, token, payloads)
             .await
     }
 
-    /// [`Log::append_deferred`], its fast path taken only with `fast`.
+    /// [`Log::append_deferred`], its fast path taken only if `fast`.
     pub(crate) async fn append_deferred_after(
         &self,
-        fast: Option<Token>,
+        fast: bool,
         stream: &[u8],
         token: Token,
         payloads: Vec<Bytes>,
     ) -> Result<Deferred<Offset>> {
-        let (size, key) = self.precheck_append(stream, fast, &payloads)?;
+        let (size, key) = self.precheck_append(stream, fast.then_some(token), &payloads)?;
         let d = self
             .decide_async(|w| decide_append(w, key, token.get(), &payloads, None))
             .await?;
@@ -800,6 +799,7 @@ impl Log {
 
     /// The checks before the write lock: arguments, limits, and (for a
     /// plain append) the fast path.
+    ///
     /// The stream's key comes back for the decision, which so hashes the
     /// name once.
     fn precheck_append<'a, P: AsRef<[u8]>>(

@@ -336,7 +336,7 @@ impl Log {
                 token,
                 payloads,
             } => {
-                self.append_deferred_after(None, &stream, token, payloads)
+                self.append_deferred_after(false, &stream, token, payloads)
                     .await
             }
             TxOp::AppendAt {

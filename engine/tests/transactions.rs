@@ -313,6 +313,9 @@ fn write_deferred_answers_as_each_ops_own_method() {
         .unwrap(),
         2
     );
+    // Decided inside the lock (`write_deferred` leaves the lock-free
+    // check to its caller), answered and counted as the fast path does.
+    let stale_before = log.metrics().stale_rejections;
     assert!(matches!(
         write(append("s", 8, &["late"])),
         Err(Error::Stale {
@@ -320,5 +323,6 @@ fn write_deferred_answers_as_each_ops_own_method() {
             highest: 9
         })
     ));
+    assert_eq!(log.metrics().stale_rejections, stale_before + 1);
     assert_eq!(log.stat("s").unwrap().next_offset, 3);
 }
