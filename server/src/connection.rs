@@ -36,7 +36,7 @@ use tokio::net::TcpStream;
 use crate::budget::{ClientShare, Eviction};
 use crate::cmd::{self, Pipelining};
 use crate::context::{Context, note_error};
-use crate::outcome::{Blocking, Later, Outcome, ReadProgress, ReplyFuture, error_reply};
+use crate::outcome::{Blocking, Later, Outcome, ReadProgress, ReplyFuture, error_reply, number};
 use crate::protocol::{
     Output, ProtocolError, Reply, Request, RequestParser, looks_like_http_named,
 };
@@ -587,7 +587,7 @@ impl Connection {
         }
         let reply = match answer {
             Answered::Reply(reply) => reply,
-            Answered::Write(Ok(n), _) => Reply::Integer(i64::try_from(n).unwrap_or(i64::MAX)),
+            Answered::Write(Ok(n), _) => number(n),
             Answered::Write(Err(e), stream) => {
                 note_error(&self.ctx, &self.session.tag(), &stream, &e);
                 error_reply(&e)

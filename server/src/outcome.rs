@@ -123,7 +123,7 @@ impl Blocking {
 
 /// An integer reply (saturating: the wire's integers are signed).
 pub fn number(n: u64) -> Reply {
-    Reply::Integer(i64::try_from(n).unwrap_or(i64::MAX))
+    Reply::Integer(crate::protocol::saturated(n))
 }
 
 /// `STALE token 41 is below the highest accepted token 42`, in one

@@ -1282,8 +1282,9 @@ impl Output {
 }
 
 /// A count or offset as a RESP integer: past `i64::MAX` (which no stream
-/// reaches) it reads `i64::MAX`, as `outcome::number` answers.
-fn saturated(n: u64) -> i64 {
+/// reaches) it reads `i64::MAX`. Every unsigned number a reply carries
+/// goes through here (`outcome::number` too).
+pub fn saturated(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 

@@ -105,7 +105,7 @@ fn expect<T>(r: Response, want: impl FnOnce(&Response) -> Option<T>) -> Result<T
     if let Some(t) = want(&r) {
         return Ok(t);
     }
-    let int = |n: u64| Reply::Integer(i64::try_from(n).unwrap_or(i64::MAX));
+    let int = crate::outcome::number;
     Err(Failure::Elsewhere(match r {
         Response::Rejected(e) => return Err(Failure::Refused(e.to_engine())),
         Response::Value(v) => int(v),

@@ -208,7 +208,7 @@ fn shards(c: &Cluster, status: &Status) -> Reply {
                 ),
                 (
                     Reply::text("replication-offset"),
-                    Reply::Integer(i64::try_from(offset).unwrap_or(i64::MAX)),
+                    crate::outcome::number(offset),
                 ),
                 (
                     Reply::text("health"),
