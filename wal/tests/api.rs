@@ -760,14 +760,7 @@ fn entries_of_any_size_read_back_whatever_was_read_before() {
         0, 1, 100, 470, 471, 500, 511, 512, 513, 1000, 4000, 4097, 20_000, 65_500, 70_000, 150_000,
         3, 100, 100, 9000, 7,
     ];
-    let written: Vec<_> = sizes
-        .iter()
-        .enumerate()
-        .map(|(n, &len)| {
-            let p = payload(5, n as u32, len);
-            (append_durable(&wal, &p).unwrap(), p)
-        })
-        .collect();
+    let written = append_lens(&wal, 5, sizes);
     let check = |order: &mut dyn Iterator<Item = usize>| {
         for i in order {
             let (at, p) = &written[i];

@@ -8,8 +8,19 @@ use std::path::Path;
 use std::sync::Arc;
 
 use common::*;
-use fencelog_wal::{SimStorage, Storage, StorageFile, WalError, format};
+use fencelog_wal::{Storage, StorageFile, WalError, format};
 use proptest::prelude::*;
+
+/// Segments large enough that every entry of a test is in the first, and
+/// entries up to 1 MiB.
+fn one_segment() -> fencelog_wal::WalOptions {
+    fencelog_wal::WalOptions {
+        segment_bytes: 64 << 20,
+        max_entry_bytes: 1 << 20,
+        max_batch_bytes: 4 << 20,
+        ..fencelog_wal::WalOptions::default()
+    }
+}
 
 /// The real file system, counting the positional reads of its files.
 struct CountingReads {
@@ -93,19 +104,8 @@ fn a_reader_reads_close_entries_ahead_and_each_as_written() {
         reads: Arc::clone(&reads),
     });
     let dir = tempfile::tempdir().unwrap();
-    let opts = fencelog_wal::WalOptions {
-        segment_bytes: 64 << 20,
-        max_entry_bytes: 1 << 20,
-        max_batch_bytes: 4 << 20,
-        ..fencelog_wal::WalOptions::default()
-    };
-    let (wal, _) = open(&storage, dir.path(), &opts).unwrap();
-    let small: Vec<_> = (0..2_000u32)
-        .map(|n| {
-            let p = payload(1, n, 100);
-            (append_durable(&wal, &p).unwrap(), p)
-        })
-        .collect();
+    let (wal, _) = open(&storage, dir.path(), &one_segment()).unwrap();
+    let small = append_lens(&wal, 1, [100; 2_000]);
     let segment = small[0].0.segment;
     assert!(small.iter().all(|(at, _)| at.segment == segment));
 
@@ -137,16 +137,7 @@ fn a_reader_reads_close_entries_ahead_and_each_as_written() {
         100_000,
         64,
     ];
-    let mixed: Vec<_> = sizes
-        .iter()
-        .cycle()
-        .take(150)
-        .enumerate()
-        .map(|(n, &len)| {
-            let p = payload(2, n as u32, len);
-            (append_durable(&wal, &p).unwrap(), p)
-        })
-        .collect();
+    let mixed = append_lens(&wal, 2, sizes.iter().copied().cycle().take(150));
     let mut reader = wal.segment_reader(segment).unwrap();
     let check = |reader: &mut fencelog_wal::SegmentReader<'_, Counter>,
                  (at, p): &(fencelog_wal::Appended, Vec<u8>)| {
@@ -174,12 +165,7 @@ fn a_reader_reads_close_entries_ahead_and_each_as_written() {
     for e in &mixed[..3] {
         check(&mut reader, e);
     }
-    let later: Vec<_> = (0..50u32)
-        .map(|n| {
-            let p = payload(3, n, 150);
-            (append_durable(&wal, &p).unwrap(), p)
-        })
-        .collect();
+    let later = append_lens(&wal, 3, [150; 50]);
     for e in mixed[3..].iter().chain(&later) {
         check(&mut reader, e);
     }
@@ -187,6 +173,45 @@ fn a_reader_reads_close_entries_ahead_and_each_as_written() {
     let past = last.position + format::entry_len(p.len());
     assert!(matches!(
         reader.read_entry(past),
+        Err(WalError::NoEntry { .. })
+    ));
+}
+
+/// A bit flipped on disk in an entry that a window holds is caught by its
+/// checksum: the entry is answered as no entry, never as data (neither
+/// what was written nor the damaged bytes), through the window and
+/// directly, and the entries around it read back as written.
+#[test]
+fn a_flipped_bit_in_a_window_is_never_answered_as_data() {
+    let (sim, wal) = open_sim(&one_segment());
+    let written = append_lens(&wal, 6, [300; 40]);
+    let segment = written[0].0.segment;
+    let damaged = 20;
+    let (at, _) = &written[damaged];
+    // A payload byte of entry 20, in the middle of a window read from the
+    // entries before it.
+    let file = Path::new(SIM_DIR).join(format::segment_file_name(segment));
+    sim.flip_bit(
+        &file,
+        at.position + format::ENTRY_HEADER_LEN as u64 + 150,
+        3,
+    )
+    .unwrap();
+    let mut reader = wal.segment_reader(segment).unwrap();
+    for (i, (at, p)) in written.iter().enumerate() {
+        let got = reader.read_entry(at.position);
+        if i == damaged {
+            assert!(
+                matches!(got, Err(WalError::NoEntry { .. })),
+                "the damaged entry through the window: {:?}",
+                got.map(|e| e.payload.len())
+            );
+        } else {
+            assert_eq!(&got.unwrap().payload[..], &p[..], "entry {i}");
+        }
+    }
+    assert!(matches!(
+        wal.read_entry(segment, at.position),
         Err(WalError::NoEntry { .. })
     ));
 }
@@ -206,32 +231,15 @@ proptest! {
         steps in prop::collection::vec((0usize..4, 1usize..6), 1..200),
         later in 0usize..40,
     ) {
-        let storage: Arc<dyn Storage> = Arc::new(SimStorage::new());
-        let opts = fencelog_wal::WalOptions {
-            segment_bytes: 64 << 20,
-            max_entry_bytes: 1 << 20,
-            max_batch_bytes: 4 << 20,
-            ..fencelog_wal::WalOptions::default()
-        };
-        let (wal, _) = open(&storage, Path::new("/db"), &opts).unwrap();
-        let mut written: Vec<_> = sizes
-            .iter()
-            .enumerate()
-            .map(|(n, &len)| {
-                let p = payload(4, n as u32, len);
-                (append_durable(&wal, &p).unwrap(), p)
-            })
-            .collect();
+        let (_sim, wal) = open_sim(&one_segment());
+        let mut written = append_lens(&wal, 4, sizes);
         let segment = written[0].0.segment;
         prop_assert!(written.iter().all(|(at, _)| at.segment == segment));
         let mut reader = wal.segment_reader(segment).unwrap();
         let mut i = 0usize;
         for (n, &(how, by)) in steps.iter().enumerate() {
             if n == steps.len() / 2 {
-                for k in 0..later {
-                    let p = payload(5, k as u32, 10 + k * 37);
-                    written.push((append_durable(&wal, &p).unwrap(), p));
-                }
+                written.extend(append_lens(&wal, 5, (0..later).map(|k| 10 + k * 37)));
             }
             i = match how {
                 0 | 1 => (i + by) % written.len(),

@@ -59,6 +59,18 @@ pub fn open(
     Wal::open(Arc::clone(storage), dir, opts.clone(), build)
 }
 
+/// The directory of logs on a simulated disk.
+pub const SIM_DIR: &str = "/db";
+
+/// A log with `opts` in [`SIM_DIR`] of a fresh simulated disk, which comes
+/// back too (to damage or cut it).
+pub fn open_sim(opts: &WalOptions) -> (fencelog_wal::SimStorage, Wal<Counter>) {
+    let sim = fencelog_wal::SimStorage::new();
+    let storage: Arc<dyn Storage> = Arc::new(sim.clone());
+    let (wal, _) = open(&storage, Path::new(SIM_DIR), opts).expect("a log opens on an empty disk");
+    (sim, wal)
+}
+
 /// A log with `opts` in a fresh temporary directory on the real file
 /// system, removed when the returned directory is dropped.
 pub fn open_fs(opts: &WalOptions) -> (tempfile::TempDir, Wal<Counter>) {
@@ -108,6 +120,23 @@ pub fn append_durable(wal: &Wal<Counter>, bytes: &[u8]) -> Result<Appended, WalE
     let (at, ticket) = append(wal, bytes)?;
     ticket.wait()?;
     Ok(at)
+}
+
+/// One durable entry of each length in `lens`, writer `writer`'s
+/// [`payload`] number 0, 1, …: where each went and what it holds.
+pub fn append_lens(
+    wal: &Wal<Counter>,
+    writer: u32,
+    lens: impl IntoIterator<Item = usize>,
+) -> Vec<(Appended, Vec<u8>)> {
+    lens.into_iter()
+        .enumerate()
+        .map(|(n, len)| {
+            let p = payload(writer, n as u32, len);
+            let at = append_durable(wal, &p).expect("a durable append");
+            (at, p)
+        })
+        .collect()
 }
 
 /// As [`append`], from an async task: waits for room without blocking
