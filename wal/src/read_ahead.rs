@@ -61,6 +61,12 @@ impl ReadAhead {
         let mut found = self.in_window(seq, pos);
         if found.is_none() && self.follows(pos) && self.fill(file, pos, end) {
             found = self.in_window(seq, pos);
+            if found.is_none() && self.at + self.valid as u64 == end {
+                // The window read from `pos` to `end` and holds no valid
+                // entry there: a direct read of the same bytes would not
+                // either (the caller may look again past a newer end).
+                return Ok(None);
+            }
         }
         let entry = match found {
             Some(entry) => Some(entry),
