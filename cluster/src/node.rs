@@ -822,15 +822,18 @@ impl Node {
     /// waits for starts after this call, whenever the future is first
     /// polled (a pipelined read is answered in its connection's order,
     /// after the answers before it, yet shares the round of its arrival).
-    /// It answers the engine to read, shared by the round's reads.
+    /// It answers the engine to read, shared by the round's reads. A node
+    /// that does not serve refuses at once ([`Node::refusal`]).
     pub fn read_round(
         &self,
-    ) -> impl Future<Output = Result<fencelog::Log, ClusterError>> + Send + 'static + use<> {
-        let round = match self.refusal() {
+    ) -> Result<
+        impl Future<Output = Result<fencelog::Log, ClusterError>> + Send + 'static + use<>,
+        ClusterError,
+    > {
+        match self.refusal() {
             Some(refused) => Err(refused),
             None => Ok(self.reads.join(&self.raft, &self.engine)),
-        };
-        async move { round?.await }
+        }
     }
 
     /// Why this node does not serve a client as the leader now, or `None`

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use fencelog::{AcquireOptions, Command, Error, LeaseInfo, Log, Token, TxOp};
-use fencelog_cluster::{ClusterError, Proposal, Response, WireError};
+use fencelog_cluster::{ClusterError, NodeId, Proposal, Response, WireError};
 
 use super::Cluster;
 use super::slots::key_slot;
@@ -72,12 +72,15 @@ impl Group {
 
 /// Where to send the client, or why its command failed.
 pub(crate) fn redirect(c: &Cluster, key: &[u8], e: &ClusterError) -> Reply {
+    redirect_from(c.config().node_id, key, e)
+}
+
+/// [`redirect`] from the node `me`.
+fn redirect_from(me: NodeId, key: &[u8], e: &ClusterError) -> Reply {
     match e {
         ClusterError::NotLeader {
             leader: Some((id, m)),
-        } if *id != c.config().node_id => {
-            Reply::Error(format!("MOVED {} {}", key_slot(key), m.client_addr))
-        }
+        } if *id != me => Reply::Error(format!("MOVED {} {}", key_slot(key), m.client_addr)),
         ClusterError::NotLeader { .. } => {
             Reply::Error("TRYAGAIN no leader yet: an election is in progress".into())
         }
@@ -241,10 +244,15 @@ impl Store for Group {
 
     fn read(&self, key: &Bytes) -> Result<Barrier, Failure> {
         // Joined now, when the read arrives: pipelined reads share a round.
-        let round = self.cluster.node().read_round();
-        let (c, key) = (Arc::clone(&self.cluster), key.clone());
+        let c = &self.cluster;
+        let round = c.node().read_round().map_err(|e| elsewhere(c, key, &e))?;
+        // The node's id, not the cluster (a count both connection threads
+        // would write per read): all a failed round's answer needs.
+        let (me, key) = (c.config().node_id, key.clone());
         Ok(Barrier::After(Box::pin(async move {
-            round.await.map_err(|e| elsewhere(&c, &key, &e))
+            round
+                .await
+                .map_err(|e| Failure::Elsewhere(redirect_from(me, &key, &e)))
         })))
     }
 
