@@ -372,7 +372,7 @@ async fn run(
                 continue;
             }
         };
-        match raft.client_write_ff(Request::new(time_ms, cmds)).await {
+        match raft.client_write_ff(Request::packed(time_ms, cmds)).await {
             Ok(pending) => {
                 tokio::spawn(async move {
                     let outcome = pending.await;

@@ -138,6 +138,28 @@ impl Request {
         }
     }
 
+    /// A request of `cmds` whose payloads are slices of its own encoding,
+    /// as a request read from bytes: the buffers `cmds` arrived in (each a
+    /// client connection's input) are let go now, not when the entry
+    /// leaves the Raft log's memory, many entries later, on another thread.
+    pub fn packed(time_ms: u64, cmds: Vec<Command>) -> Request {
+        let mut out = Vec::with_capacity(Command::encoded_len_all(&cmds));
+        Command::encode_all(&cmds, &mut out);
+        let encoded = Bytes::from(out);
+        match Command::decode_all(&encoded) {
+            Ok(packed) => Request {
+                time_ms,
+                body: Arc::new(Body {
+                    cmds: packed,
+                    encoded: OnceLock::from(encoded),
+                }),
+            },
+            // What was just encoded decodes; were it not to, the commands
+            // as given are as good.
+            Err(_) => Request::new(time_ms, cmds),
+        }
+    }
+
     /// What to decide when the entry is applied, in order.
     pub fn cmds(&self) -> &[Command] {
         &self.body.cmds
@@ -447,5 +469,50 @@ mod tests {
         let unencoded = Request::new(7, vec![append(1, b"a"), append(2, b"bc")]);
         assert_eq!(unencoded, back);
         assert_ne!(Request::new(8, req.cmds().to_vec()), req);
+    }
+
+    #[test]
+    fn a_packed_request_lets_go_of_the_buffers_its_commands_arrived_in() {
+        // Two writes cut out of one client's input buffer, as a connection
+        // parses them.
+        let mut input = bytes::BytesMut::from(&b"s1first payloads2second"[..]);
+        let mut cut = |n: usize| input.split_to(n).freeze();
+        let (s1, p1, s2, p2) = (cut(2), cut(13), cut(2), cut(6));
+        drop(input);
+        let append = |stream: Bytes, n: u64, payload: Bytes| {
+            Command::Write(fencelog::TxOp::Append {
+                stream,
+                token: fencelog::Token::new(n).unwrap(),
+                payloads: vec![payload],
+            })
+        };
+        let cmds = vec![append(s1, 1, p1.clone()), append(s2, 2, p2)];
+        let plain = Request::new(7, cmds.clone());
+        let packed = Request::packed(7, cmds);
+        assert_eq!(packed, plain);
+        assert_eq!(
+            bincode::serialize(&packed).unwrap(),
+            bincode::serialize(&plain).unwrap()
+        );
+        // Every payload and name is a slice of the request's own encoding.
+        let own = packed.encoded().as_ptr_range();
+        for cmd in packed.cmds() {
+            let Command::Write(fencelog::TxOp::Append {
+                stream, payloads, ..
+            }) = cmd
+            else {
+                panic!("{cmd:?}")
+            };
+            for b in payloads.iter().chain([stream]) {
+                assert!(own.contains(&b.as_ptr()), "{b:?} outside the encoding");
+            }
+        }
+        // The input buffer is held by `plain` and the one payload kept here
+        // only, not by `packed`.
+        drop(plain);
+        let p1 = p1
+            .try_into_mut()
+            .expect("the packed request holds the input buffer");
+        assert_eq!(&p1[..], b"first payload");
     }
 }
