@@ -533,9 +533,27 @@ async fn listen_for_peers(
     )))
 }
 
-/// A write proposed, its answer to come (see [`Node::propose`]).
-pub type Proposal =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Response, ClusterError>> + Send>>;
+/// A write proposed, its answer to come (see [`Node::propose`]): a future
+/// of its own type, not a boxed one (one allocation fewer per write).
+#[derive(Debug)]
+pub struct Proposal(tokio::sync::oneshot::Receiver<Result<Response, ClusterError>>);
+
+impl Future for Proposal {
+    type Output = Result<Response, ClusterError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.0).poll(cx).map(|answer| {
+            answer.unwrap_or_else(|_| {
+                Err(ClusterError::Uncertain(
+                    "this node stopped before the write was decided".into(),
+                ))
+            })
+        })
+    }
+}
 
 /// What `fencelog cluster status` shows of a node.
 #[derive(Debug, Clone)]
@@ -797,14 +815,7 @@ impl Node {
         if let Some(refused) = self.refusal() {
             return Err(refused);
         }
-        let rx = self.batcher.queue(cmd, len, deadline)?;
-        Ok(Box::pin(async move {
-            rx.await.unwrap_or_else(|_| {
-                Err(ClusterError::Uncertain(
-                    "this node stopped before the write was decided".into(),
-                ))
-            })
-        }))
+        Ok(Proposal(self.batcher.queue(cmd, len, deadline)?))
     }
 
     /// Waits until this node, as the leader, has applied every write

@@ -147,12 +147,11 @@ fn released(r: Response) -> Result<bool, Failure> {
 }
 
 /// Waits for a proposal's outcome, at most [`WRITE_TIMEOUT`].
-async fn settle(c: &Cluster, proposal: Proposal) -> Result<Response, ClusterError> {
+async fn settle(me: NodeId, proposal: Proposal) -> Result<Response, ClusterError> {
     match tokio::time::timeout(WRITE_TIMEOUT, proposal).await {
         Ok(r) => r,
         Err(_) => Err(ClusterError::Uncertain(format!(
-            "no quorum answered node {} in {} s",
-            c.config().node_id,
+            "no quorum answered node {me} in {} s",
             WRITE_TIMEOUT.as_secs()
         ))),
     }
@@ -170,11 +169,13 @@ impl Group {
         let c = &self.cluster;
         match c.node().propose(cmd, Instant::now() + QUEUE_DEADLINE).await {
             Ok(proposal) => {
-                let c = Arc::clone(c);
+                // The node's id, not the cluster (a count both connection
+                // threads would write per write): all a failure's answer needs.
+                let me = c.config().node_id;
                 Ok(Box::pin(async move {
-                    match settle(&c, proposal).await {
+                    match settle(me, proposal).await {
                         Ok(r) => want(r),
-                        Err(e) => Err(elsewhere(&c, &key, &e)),
+                        Err(e) => Err(Failure::Elsewhere(redirect_from(me, &key, &e))),
                     }
                 }))
             }
@@ -362,14 +363,14 @@ async fn acquire_until(
     let mut next = Some(first);
     loop {
         let outcome = match next.take() {
-            Some(Ok(proposal)) => settle(&c, proposal).await,
+            Some(Ok(proposal)) => settle(c.config().node_id, proposal).await,
             Some(Err(e)) => Err(e),
             None => match c
                 .node()
                 .propose(wire.clone(), Instant::now() + QUEUE_DEADLINE)
                 .await
             {
-                Ok(proposal) => settle(&c, proposal).await,
+                Ok(proposal) => settle(c.config().node_id, proposal).await,
                 Err(e) => Err(e),
             },
         };
