@@ -6,7 +6,8 @@
 # (the leader's, then each follower's, as `cluster status` names them), the
 # cores the servers kept busy and the load generator's own CPU (from
 # /usr/bin/time), so that a ratio to the single node can be read against
-# what the machine had left.
+# what the machine had left; then the leader's and the followers' CPU by
+# kind of thread (connections, Raft runtime, logs' threads).
 #
 #   scripts/cluster-cpu-split.sh [FENCELOG_BINARY] [PIPELINE] [SECONDS] [RUNS]
 #
@@ -87,7 +88,11 @@ for run in $(seq 1 "$runs"); do
     done
     declare -A start=()
     for p in "${nodes[@]}"; do start[$p]=$(cpu_ticks "$p"); done
+    thread_kind_ticks "${nodes[0]}" >"$work/leader.before"
+    thread_kind_ticks "${nodes[@]:1}" >"$work/followers.before"
     read -r rate requests loadgen <<<"$(bench 127.0.0.1:7611)"
+    thread_kind_ticks "${nodes[0]}" >"$work/leader.after"
+    thread_kind_ticks "${nodes[@]:1}" >"$work/followers.after"
     per=""
     total=0
     for p in "${nodes[@]}"; do
@@ -102,4 +107,11 @@ for run in $(seq 1 "$runs"); do
                  for (i = 1; i <= k; i++) o = o sprintf("%s%.1f", i > 1 ? " / " : "", q[i] / t / n * 1e6);
                  printf "%-7s %-10s %-12.1f %-40s %-14.2f %.2f\n", "cluster", r,
                  u / t / n * 1e6, o, u / t / s, l / s }'
+    # By kind of thread, CPU s per M (the followers' together).
+    for who in leader followers; do
+        join "$work/$who.before" "$work/$who.after" |
+            awk -v w="$who" -v n="$requests" -v t="$tck" \
+                '{ o = o sprintf(" %s %.2f", $1, ($3 - $2) / t / n * 1e6) }
+                 END { printf "  %-9s threads, CPU s/M:%s\n", w, o }'
+    done
 done

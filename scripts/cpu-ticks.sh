@@ -31,3 +31,23 @@ ctx_switches() {
         cat /proc/"$p"/task/*/status 2>/dev/null
     done | awk '/^(non)?voluntary_ctxt_switches:/ { n += $2 } END { print n + 0 }'
 }
+
+# thread_kind_ticks PID... prints, per kind of thread, the CPU ticks the
+# given processes' threads have used, as "KIND TICKS" lines: raft (the
+# Raft runtime), wal (the logs' sync and allocator threads), conn (the
+# connection threads, the main thread among them), other.
+thread_kind_ticks() {
+    local p t comm f
+    for p in "$@"; do
+        for t in /proc/"$p"/task/*; do
+            comm=$(cat "$t/comm" 2>/dev/null) || continue
+            read -ra f <<<"$(sed 's/^.*) //' "$t/stat" 2>/dev/null)" || continue
+            case "$comm" in
+            fencelog-raft*) echo "raft $((f[11] + f[12]))" ;;
+            fencelog-wal*) echo "wal $((f[11] + f[12]))" ;;
+            fencelog-gc*) echo "other $((f[11] + f[12]))" ;;
+            *) echo "conn $((f[11] + f[12]))" ;;
+            esac
+        done
+    done | awk '{ n[$1] += $2 } END { for (k in n) print k, n[k] }' | sort
+}
