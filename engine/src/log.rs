@@ -1450,14 +1450,8 @@ impl Log {
         position: u64,
         first: u64,
     ) -> Result<(u64, u64, &'p [u8])> {
-        let op = op::decode(payload).map_err(|why| self.damaged(segment, why))?;
         // A replica's entries wrap the op they applied.
-        let op = match op {
-            Op::Replicated { inner, .. } => {
-                op::decode(inner).map_err(|why| self.damaged(segment, why))?
-            }
-            other => other,
-        };
+        let op = op::decode_unwrapped(payload).map_err(|why| self.damaged(segment, why))?;
         // A transaction's entry holds its appends among other ops: the one
         // the index means is this stream's, at this offset.
         let op = match op {

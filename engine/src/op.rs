@@ -610,6 +610,34 @@ pub(crate) fn decode(b: &[u8]) -> Result<Op<'_>, String> {
     Ok(op)
 }
 
+/// A replica's wrapper after its code: the Raft position and clock, and
+/// the op it wraps (not decoded).
+fn replicated_parts<'a>(r: &mut Reader<'a>) -> Result<(u64, u64, u64, u64, &'a [u8]), String> {
+    let (term, node, index, time_ms) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+    let inner = r.rest();
+    // Checked before decoding: a wrapper inside a wrapper would make
+    // decoding recurse as deep as the bytes nest.
+    if inner.first() == Some(&REPLICATED) {
+        return Err("a replicated entry inside a replicated entry".into());
+    }
+    Ok((term, node, index, time_ms, inner))
+}
+
+/// [`decode`], a replica's wrapper taken off: the op it wraps, decoded
+/// once (decoding the wrapper decodes it to check it, and a reader that
+/// wants the op would decode it again). An empty wrapper is answered as
+/// itself.
+pub(crate) fn decode_unwrapped(b: &[u8]) -> Result<Op<'_>, String> {
+    if b.first() == Some(&REPLICATED) {
+        let mut r = Reader::new(&b[1..]);
+        let (.., inner) = replicated_parts(&mut r)?;
+        if !inner.is_empty() {
+            return decode(inner);
+        }
+    }
+    decode(b)
+}
+
 /// Decodes an op's layout, without [`check_fields`] on its own fields (a
 /// proposed command's are refused, not malformed, when out of range).
 pub(crate) fn decode_layout(b: &[u8]) -> Result<Op<'_>, String> {
@@ -703,13 +731,7 @@ pub(crate) fn decode_layout(b: &[u8]) -> Result<Op<'_>, String> {
             return Ok(Op::Batch { count, ops });
         }
         REPLICATED => {
-            let (term, node, index, time_ms) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
-            let inner = r.rest();
-            // Checked before decoding: a wrapper inside a wrapper would make
-            // decoding recurse as deep as the bytes nest.
-            if inner.first() == Some(&REPLICATED) {
-                return Err("a replicated entry inside a replicated entry".into());
-            }
+            let (term, node, index, time_ms, inner) = replicated_parts(&mut r)?;
             if !inner.is_empty() {
                 decode(inner)?;
             }
@@ -972,5 +994,55 @@ mod tests {
         // Two levels are what the log writes: a transaction, replicated.
         let two = &op[op.len() - sizes[2]..];
         assert!(matches!(decode(two), Ok(Op::Replicated { .. })));
+    }
+
+    /// `decode_unwrapped` answers what decoding the wrapper and then its op
+    /// answers, for every cut and every flipped byte of a wrapped append,
+    /// a wrapped fence, an empty wrapper, a wrapper in a wrapper and a
+    /// plain op: the op once decoded, every error still an error.
+    #[test]
+    fn an_op_unwrapped_is_the_op_the_wrapper_holds() {
+        let payloads: [&[u8]; 2] = [b"one", b"three"];
+        let mut append = vec![0u8; append_len(b"orders", &payloads)];
+        encode_append(&mut append, b"orders", 42, 7, &payloads);
+        let fence = encode(&Op::Fence {
+            stream: b"s",
+            token: 3,
+        });
+        let wrap = |inner: &[u8]| [&replicated_header(2, 1, 9, 100)[..], inner].concat();
+        let cases = [
+            wrap(&append),
+            wrap(&fence),
+            wrap(&[]),
+            wrap(&wrap(&fence)),
+            append.clone(),
+        ];
+        // The two ways, as the reader used to take them.
+        let twice = |b: &[u8]| -> Result<String, String> {
+            match decode(b)? {
+                Op::Replicated { inner, .. } if !inner.is_empty() => {
+                    decode(inner).map(|op| format!("{op:?}"))
+                }
+                op => Ok(format!("{op:?}")),
+            }
+        };
+        let once = |b: &[u8]| decode_unwrapped(b).map(|op| format!("{op:?}"));
+        let mut checked = 0;
+        for case in &cases {
+            assert_eq!(once(case), twice(case), "{case:?}");
+            for cut in 0..case.len() {
+                assert_eq!(once(&case[..cut]).is_ok(), twice(&case[..cut]).is_ok());
+                for change in [|b: u8| b ^ 0x41, |_| 0] {
+                    let mut changed = case.clone();
+                    changed[cut] = change(changed[cut]);
+                    assert_eq!(once(&changed), twice(&changed), "byte {cut} of {case:?}");
+                    checked += 1;
+                }
+                checked += 1;
+            }
+        }
+        assert!(checked > 200, "{checked}");
+        assert!(matches!(once(&cases[0]), Ok(ref d) if d.starts_with("Append")));
+        assert!(once(&cases[3]).is_err(), "a wrapper in a wrapper");
     }
 }
