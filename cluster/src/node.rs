@@ -826,7 +826,10 @@ impl Node {
         if let Some(refused) = self.refusal() {
             return Err(refused);
         }
-        self.reads.join(&self.raft, &self.engine).await.map(|_| ())
+        self.reads
+            .join(&self.raft, &self.engine, 1)
+            .await
+            .map(|_| ())
     }
 
     /// [`Node::linearizable`], joined now: the round the returned future
@@ -834,16 +837,18 @@ impl Node {
     /// polled (a pipelined read is answered in its connection's order,
     /// after the answers before it, yet shares the round of its arrival).
     /// It answers the engine to read, shared by the round's reads. A node
-    /// that does not serve refuses at once ([`Node::refusal`]).
+    /// that does not serve refuses at once ([`Node::refusal`]). `reads`:
+    /// how many reads wait for it (1, or a connection's pipelined reads).
     pub fn read_round(
         &self,
+        reads: usize,
     ) -> Result<
         impl Future<Output = Result<fencelog::Log, ClusterError>> + Send + 'static + use<>,
         ClusterError,
     > {
         match self.refusal() {
             Some(refused) => Err(refused),
-            None => Ok(self.reads.join(&self.raft, &self.engine)),
+            None => Ok(self.reads.join(&self.raft, &self.engine, reads)),
         }
     }
 

@@ -44,9 +44,10 @@ struct State {
     running: usize,
     /// The round reads join now: it starts once a task is free to run it.
     next: Option<Arc<Round>>,
-    /// Reads that joined `next`.
+    /// Reads waiting for `next` (as their joins told).
     waiting: usize,
-    /// Reads that joined a round, and rounds run, since the node started.
+    /// Joins of a round (a read, or a connection's pipelined reads
+    /// together), and rounds run, since the node started.
     joined: u64,
     rounds: u64,
 }
@@ -111,13 +112,15 @@ impl Reads {
     /// A connection's pipelined reads each join at once, so they share
     /// one round instead of taking one round trip apiece.
     /// The future answers the engine to read (the one in use when the
-    /// round ended).
+    /// round ended). `reads`: how many reads wait for it (a connection
+    /// joins once for its pipelined reads), for the second round's rule.
     pub(crate) fn join(
         self: &Arc<Self>,
         raft: &Raft,
         engine: &Engine,
+        reads: usize,
     ) -> impl Future<Output = Result<Log, ClusterError>> + Send + 'static + use<> {
-        let round = self.join_with(|| {
+        let round = self.join_with(reads, || {
             let (raft, engine) = (raft.clone(), engine.clone());
             move || {
                 let (raft, engine) = (raft.clone(), engine.clone());
@@ -130,7 +133,7 @@ impl Reads {
     /// [`Reads::join`] with what a round runs (`runner` makes that, asked
     /// only when this read starts a task that runs rounds): the round
     /// joined.
-    fn join_with<R, F>(self: &Arc<Self>, runner: impl FnOnce() -> R) -> Arc<Round>
+    fn join_with<R, F>(self: &Arc<Self>, reads: usize, runner: impl FnOnce() -> R) -> Arc<Round>
     where
         R: FnMut() -> F + Send + 'static,
         F: Future<Output = Result<Log, ClusterError>> + Send + 'static,
@@ -138,7 +141,7 @@ impl Reads {
         let (round, start) = {
             let mut s = self.state.lock();
             s.joined += 1;
-            s.waiting += 1;
+            s.waiting += reads;
             let round = Arc::clone(s.next.get_or_insert_with(Arc::default));
             let start = s.may_start();
             s.running += usize::from(start);
@@ -152,7 +155,7 @@ impl Reads {
         round
     }
 
-    /// Reads that joined a round and rounds run since the node started.
+    /// Joins of a round and rounds run since the node started.
     pub(crate) fn counts(&self) -> (u64, u64) {
         let s = self.state.lock();
         (s.joined, s.rounds)
@@ -242,7 +245,7 @@ mod tests {
         let (runner, mut started) = gated(log);
         let mut runner = Some(runner);
         let mut join = |reads: &Arc<Reads>| {
-            let round = reads.join_with(|| runner.take().expect("a second task asked for"));
+            let round = reads.join_with(1, || runner.take().expect("a second task asked for"));
             tokio::spawn(async move { round.wait().await.map(|_| ()) })
         };
         let settle = || async {
@@ -269,7 +272,7 @@ mod tests {
         let (runner2, mut started2) =
             gated(Log::open(dir.path().join("b"), fencelog::Options::default()).unwrap());
         let mut runner2 = Some(runner2);
-        let round = reads.join_with(|| runner2.take().expect("asked once"));
+        let round = reads.join_with(1, || runner2.take().expect("asked once"));
         second.push(tokio::spawn(async move { round.wait().await.map(|_| ()) }));
         settle().await;
         let end_second = started2
@@ -279,7 +282,7 @@ mod tests {
         // No third beside them, however many wait.
         let third: Vec<_> = (0..2 * EARLY)
             .map(|_| {
-                let round = reads.join_with(|| -> Box<dyn FnMut() -> RoundRun + Send> {
+                let round = reads.join_with(1, || -> Box<dyn FnMut() -> RoundRun + Send> {
                     panic!("a third round started")
                 });
                 tokio::spawn(async move { round.wait().await.map(|_| ()) })

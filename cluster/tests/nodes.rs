@@ -349,7 +349,7 @@ async fn concurrent_reads_share_rounds_and_are_counted() {
     let lead = &nodes[&leader(&nodes).await];
     let before = lead.status();
     // 500 reads joined at once (each joins its round when called).
-    let reads: Vec<_> = (0..500).map(|_| lead.read_round().unwrap()).collect();
+    let reads: Vec<_> = (0..500).map(|_| lead.read_round(1).unwrap()).collect();
     // Awaited in order: they all run meanwhile (their rounds are tasks).
     for r in reads {
         r.await.unwrap();

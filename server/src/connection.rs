@@ -30,16 +30,20 @@ use std::sync::atomic::Ordering;
 use std::task::Poll;
 
 use bytes::{Bytes, BytesMut};
+use fencelog::Log;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::budget::{ClientShare, Eviction};
 use crate::cmd::{self, Pipelining};
 use crate::context::{Context, note_error};
-use crate::outcome::{Blocking, Later, Outcome, ReadProgress, ReplyFuture, error_reply, number};
+use crate::outcome::{
+    Blocking, BoxFuture, Later, Outcome, ReadProgress, ReplyFuture, error_reply, number,
+};
 use crate::protocol::{
     Output, ProtocolError, Reply, Request, RequestParser, looks_like_http_named,
 };
+use crate::read_round::{ReadRounds, Turn};
 use crate::session::{Multi, Session};
 use crate::shutdown::Shutdown;
 use crate::wake_gate::WakeGated;
@@ -77,12 +81,17 @@ enum Answer {
     /// One answered later in order (a replicated write once applied, a
     /// read once its round is done).
     Pending(ReplyFuture),
+    /// No answer: the round the reads behind it wait for, which answers
+    /// the engine they read (see `read_round.rs`).
+    Round(BoxFuture<'static, Option<Log>>),
 }
 
 /// A queued answer once it has come: a reply, or a write's result.
 enum Answered {
     Reply(Reply),
     Write(fencelog::Result<u64>, Bytes),
+    /// A round of reads ended (nothing to answer).
+    Round(Option<Log>),
 }
 
 impl Answer {
@@ -107,6 +116,11 @@ impl Answer {
                 relay::poll(cx, |cx| answer.as_mut().poll(cx)).map(Answered::Reply)
             }
             Answer::Pending(answer) => answer.as_mut().poll(cx).map(Answered::Reply),
+            // Ended from whichever thread ran the round: relayed too.
+            Answer::Round(round) if relayed => {
+                relay::poll(cx, |cx| round.as_mut().poll(cx)).map(Answered::Round)
+            }
+            Answer::Round(round) => round.as_mut().poll(cx).map(Answered::Round),
         }
     }
 }
@@ -222,6 +236,7 @@ pub async fn serve(
         pending: VecDeque::new(),
         pending_bytes: 0,
         pending_reads: 0,
+        reads: ReadRounds::default(),
         held: None,
         blocked: None,
         closing: false,
@@ -247,6 +262,8 @@ struct Connection {
     pending_bytes: usize,
     /// How many of `pending` are cluster reads: all of them or none.
     pending_reads: usize,
+    /// The round pipelined reads wait for (in a group).
+    reads: ReadRounds,
     held: Option<Held>,
     blocked: Option<Blocked>,
     /// No more requests are read or run; the connection closes once its
@@ -348,6 +365,27 @@ impl Connection {
                 self.held = Some(next);
                 return Ok(Stop::Wait);
             }
+            // A pipelined read (in a group) waits for its connection's
+            // round, then runs as on a single node.
+            if pipelining == Pipelining::Read {
+                match self.reads.turn(&*self.ctx.store) {
+                    Turn::Join(round) => {
+                        self.push_pending(Answer::Round(round), 0, true);
+                        self.held = Some(next);
+                        return Ok(Stop::Wait);
+                    }
+                    Turn::Wait => {
+                        self.held = Some(next);
+                        return Ok(Stop::Wait);
+                    }
+                    Turn::Run(log) => {
+                        // A round's reads run once everything before them
+                        // was answered: their answers go out at once.
+                        debug_assert!(log.is_none() || self.pending.is_empty());
+                        self.session.round = log;
+                    }
+                }
+            }
             let (request, bytes) = match next {
                 Held::Close(reply) => {
                     self.encode(&reply);
@@ -368,6 +406,8 @@ impl Connection {
                     cmd::execute(&self.ctx, &mut self.session, &request).await
                 }
             };
+            // Taken by the read it was for; never left for another.
+            self.session.round = None;
             // What a durable answer names (only a write's is awaited): cut
             // out of the request for those alone, not for every refusal.
             let stream_arg = match outcome {
@@ -402,6 +442,7 @@ impl Connection {
         }
         match self.parser.next(&mut self.input, &self.ctx.config.limits) {
             Ok(Some(request)) => {
+                self.reads.parsed(self.input.len());
                 let bytes = request.memory_bytes();
                 Some(Held::Request(request, bytes))
             }
@@ -504,6 +545,7 @@ impl Connection {
 
     /// Waits for something to do: an answer, the socket, shutdown, eviction.
     async fn wait(&mut self) -> Result<(), End> {
+        self.reads.idle();
         // Input is read while requests can run, and while a command waits
         // (so that a client that leaves gives up the wait).
         let want_read = !self.closing
@@ -586,6 +628,7 @@ impl Connection {
             self.pending_reads -= usize::from(done.read);
         }
         let reply = match answer {
+            Answered::Round(log) => return self.reads.ended(log),
             Answered::Reply(reply) => reply,
             Answered::Write(Ok(n), _) => number(n),
             Answered::Write(Err(e), stream) => {
@@ -736,6 +779,7 @@ impl Connection {
             // (decided writes still become durable).
             Ok(0) => Err(End::Closed),
             Ok(n) => {
+                self.reads.received(n);
                 self.ctx.stats.bytes_in.add(n as u64);
                 self.check_query_limit()
             }

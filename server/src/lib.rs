@@ -29,6 +29,7 @@ pub mod logging;
 pub mod metrics;
 pub mod outcome;
 pub mod protocol;
+mod read_round;
 pub mod repair;
 pub mod server;
 pub mod session;

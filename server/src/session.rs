@@ -33,6 +33,10 @@ pub struct Session {
     /// client mostly sends one command over and over, and comparing its
     /// name with this one costs a third of a lookup.
     pub(crate) last_spec: Option<&'static crate::command_table::CommandSpec>,
+    /// For the read about to run: the engine a round done since it
+    /// arrived lets it read now (in a group; see `read_round.rs`). Taken
+    /// by the read.
+    pub(crate) round: Option<fencelog::Log>,
 }
 
 impl Session {
@@ -48,6 +52,7 @@ impl Session {
             registration: None,
             waits: true,
             last_spec: None,
+            round: None,
         }
     }
 

@@ -151,6 +151,17 @@ pub trait Store: Send + Sync {
     /// the key lives should the round find another leader.
     fn read(&self, key: &Bytes) -> Result<Barrier, Failure>;
 
+    /// A round joined now for the pipelined reads of one connection that
+    /// have arrived (see `read_round.rs`): the engine they may read once
+    /// it is done, or `None` if it failed (each read then goes through
+    /// [`Store::read`] and answers its own failure). `None` here: reads
+    /// look at the engine at once (a single node). `reads`: about how many
+    /// reads will wait for it (the rule for a second round beside the
+    /// first counts them).
+    fn read_round(&self, _reads: usize) -> Option<BoxFuture<'static, Option<Log>>> {
+        None
+    }
+
     /// `LEASE.ACQUIRE`.
     fn acquire(
         &self,

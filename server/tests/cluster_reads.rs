@@ -1,10 +1,11 @@
 //! Linearizable reads through a 3-node group, pipelined. What broke
 //! before: a connection ran one read at a time, each waiting for its own
 //! ReadIndex round inside the connection loop, so 50 connections at
-//! pipeline 16 read about 16k times a second. Reads now join a round when
-//! they arrive and are answered in the connection's order; these tests
-//! guard what that must not change: a read sees every write acknowledged
-//! before it was sent, a read never sees a write sent after it on the same
+//! pipeline 16 read about 16k times a second. A connection's pipelined
+//! reads now wait together for one round joined when the first of them is
+//! taken, and are answered in the connection's order; these tests guard
+//! what that must not change: a read sees every write acknowledged before
+//! it was sent, a read never sees a write sent after it on the same
 //! connection, and a follower sends each pipelined read on to the leader.
 
 mod common;
@@ -13,7 +14,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::cluster::{Cluster, Reply, Resp};
+use common::cluster::{Cluster, Reply, Resp, cluster_info};
 
 /// One cluster at a time: several on two cores would time out each
 /// other's elections.
@@ -177,5 +178,44 @@ fn a_follower_moves_each_pipelined_read() {
             matches!(r, Reply::Error(e) if e.starts_with("MOVED") && e.ends_with(&to)),
             "{r:?}"
         );
+    }
+}
+
+/// A connection's pipelined reads wait for one round together: the
+/// leader counts one join of a round for the whole pipeline (not one per
+/// read), and every read sees the write acknowledged before it was sent.
+/// A pipeline sent after the answers joins a round of its own.
+#[test]
+fn a_connections_pipelined_reads_share_one_join_of_a_round() {
+    let _one = serial();
+    let cluster = Cluster::start(3, &[]);
+    let leader = cluster.leader(Duration::from_secs(10));
+    let addr = cluster.nodes[&leader].client;
+    let mut c = Resp::connect(addr, Duration::from_secs(10)).unwrap();
+    let counts = || {
+        let info = cluster_info(addr).expect("CLUSTER INFO");
+        let n = |k: &str| info[k].parse::<u64>().unwrap();
+        (n("raft_reads"), n("raft_read_rounds"))
+    };
+    let stat: Vec<&[u8]> = vec![b"LOG.STAT", b"s"];
+    for pipeline in 1..=3i64 {
+        assert_eq!(
+            c.cmd(&[b"LOG.APPEND", b"s", b"1", b"x"]).unwrap(),
+            Reply::Int(pipeline - 1)
+        );
+        let (joins, rounds) = counts();
+        let replies = c.pipeline(&vec![stat.clone(); 200]).unwrap();
+        for r in &replies {
+            assert_eq!(next_offset(r), pipeline, "{r:?}");
+        }
+        let (joins_after, rounds_after) = counts();
+        // One join, one round (two if the pipeline's bytes came in two
+        // reads of the socket); one read each would be 200 joins.
+        assert!(
+            (1..=2).contains(&(joins_after - joins)),
+            "200 pipelined reads joined {} times",
+            joins_after - joins
+        );
+        assert!((1..=2).contains(&(rounds_after - rounds)));
     }
 }

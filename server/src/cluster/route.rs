@@ -246,7 +246,7 @@ impl Store for Group {
     fn read(&self, key: &Bytes) -> Result<Barrier, Failure> {
         // Joined now, when the read arrives: pipelined reads share a round.
         let c = &self.cluster;
-        let round = c.node().read_round().map_err(|e| elsewhere(c, key, &e))?;
+        let round = c.node().read_round(1).map_err(|e| elsewhere(c, key, &e))?;
         // The node's id, not the cluster (a count both connection threads
         // would write per read): all a failed round's answer needs.
         let (me, key) = (c.config().node_id, key.clone());
@@ -255,6 +255,14 @@ impl Store for Group {
                 .await
                 .map_err(|e| Failure::Elsewhere(redirect_from(me, &key, &e)))
         })))
+    }
+
+    fn read_round(&self, reads: usize) -> Option<BoxFuture<'static, Option<Log>>> {
+        Some(match self.cluster.node().read_round(reads) {
+            Ok(round) => Box::pin(async move { round.await.ok() }),
+            // Not serving: each read answers where to go.
+            Err(_) => Box::pin(std::future::ready(None)),
+        })
     }
 
     fn acquire(

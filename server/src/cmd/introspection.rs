@@ -1,6 +1,7 @@
 //! The commands that show the server: `CLIENT`, `INFO`, `DBSIZE`,
 //! `COMMAND`, `CONFIG GET`.
 
+use fencelog::Log;
 use std::sync::Arc;
 
 use super::parse::{err, parse_u64, quoted, upper, wrong_arity};
@@ -251,11 +252,12 @@ pub fn info(ctx: &Context, a: &[ArgRef<'_>]) -> Outcome {
     Outcome::Reply(Reply::Verbatim(info::info_text(ctx, &sections)))
 }
 
-/// `DBSIZE`: the number of streams (a read like the stream reads).
-pub async fn dbsize(ctx: &Arc<Context>, a: &[ArgRef<'_>]) -> Outcome {
+/// `DBSIZE`: the number of streams (a read like the stream reads);
+/// `round`: see [`streams::after_round`].
+pub async fn dbsize(ctx: &Arc<Context>, a: &[ArgRef<'_>], round: Option<Log>) -> Outcome {
     let empty = a.is_empty();
     let key = a.first().map(ArgRef::to_bytes).unwrap_or_default();
-    streams::after_round(&*ctx.store, &key, false, move |log| {
+    streams::after_round(&*ctx.store, round, &key, false, move |log| {
         if empty {
             Outcome::Reply(number(log.metrics().streams))
         } else {

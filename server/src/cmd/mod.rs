@@ -148,9 +148,9 @@ async fn run_named(
     let args = args.refs();
     let a = &args[1..];
     match cmd {
-        "LOG.READ" => streams::read(ctx, a, session.waits).await,
-        "LOG.STAT" => streams::stat(ctx, a).await,
-        "LOG.STREAMS" => streams::streams(ctx, a).await,
+        "LOG.READ" => streams::read(ctx, a, session.waits, session.round.take()).await,
+        "LOG.STAT" => streams::stat(ctx, a, session.round.take()).await,
+        "LOG.STREAMS" => streams::streams(ctx, a, session.round.take()).await,
         "LEASE.ACQUIRE" => leases::acquire(ctx, session.tag(), a, session.waits).await,
         "LEASE.RENEW" => leases::renew(ctx, session.tag(), a).await,
         "LEASE.RELEASE" => leases::release(ctx, session.tag(), a).await,
@@ -164,7 +164,7 @@ async fn run_named(
         "SELECT" => connection::select(a),
         "CLIENT" => introspection::client(a, ctx, session),
         "INFO" => introspection::info(ctx, a),
-        "DBSIZE" => introspection::dbsize(ctx, a).await,
+        "DBSIZE" => introspection::dbsize(ctx, a, session.round.take()).await,
         "COMMAND" => introspection::command(a, &REGISTRY),
         "CONFIG" => introspection::config(a, ctx),
         "CLUSTER" => cluster::cluster(ctx, a).await,

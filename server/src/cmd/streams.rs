@@ -230,12 +230,18 @@ pub async fn write(ctx: &Arc<Context>, client: ClientTag, op: TxOp) -> Outcome {
 /// Runs `read` once the store lets a read of `key` look at the engine:
 /// now, or (in a group) once its round is done, answered in order.
 /// `here`: a read that may block waits for its round in this call.
+/// `round`: the engine a round done since the read arrived lets it read
+/// now (its connection waited for the round; see `read_round.rs`).
 pub async fn after_round(
     store: &dyn Store,
+    round: Option<Log>,
     key: &Bytes,
     here: bool,
     read: impl FnOnce(Log) -> Outcome + Send + 'static,
 ) -> Outcome {
+    if let Some(log) = round {
+        return read(log);
+    }
     match store.read(key) {
         Err(f) => Outcome::Reply(f.into_reply()),
         Ok(Barrier::Now(log)) => read(log),
@@ -265,12 +271,17 @@ fn read_key(a: &[Bytes]) -> Bytes {
 
 /// `LOG.READ stream from [COUNT n] [BLOCK ms]`: in steps, so a large read
 /// yields to other connections; `BLOCK` waits (not inside `EXEC`).
-pub async fn read(ctx: &Arc<Context>, a: &[ArgRef<'_>], waits: bool) -> Outcome {
+pub async fn read(
+    ctx: &Arc<Context>,
+    a: &[ArgRef<'_>],
+    waits: bool,
+    round: Option<Log>,
+) -> Outcome {
     // As the connection's pipelining rule sees it: a read that may block
     // is not pipelined, and waits for its round first.
     let here = a.iter().any(|x| x.eq_ignore_ascii_case(b"BLOCK"));
     let (a, max_bytes) = (owned(a), ctx.config.max_read_bytes);
-    after_round(&*ctx.store, &read_key(&a), here, move |log| {
+    after_round(&*ctx.store, round, &read_key(&a), here, move |log| {
         read_parsed(log, &a, max_bytes, waits)
     })
     .await
@@ -406,9 +417,9 @@ async fn stepped_read(
 }
 
 /// `LOG.STAT stream`
-pub async fn stat(ctx: &Arc<Context>, a: &[ArgRef<'_>]) -> Outcome {
+pub async fn stat(ctx: &Arc<Context>, a: &[ArgRef<'_>], round: Option<Log>) -> Outcome {
     let a = owned(a);
-    after_round(&*ctx.store, &read_key(&a), false, move |log| {
+    after_round(&*ctx.store, round, &read_key(&a), false, move |log| {
         if a.len() != 1 {
             return wrong_arity("LOG.STAT");
         }
@@ -435,9 +446,9 @@ pub const MAX_STREAMS_PAGE: u64 = 10_000;
 /// after `name`. Without `COUNT`, every such name, unless there are more
 /// than [`MAX_STREAMS_PAGE`]: then an error that says how to page, not a
 /// list cut short without a word.
-pub async fn streams(ctx: &Arc<Context>, a: &[ArgRef<'_>]) -> Outcome {
+pub async fn streams(ctx: &Arc<Context>, a: &[ArgRef<'_>], round: Option<Log>) -> Outcome {
     let a = owned(a);
-    after_round(&*ctx.store, &read_key(&a), false, move |log| {
+    after_round(&*ctx.store, round, &read_key(&a), false, move |log| {
         streams_page(&a, &log)
     })
     .await
