@@ -71,8 +71,10 @@ impl ReadRounds {
 
     /// A request was parsed, leaving `unparsed` bytes of input behind it.
     pub(crate) fn parsed(&mut self, unparsed: usize) {
-        let end = self.received - unparsed as u64;
-        self.request_len = end - self.request_end;
+        // Saturating: the input only grows by what was received, but a
+        // count off by a cleared buffer must not stop the connection.
+        let end = self.received.saturating_sub(unparsed as u64);
+        self.request_len = end.saturating_sub(self.request_end);
         self.request_end = end;
     }
 
@@ -111,7 +113,7 @@ impl ReadRounds {
     /// many again as requests of its length fit in the input received
     /// behind it (at most [`MAX_EXPECTED`]).
     fn expected_reads(&self) -> usize {
-        let behind = (self.received - self.request_end) / self.request_len.max(1);
+        let behind = self.received.saturating_sub(self.request_end) / self.request_len.max(1);
         1 + usize::try_from(behind)
             .unwrap_or(MAX_EXPECTED)
             .min(MAX_EXPECTED)
