@@ -440,8 +440,11 @@ fn a_small_batch_is_written_and_synced_by_the_caller_on_request() {
     // Small batches: written and synced here. Nothing else runs on this
     // log, so only the sync thread's idle round (every 100 ms, when it
     // finds a batch pending) can hold the flush at such a moment.
-    let mut here = 0;
-    for round in 0..50u32 {
+    // Until 25 were taken here (bounded: a busy machine lets the sync
+    // thread take some of them, which is allowed, not what is tested).
+    let (mut here, mut round) = (0, 0u32);
+    while here < 25 && round < 500 {
+        round += 1;
         let (_, small) = append(&wal, &payload(round, 0, 1 << 10)).unwrap();
         let before = wal.stats().syncs;
         if wal.flush_small_here() {
@@ -451,9 +454,7 @@ fn a_small_batch_is_written_and_synced_by_the_caller_on_request() {
         }
         small.wait().unwrap();
     }
-    // At least half (a busy machine may keep the sync thread's idle
-    // round on the flush now and then); none without the feature.
-    assert!(here >= 25, "{here} of 50 small batches written here");
+    assert!(here >= 25, "{here} of {round} small batches written here");
     // Large ones: never taken here (the wait hands them over).
     for round in 0..50u32 {
         let (_, large) = append(&wal, &payload(round, 1, 40 << 10)).unwrap();
@@ -461,7 +462,10 @@ fn a_small_batch_is_written_and_synced_by_the_caller_on_request() {
         large.wait().unwrap();
     }
     wal.close().unwrap();
-    assert_eq!(all_records(storage.as_ref(), dir.path()).len(), 100);
+    assert_eq!(
+        all_records(storage.as_ref(), dir.path()).len(),
+        round as usize + 50
+    );
 }
 
 /// What `flush_small_here` acknowledges is durable: after a power cut
@@ -478,10 +482,12 @@ fn a_batch_flushed_here_survives_a_power_cut() {
             ..small_opts()
         };
         let (wal, _) = open(&storage, Path::new("/db"), &opts).unwrap();
-        let (mut acked, mut here) = (Vec::new(), 0);
+        let (mut acked, mut here, mut n) = (Vec::new(), 0, 0u32);
         // 1 KiB records in 64 KiB segments: rotations too, which are the
-        // sync thread's.
-        for n in 0..200u32 {
+        // sync thread's. Until 100 were synced here (bounded: on a busy
+        // machine the sync thread takes some, which is allowed).
+        while here < 100 && n < 2000 {
+            n += 1;
             let p = payload(seed as u32, n, 1 << 10);
             let (_, ticket) = append(&wal, &p).unwrap();
             if wal.flush_small_here() {
@@ -492,8 +498,8 @@ fn a_batch_flushed_here_survives_a_power_cut() {
             acked.push(p);
         }
         // One more, never synced: it may be lost, nothing else may.
-        let (_, _unsynced) = append(&wal, &payload(seed as u32, 200, 1 << 10)).unwrap();
-        assert!(here >= 100, "{here} of 200 batches synced here");
+        let (_, _unsynced) = append(&wal, &payload(seed as u32, n + 1, 1 << 10)).unwrap();
+        assert!(here >= 100, "{here} of {n} batches synced here");
         for mode in [
             fencelog_wal::CrashMode::LoseUnsynced,
             fencelog_wal::CrashMode::TornSequence { seed },
