@@ -289,10 +289,12 @@ fn the_blocking_client_is_the_async_one() {
 #[tokio::test]
 async fn falls_back_to_resp2_when_hello_is_refused() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let port = common::free_ports(&[0]);
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+    // Bound to a port the kernel picks, kept: a port found free and bound
+    // later can be taken in between by another test (seen in CI).
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
         .await
         .unwrap();
+    let port = listener.local_addr().unwrap().port();
     let fake = tokio::spawn(async move {
         let (mut s, _) = listener.accept().await.unwrap();
         let mut seen = Vec::new();

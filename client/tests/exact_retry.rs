@@ -26,10 +26,11 @@ struct Proxy {
 }
 
 async fn proxy(upstream: String) -> Proxy {
-    let port = common::free_ports(&[0]);
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+    // A port the kernel picks, kept bound: no window for another test.
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
         .await
         .unwrap();
+    let port = listener.local_addr().unwrap().port();
     let mode = Arc::new(AtomicU8::new(PASS));
     let swallowed = Arc::new(AtomicUsize::new(0));
     let (m, sw) = (mode.clone(), swallowed.clone());

@@ -16,10 +16,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// A node that answers each request (one per read: the client waits for
 /// every answer) with `answer(request)`; counts the requests.
 async fn fake_node(answer: fn(&str, u16) -> String) -> (String, Arc<AtomicUsize>) {
-    let port = common::free_ports(&[0]);
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+    // A port the kernel picks, kept bound: no window for another test.
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
         .await
         .unwrap();
+    let port = listener.local_addr().unwrap().port();
     let count = Arc::new(AtomicUsize::new(0));
     let n = count.clone();
     tokio::spawn(async move {
