@@ -143,21 +143,24 @@ impl Request {
     /// client connection's input) are let go now, not when the entry
     /// leaves the Raft log's memory, many entries later, on another thread.
     pub fn packed(time_ms: u64, cmds: Vec<Command>) -> Request {
-        let mut out = Vec::with_capacity(Command::encoded_len_all(&cmds));
-        Command::encode_all(&cmds, &mut out);
-        let encoded = Bytes::from(out);
-        match Command::decode_all(&encoded) {
-            Ok(packed) => Request {
-                time_ms,
-                body: Arc::new(Body {
-                    cmds: packed,
-                    encoded: OnceLock::from(encoded),
-                }),
-            },
-            // What was just encoded decodes; were it not to, the commands
-            // as given are as good.
-            Err(_) => Request::new(time_ms, cmds),
-        }
+        // What was just encoded decodes; were it not to, the commands as
+        // given are as good.
+        Request::read_from(time_ms, encode_cmds(&cmds))
+            .unwrap_or_else(|_| Request::new(time_ms, cmds))
+    }
+
+    /// A request read from `encoded` (its commands' encoding), which it
+    /// keeps: its payloads are slices of it, and it is what the request
+    /// writes again.
+    fn read_from(time_ms: u64, encoded: Bytes) -> Result<Request, fencelog::CommandDecodeError> {
+        let cmds = Command::decode_all(&encoded)?;
+        Ok(Request {
+            time_ms,
+            body: Arc::new(Body {
+                cmds,
+                encoded: OnceLock::from(encoded),
+            }),
+        })
     }
 
     /// What to decide when the entry is applied, in order.
@@ -167,12 +170,18 @@ impl Request {
 
     /// The commands' encoding, made on first use.
     fn encoded(&self) -> &Bytes {
-        self.body.encoded.get_or_init(|| {
-            let mut out = Vec::with_capacity(Command::encoded_len_all(&self.body.cmds));
-            Command::encode_all(&self.body.cmds, &mut out);
-            Bytes::from(out)
-        })
+        self.body
+            .encoded
+            .get_or_init(|| encode_cmds(&self.body.cmds))
     }
+}
+
+/// Commands' encoding as one list (`Command::encode_all`), in one buffer
+/// of its size.
+fn encode_cmds(cmds: &[Command]) -> Bytes {
+    let mut out = Vec::with_capacity(Command::encoded_len_all(cmds));
+    Command::encode_all(cmds, &mut out);
+    Bytes::from(out)
 }
 
 impl PartialEq for Request {
@@ -240,15 +249,7 @@ impl<'de> Deserialize<'de> for Request {
                     return Ok(Request::new(time_ms, cmds));
                 }
                 let b: serde_bytes::ByteBuf = a.next_element()?.ok_or_else(missing)?;
-                let encoded = Bytes::from(b.into_vec());
-                let cmds = Command::decode_all(&encoded).map_err(A::Error::custom)?;
-                Ok(Request {
-                    time_ms,
-                    body: Arc::new(Body {
-                        cmds,
-                        encoded: OnceLock::from(encoded),
-                    }),
-                })
+                Request::read_from(time_ms, Bytes::from(b.into_vec())).map_err(A::Error::custom)
             }
         }
         d.deserialize_tuple(3, V)
