@@ -59,7 +59,7 @@ pub(crate) enum Turn {
     /// Waits for the round already joined.
     Wait,
     /// Runs now: on this engine (the round is done), or on its own
-    /// (`None`: the round failed, or the store needs none).
+    /// (`None`: the round failed, or the store offers none).
     Run(Option<Log>),
 }
 

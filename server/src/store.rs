@@ -153,11 +153,12 @@ pub trait Store: Send + Sync {
 
     /// A round joined now for the pipelined reads of one connection that
     /// have arrived (see `read_round.rs`): the engine they may read once
-    /// it is done, or `None` if it failed (each read then goes through
-    /// [`Store::read`] and answers its own failure). `None` here: reads
-    /// look at the engine at once (a single node). `reads`: about how many
-    /// reads will wait for it (the rule for a second round beside the
-    /// first counts them).
+    /// it is done, or `None` if it failed. `None` here: no round for the
+    /// connection (a single node, whose reads look at the engine at once,
+    /// or a node that does not serve). Either way each read then goes
+    /// through [`Store::read`] and answers its own way. `reads`: about how
+    /// many reads will wait for it (the rule for a second round beside
+    /// the first counts them).
     fn read_round(&self, _reads: usize) -> Option<BoxFuture<'static, Option<Log>>> {
         None
     }

@@ -258,11 +258,9 @@ impl Store for Group {
     }
 
     fn read_round(&self, reads: usize) -> Option<BoxFuture<'static, Option<Log>>> {
-        Some(match self.cluster.node().read_round(reads) {
-            Ok(round) => Box::pin(async move { round.await.ok() }),
-            // Not serving: each read answers where to go.
-            Err(_) => Box::pin(std::future::ready(None)),
-        })
+        // Not serving: no round; each read answers where to go.
+        let round = self.cluster.node().read_round(reads).ok()?;
+        Some(Box::pin(async move { round.await.ok() }))
     }
 
     fn acquire(
