@@ -819,11 +819,17 @@ pub(crate) fn records(records: &[u8]) -> impl Iterator<Item = (usize, usize)> + 
 mod tests {
     use super::*;
 
+    /// An append op's bytes, as the log writes them.
+    fn append_bytes(stream: &[u8], token: u64, first: u64, payloads: &[&[u8]]) -> Vec<u8> {
+        let mut buf = vec![0u8; append_len(stream, payloads)];
+        encode_append(&mut buf, stream, token, first, payloads);
+        buf
+    }
+
     #[test]
     fn append_round_trip() {
         let payloads: [&[u8]; 3] = [b"a", b"", b"ccc"];
-        let mut buf = vec![0u8; append_len(b"orders", &payloads)];
-        encode_append(&mut buf, b"orders", 42, 7, &payloads);
+        let buf = append_bytes(b"orders", 42, 7, &payloads);
         let Op::Append(Append {
             stream,
             token,
@@ -888,8 +894,7 @@ mod tests {
     #[test]
     fn debug_form_shows_what_an_op_means() {
         let payloads: [&[u8]; 2] = [b"x", b""];
-        let mut append = vec![0u8; append_len(b"s", &payloads)];
-        encode_append(&mut append, b"s", 5, 0, &payloads);
+        let append = append_bytes(b"s", 5, 0, &payloads);
         let fence = encode(&Op::Fence {
             stream: b"s",
             token: 6,
@@ -949,8 +954,7 @@ mod tests {
         });
         assert!(decode(&zero).is_err());
         // An append whose record lengths run past the end.
-        let mut buf = vec![0u8; append_len(b"s", &[b"abc"])];
-        encode_append(&mut buf, b"s", 1, 0, &[b"abc"]);
+        let mut buf = append_bytes(b"s", 1, 0, &[b"abc"]);
         let n = buf.len();
         buf[n - 7] = 200;
         assert!(decode(&buf).is_err());
@@ -1003,8 +1007,7 @@ mod tests {
     #[test]
     fn an_op_unwrapped_is_the_op_the_wrapper_holds() {
         let payloads: [&[u8]; 2] = [b"one", b"three"];
-        let mut append = vec![0u8; append_len(b"orders", &payloads)];
-        encode_append(&mut append, b"orders", 42, 7, &payloads);
+        let append = append_bytes(b"orders", 42, 7, &payloads);
         let fence = encode(&Op::Fence {
             stream: b"s",
             token: 3,

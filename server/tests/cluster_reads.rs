@@ -24,6 +24,14 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A new 3-node group (one at a time) and its leader's id.
+fn group() -> (std::sync::MutexGuard<'static, ()>, Cluster, u64) {
+    let one = serial();
+    let cluster = Cluster::start(3, &[]);
+    let leader = cluster.leader(Duration::from_secs(10));
+    (one, cluster, leader)
+}
+
 /// Records in a `LOG.READ` reply.
 fn records(r: &Reply) -> usize {
     match r {
@@ -49,9 +57,7 @@ fn next_offset(r: &Reply) -> i64 {
 
 #[test]
 fn pipelined_reads_keep_the_connections_order_around_writes() {
-    let _one = serial();
-    let cluster = Cluster::start(3, &[]);
-    let leader = cluster.leader(Duration::from_secs(10));
+    let (_one, cluster, leader) = group();
     let mut c = Resp::connect(cluster.nodes[&leader].client, Duration::from_secs(10)).unwrap();
     let read: Vec<&[u8]> = vec![b"LOG.READ", b"s", b"0", b"COUNT", b"100000"];
     let stat: Vec<&[u8]> = vec![b"LOG.STAT", b"s"];
@@ -98,9 +104,7 @@ fn pipelined_reads_keep_the_connections_order_around_writes() {
 /// answers never go back.
 #[test]
 fn a_read_storm_sees_every_write_acknowledged_before_it() {
-    let _one = serial();
-    let cluster = Cluster::start(3, &[]);
-    let leader = cluster.leader(Duration::from_secs(10));
+    let (_one, cluster, leader) = group();
     let addr = cluster.nodes[&leader].client;
     let acked = AtomicI64::new(0);
     let stop = AtomicBool::new(false);
@@ -150,9 +154,7 @@ fn a_read_storm_sees_every_write_acknowledged_before_it() {
 /// A follower sends every pipelined read on to the leader.
 #[test]
 fn a_follower_moves_each_pipelined_read() {
-    let _one = serial();
-    let cluster = Cluster::start(3, &[]);
-    let leader = cluster.leader(Duration::from_secs(10));
+    let (_one, cluster, leader) = group();
     let follower = cluster
         .nodes
         .keys()
@@ -187,9 +189,7 @@ fn a_follower_moves_each_pipelined_read() {
 /// A pipeline sent after the answers joins a round of its own.
 #[test]
 fn a_connections_pipelined_reads_share_one_join_of_a_round() {
-    let _one = serial();
-    let cluster = Cluster::start(3, &[]);
-    let leader = cluster.leader(Duration::from_secs(10));
+    let (_one, cluster, leader) = group();
     let addr = cluster.nodes[&leader].client;
     let mut c = Resp::connect(addr, Duration::from_secs(10)).unwrap();
     let counts = || {
