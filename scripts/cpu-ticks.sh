@@ -3,12 +3,19 @@
 # processes have used, from /proc/PID/stat (fields 14 and 15; the split
 # after ") " skips the command name, which may hold spaces).
 cpu_ticks() {
-    local total=0 p f
+    local total=0 p
     for p in "$@"; do
-        read -ra f <<<"$(sed 's/^.*) //' "/proc/$p/stat")"
-        total=$((total + f[11] + f[12]))
+        total=$((total + $(stat_ticks "/proc/$p/stat")))
     done
     echo "$total"
+}
+
+# stat_ticks FILE prints utime + stime from a /proc stat file (a process's
+# or a thread's); nothing if the file is gone.
+stat_ticks() {
+    local f
+    read -ra f <<<"$(sed 's/^.*) //' "$1" 2>/dev/null)" || return 0
+    [ "${#f[@]}" -gt 12 ] && echo $((f[11] + f[12]))
 }
 
 # cpu_user_ticks PID... prints the user part (utime, field 14) alone.
@@ -37,16 +44,17 @@ ctx_switches() {
 # Raft runtime), wal (the logs' sync and allocator threads), conn (the
 # connection threads, the main thread among them), other.
 thread_kind_ticks() {
-    local p t comm f
+    local p t comm ticks
     for p in "$@"; do
         for t in /proc/"$p"/task/*; do
             comm=$(cat "$t/comm" 2>/dev/null) || continue
-            read -ra f <<<"$(sed 's/^.*) //' "$t/stat" 2>/dev/null)" || continue
+            ticks=$(stat_ticks "$t/stat")
+            [ -n "$ticks" ] || continue
             case "$comm" in
-            fencelog-raft*) echo "raft $((f[11] + f[12]))" ;;
-            fencelog-wal*) echo "wal $((f[11] + f[12]))" ;;
-            fencelog-gc*) echo "other $((f[11] + f[12]))" ;;
-            *) echo "conn $((f[11] + f[12]))" ;;
+            fencelog-raft*) echo "raft $ticks" ;;
+            fencelog-wal*) echo "wal $ticks" ;;
+            fencelog-gc*) echo "other $ticks" ;;
+            *) echo "conn $ticks" ;;
             esac
         done
     done | awk '{ n[$1] += $2 } END { for (k in n) print k, n[k] }' | sort
