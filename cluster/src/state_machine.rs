@@ -373,10 +373,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // The commands of an entry are borrowed, not copied: the entry
         // (a clone of the log's) shares them.
         let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
-        let mut batch: Vec<(LogPosition, u64, Cow<'_, Command>)> = Vec::new();
+        // Sized once: an entry may hold thousands of writes.
+        let writes = entries.iter().map(|e| match &e.payload {
+            EntryPayload::Normal(req) => req.cmds().len().max(1),
+            _ => 1,
+        });
+        let mut batch: Vec<(LogPosition, u64, Cow<'_, Command>)> = Vec::with_capacity(writes.sum());
         let mut last_entry: Option<u64> = None;
         // Per entry: per write, its place in `batch` or the answer it has.
-        let mut shape: Vec<Vec<Result<usize, Response>>> = Vec::new();
+        let mut shape: Vec<Vec<Result<usize, Response>>> = Vec::with_capacity(entries.len());
         for entry in &entries {
             // Entries come in log order, each once.
             debug_assert!(last_entry.is_none_or(|l| l < entry.log_id.index));

@@ -176,10 +176,10 @@ impl Request {
     }
 }
 
-/// Commands' encoding as one list (`Command::encode_all`), in one buffer
-/// of its size.
+/// Commands' encoding as one list (`Command::encode_all`, which sizes the
+/// buffer once: its length is not counted twice).
 fn encode_cmds(cmds: &[Command]) -> Bytes {
-    let mut out = Vec::with_capacity(Command::encoded_len_all(cmds));
+    let mut out = Vec::new();
     Command::encode_all(cmds, &mut out);
     Bytes::from(out)
 }
