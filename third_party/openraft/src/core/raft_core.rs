@@ -211,6 +211,16 @@ where
     pub(crate) _p: PhantomData<SM>,
 }
 
+/// fencelog's patch: an error of the task that asked `target`, with it
+/// (one function, so that every such task has the same type).
+fn tagged_with<ID, E>(target: ID) -> impl FnOnce(E) -> (ID, E) {
+    move |err| (target, err)
+}
+
+/// fencelog's patch: how long a ReadIndex round waits for the voters it
+/// asked first before it asks the others too (see PATCHED.md).
+const READ_HEDGE: Duration = Duration::from_millis(5);
+
 impl<C, N, LS, SM> RaftCore<C, N, LS, SM>
 where
     C: RaftTypeConfig,
@@ -316,24 +326,43 @@ where
             return;
         }
 
-        // Spawn parallel requests, all with the standard timeout for heartbeats.
-        let mut pending = FuturesUnordered::new();
-
-        let voter_progresses = {
+        // fencelog's patch: the voters most recently heard from first, and
+        // only as many as a quorum needs at once; the others are asked once
+        // one of those fails or none answered within `READ_HEDGE` (see
+        // PATCHED.md). A round costs the voters it asks a message each.
+        let mut voters: Vec<(C::NodeId, Option<LogId<C::NodeId>>, Option<InstantOf<C>>)> = {
             let l = &self.engine.leader.as_ref().unwrap();
-            l.progress.iter().filter(|(id, _v)| l.progress.is_voter(id) == Some(true))
+            l.progress
+                .iter()
+                .filter(|(id, _v)| l.progress.is_voter(id) == Some(true) && *id != my_id)
+                .map(|(id, v)| {
+                    let heard = l.clock_progress.try_get(id).copied().flatten();
+                    (id.clone(), v.matching.clone(), heard)
+                })
+                .collect()
         };
-
-        for (target, progress) in voter_progresses {
-            let target = target.clone();
-
-            if target == my_id {
-                continue;
+        voters.sort_by(|a, b| b.2.cmp(&a.2));
+        let mut at_once = 0;
+        {
+            let mut asked = granted.clone();
+            for (target, ..) in &voters {
+                if eff_mem.is_quorum(asked.iter()) {
+                    break;
+                }
+                asked.insert(target.clone());
+                at_once += 1;
             }
+        }
 
+        // Requests with the standard timeout for heartbeats: `pending` runs,
+        // `reserve` waits for the hedge.
+        let mut pending = FuturesUnordered::new();
+        let mut reserve = Vec::new();
+
+        for (i, (target, matching, _)) in voters.into_iter().enumerate() {
             let rpc = AppendEntriesRequest {
                 vote: my_vote.clone(),
-                prev_log_id: progress.matching.clone(),
+                prev_log_id: matching,
                 entries: vec![],
                 leader_commit: self.engine.state.committed().cloned(),
             };
@@ -369,22 +398,59 @@ where
             };
 
             let fu = fu.instrument(tracing::debug_span!("spawn_is_leader", target = target.to_string()));
-            let task = C::AsyncRuntime::spawn(fu).map_err(move |err| (target, err));
-
-            pending.push(task);
+            if i < at_once {
+                let task = C::AsyncRuntime::spawn(fu).map_err(tagged_with(target));
+                pending.push(task);
+            } else {
+                reserve.push((target, fu));
+            }
         }
 
         let waiting_fu = async move {
+            // fencelog's patch: the voters held back are asked once one
+            // asked fails, or once none answered within the hedge.
+            let hedge = C::AsyncRuntime::sleep(READ_HEDGE);
+            futures::pin_mut!(hedge);
+            macro_rules! ask_reserve {
+                () => {
+                    for (target, fu) in reserve.drain(..) {
+                        let task = C::AsyncRuntime::spawn(fu).map_err(tagged_with(target));
+                        pending.push(task);
+                    }
+                };
+            }
             // Handle responses as they return.
-            while let Some(res) = pending.next().await {
+            loop {
+                let res = if reserve.is_empty() {
+                    match pending.next().await {
+                        Some(res) => res,
+                        None => break,
+                    }
+                } else {
+                    select! {
+                        res = pending.next() => match res {
+                            Some(res) => res,
+                            None => {
+                                ask_reserve!();
+                                continue;
+                            }
+                        },
+                        _ = &mut hedge => {
+                            ask_reserve!();
+                            continue;
+                        }
+                    }
+                };
                 let (target, append_res) = match res {
                     Ok(Ok(res)) => res,
                     Ok(Err((target, err))) => {
                         tracing::error!(target=display(&target), error=%err, "timeout while confirming leadership for read request");
+                        ask_reserve!();
                         continue;
                     }
                     Err((target, err)) => {
                         tracing::error!(target = display(&target), "fail to join task: {}", err);
+                        ask_reserve!();
                         continue;
                     }
                 };
