@@ -63,8 +63,8 @@ pub struct NodeConfig {
 impl NodeConfig {
     /// Defaults for a node: 8 MiB Raft segments, elections after 300–600 ms
     /// of silence, heartbeats every 100 ms, a snapshot every 50 000 entries
-    /// or 256 MiB of Raft log, a queue of writes of at most 512 MiB, two
-    /// entries in flight.
+    /// or 256 MiB of Raft log, a queue of writes of at most 512 MiB, one
+    /// entry in flight.
     pub fn new(id: NodeId, dir: PathBuf, raft_listen: SocketAddr, member: Member) -> NodeConfig {
         NodeConfig {
             id,
