@@ -80,13 +80,56 @@ const WATCH_EVERY: Duration = Duration::from_millis(20);
 /// How often a leader sends its digest for the replicas to compare.
 const CHECK_EVERY: Duration = Duration::from_secs(1);
 
-/// A write waiting for its entry.
+/// A write waiting for its entry, or a connection's pipelined writes
+/// together (they go into one entry, in order, with one answer).
 struct Queued {
-    cmd: Command,
+    cmds: Cmds,
     bytes: u64,
-    /// Its client is answered by then: past it the write is dropped.
+    /// Its client is answered by then: past it the writes are dropped.
     deadline: Instant,
-    answer: oneshot::Sender<Result<Response, ClusterError>>,
+    answer: Answer,
+}
+
+/// One write, or several that travel together.
+enum Cmds {
+    One(Command),
+    Many(Vec<Command>),
+}
+
+/// Where a queued item's answer goes (for several writes, how many).
+enum Answer {
+    One(oneshot::Sender<Result<Response, ClusterError>>),
+    Many(usize, oneshot::Sender<Result<Vec<Response>, ClusterError>>),
+}
+
+/// The answer to a queued item of several writes: one response per write,
+/// in order, or why none was decided.
+pub(crate) type ManyAnswer = oneshot::Receiver<Result<Vec<Response>, ClusterError>>;
+
+impl Queued {
+    fn writes(&self) -> usize {
+        self.answer.writes()
+    }
+}
+
+impl Answer {
+    fn writes(&self) -> usize {
+        match self {
+            Answer::One(_) => 1,
+            Answer::Many(n, _) => *n,
+        }
+    }
+
+    fn fail(self, e: ClusterError) {
+        match self {
+            Answer::One(a) => {
+                let _ = a.send(Err(e));
+            }
+            Answer::Many(_, a) => {
+                let _ = a.send(Err(e));
+            }
+        }
+    }
 }
 
 /// The group's clock as this node, leading, carries it on: ms, the highest
@@ -143,6 +186,10 @@ struct Counts {
     writes: AtomicU64,
     bytes: AtomicU64,
     max_bytes: u64,
+    /// Since the node started: items taken from the queue into entries (a
+    /// write, or writes queued together), and the writes they held.
+    taken_items: AtomicU64,
+    taken_writes: AtomicU64,
 }
 
 impl Counts {
@@ -183,6 +230,8 @@ impl Batcher {
             writes: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             max_bytes: max_queued_bytes,
+            taken_items: AtomicU64::new(0),
+            taken_writes: AtomicU64::new(0),
         });
         tokio::spawn(run(
             raft.clone(),
@@ -211,6 +260,8 @@ impl Batcher {
             bytes: self.counts.bytes.load(Ordering::Acquire),
             max_writes: MAX_QUEUED as u64,
             max_bytes: self.counts.max_bytes,
+            taken_items: self.counts.taken_items.load(Ordering::Relaxed),
+            taken_writes: self.counts.taken_writes.load(Ordering::Relaxed),
         }
     }
 
@@ -226,36 +277,65 @@ impl Batcher {
         bytes: u64,
         deadline: Instant,
     ) -> Result<oneshot::Receiver<Result<Response, ClusterError>>, ClusterError> {
+        let (answer, rx) = oneshot::channel();
+        self.send(Cmds::One(cmd), bytes, deadline, Answer::One(answer))?;
+        Ok(rx)
+    }
+
+    /// [`Batcher::queue`] for several writes that go into one entry, in
+    /// order, and are answered together (one response per write). The
+    /// caller keeps them within one entry's bounds ([`MAX_WRITES`], the
+    /// entry's bytes).
+    pub(crate) fn queue_many(
+        &self,
+        cmds: Vec<Command>,
+        bytes: u64,
+        deadline: Instant,
+    ) -> Result<ManyAnswer, ClusterError> {
+        debug_assert!(!cmds.is_empty() && cmds.len() <= MAX_WRITES);
+        let (answer, rx) = oneshot::channel();
+        let n = cmds.len();
+        self.send(Cmds::Many(cmds), bytes, deadline, Answer::Many(n, answer))?;
+        Ok(rx)
+    }
+
+    fn send(
+        &self,
+        cmds: Cmds,
+        bytes: u64,
+        deadline: Instant,
+        answer: Answer,
+    ) -> Result<(), ClusterError> {
         let counts = &self.counts;
+        let n = answer.writes() as u64;
         // Counted before it is sent (the batching task may take it at once
         // and count it out).
         let held = counts.bytes.fetch_add(bytes, Ordering::AcqRel);
-        let writes = counts.writes.fetch_add(1, Ordering::AcqRel);
+        let writes = counts.writes.fetch_add(n, Ordering::AcqRel);
         if writes > 0 && held + bytes > counts.max_bytes {
-            counts.left(1, bytes);
+            counts.left(n, bytes);
             return Err(ClusterError::Busy {
                 queued: writes,
                 bytes: held,
             });
         }
-        let (answer, rx) = oneshot::channel();
         let q = Queued {
-            cmd,
+            cmds,
             bytes,
             deadline,
             answer,
         };
         match self.tx.try_send(q) {
-            Ok(()) => Ok(rx),
+            Ok(()) => Ok(()),
             Err(mpsc::error::TrySendError::Full(_)) => {
-                counts.left(1, bytes);
+                counts.left(n, bytes);
                 Err(ClusterError::Busy {
                     queued: MAX_QUEUED as u64,
                     bytes: held,
                 })
             }
             Err(mpsc::error::TrySendError::Closed(_)) => {
-                counts.left(1, bytes);
+                counts.left(n, bytes);
                 Err(ClusterError::Raft("the node is shutting down".into()))
             }
         }
@@ -323,11 +403,13 @@ async fn run(
             return;
         };
         let mut bytes = first.bytes;
+        let mut writes = first.writes();
         let mut batch = vec![first];
-        while batch.len() < MAX_WRITES {
+        while writes < MAX_WRITES {
             match rx.try_recv() {
-                Ok(q) if bytes + q.bytes <= max_bytes => {
+                Ok(q) if bytes + q.bytes <= max_bytes && writes + q.writes() <= MAX_WRITES => {
                     bytes += q.bytes;
+                    writes += q.writes();
                     batch.push(q);
                 }
                 Ok(q) => {
@@ -339,12 +421,18 @@ async fn run(
         }
         // Out of the queue: an entry's writes are Raft's to hold now (at
         // most `in_flight` entries of them), the late ones are answered.
-        counts.left(batch.len() as u64, bytes);
+        counts.left(writes as u64, bytes);
+        counts
+            .taken_items
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        counts
+            .taken_writes
+            .fetch_add(writes as u64, Ordering::Relaxed);
         // Writes whose clients were answered already are never proposed.
         let now = Instant::now();
         let (late, batch): (Vec<_>, Vec<_>) = batch.into_iter().partition(|q| q.deadline <= now);
         for q in late {
-            let _ = q.answer.send(Err(ClusterError::Dropped));
+            q.answer.fail(ClusterError::Dropped);
         }
         if batch.is_empty() {
             continue;
@@ -360,14 +448,21 @@ async fn run(
                 }),
             },
         };
-        let (cmds, answers): (Vec<_>, Vec<_>) =
-            batch.into_iter().map(|q| (q.cmd, q.answer)).unzip();
+        let mut cmds = Vec::with_capacity(writes);
+        let mut answers = Vec::with_capacity(batch.len());
+        for q in batch {
+            match q.cmds {
+                Cmds::One(cmd) => cmds.push(cmd),
+                Cmds::Many(many) => cmds.extend(many),
+            }
+            answers.push(q.answer);
+        }
         let time_ms = match stamped {
             Ok(t) => t,
             Err(e) => {
                 // Never proposed: certain.
                 for a in answers {
-                    let _ = a.send(Err(e.duplicate()));
+                    a.fail(e.duplicate());
                 }
                 continue;
             }
@@ -382,7 +477,7 @@ async fn run(
             }
             Err(e) => {
                 for a in answers {
-                    let _ = a.send(Err(ClusterError::Raft(e.to_string())));
+                    a.fail(ClusterError::Raft(e.to_string()));
                 }
             }
         }
@@ -461,18 +556,31 @@ type Outcome = Result<
     oneshot::error::RecvError,
 >;
 
-/// Hands each write its answer from its entry's.
-fn answer(outcome: Outcome, answers: Vec<oneshot::Sender<Result<Response, ClusterError>>>) {
+/// Hands each write its answer from its entry's (several writes queued
+/// together take theirs together, in order).
+fn answer(outcome: Outcome, answers: Vec<Answer>) {
+    let writes: usize = answers.iter().map(Answer::writes).sum();
     let failed = match outcome {
-        Ok(Ok(r)) if r.data.0.len() == answers.len() => {
-            for (a, resp) in answers.into_iter().zip(r.data.0) {
-                let _ = a.send(Ok(resp));
+        Ok(Ok(r)) if r.data.0.len() == writes => {
+            let mut responses = r.data.0.into_iter();
+            for a in answers {
+                match a {
+                    Answer::One(a) => {
+                        // As many responses as writes: one is there.
+                        if let Some(resp) = responses.next() {
+                            let _ = a.send(Ok(resp));
+                        }
+                    }
+                    Answer::Many(n, a) => {
+                        let _ = a.send(Ok(responses.by_ref().take(n).collect()));
+                    }
+                }
             }
             return;
         }
         Ok(Ok(r)) => ClusterError::Raft(format!(
             "an entry of {} writes answered {}",
-            answers.len(),
+            writes,
             r.data.0.len()
         )),
         // Refused by a leader deposed a moment ago, or appended and then
@@ -486,7 +594,7 @@ fn answer(outcome: Outcome, answers: Vec<oneshot::Sender<Result<Response, Cluste
         Err(_) => ClusterError::Uncertain("this node stopped before the write was decided".into()),
     };
     for a in answers {
-        let _ = a.send(Err(failed.duplicate()));
+        a.fail(failed.duplicate());
     }
 }
 
@@ -501,6 +609,8 @@ mod tests {
             writes: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             max_bytes: max_queued_bytes,
+            taken_items: AtomicU64::new(0),
+            taken_writes: AtomicU64::new(0),
         });
         let batcher = Batcher {
             tx,
@@ -525,6 +635,8 @@ mod tests {
                 bytes: 150,
                 max_writes: MAX_QUEUED as u64,
                 max_bytes: 100,
+                taken_items: 0,
+                taken_writes: 0,
             }
         );
         match b.queue(Command::Blank, 1, deadline) {

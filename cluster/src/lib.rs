@@ -46,7 +46,7 @@ pub use network::{
     ClusterSecret, PeerEndpoint, PeerError, PeerReply, PeerRequest, Transport, TransportFuture,
 };
 pub use node::{
-    ClusterError, Health, Hooks, LocalClock, Node, NodeConfig, Proposal, Queued, Status,
+    ClusterError, Health, Hooks, LocalClock, Node, NodeConfig, Proposal, Proposals, Queued, Status,
     wait_for_leader,
 };
 pub use openraft::ChangeMembers;

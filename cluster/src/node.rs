@@ -555,6 +555,52 @@ impl Future for Proposal {
     }
 }
 
+/// Writes proposed together, their answers to come (see
+/// [`Node::propose_many`]): one per write, in order.
+#[derive(Debug)]
+pub struct Proposals(Vec<Part>);
+
+/// Some of [`Proposals`]' writes: queued together, or refused.
+#[derive(Debug)]
+enum Part {
+    Queued(usize, crate::batcher::ManyAnswer),
+    Failed(usize, ClusterError),
+}
+
+impl Proposals {
+    /// Each write's outcome, in the order proposed, once all have come.
+    pub async fn answers(self) -> Vec<Result<Response, ClusterError>> {
+        let mut out = Vec::new();
+        for part in self.0 {
+            let (n, failed) = match part {
+                Part::Queued(n, answer) => match answer.await {
+                    Ok(Ok(responses)) if responses.len() == n => {
+                        out.extend(responses.into_iter().map(Ok));
+                        continue;
+                    }
+                    Ok(Ok(responses)) => (
+                        n,
+                        ClusterError::Raft(format!(
+                            "{n} writes proposed together answered {}",
+                            responses.len()
+                        )),
+                    ),
+                    Ok(Err(e)) => (n, e),
+                    Err(_) => (
+                        n,
+                        ClusterError::Uncertain(
+                            "this node stopped before the write was decided".into(),
+                        ),
+                    ),
+                },
+                Part::Failed(n, e) => (n, e),
+            };
+            out.extend((0..n).map(|_| Err(failed.duplicate())));
+        }
+        out
+    }
+}
+
 /// What `fencelog cluster status` shows of a node.
 #[derive(Debug, Clone)]
 pub struct Status {
@@ -628,6 +674,12 @@ pub struct Queued {
     pub max_writes: u64,
     /// The most bytes it holds.
     pub max_bytes: u64,
+    /// Since the node started: items the queue gave to entries (a write,
+    /// or a connection's pipelined writes proposed together), and the
+    /// writes they held.
+    pub taken_items: u64,
+    /// See [`Queued::taken_items`].
+    pub taken_writes: u64,
 }
 
 impl Node {
@@ -801,6 +853,12 @@ impl Node {
     /// waiting for its entry at `deadline` (when its client is answered)
     /// is dropped, never proposed.
     pub async fn propose(&self, cmd: Command, deadline: Instant) -> Result<Proposal, ClusterError> {
+        self.propose_now(cmd, deadline)
+    }
+
+    /// [`Node::propose`], without a future to take the proposal (it never
+    /// waits): queued now.
+    pub fn propose_now(&self, cmd: Command, deadline: Instant) -> Result<Proposal, ClusterError> {
         // Refused here: an entry the log cannot hold would stop Raft.
         // With its length in the entry's list of commands.
         let len = 4 + cmd.encoded_len() as u64;
@@ -816,6 +874,61 @@ impl Node {
             return Err(refused);
         }
         Ok(Proposal(self.batcher.queue(cmd, len, deadline)?))
+    }
+
+    /// [`Node::propose`] for a connection's pipelined writes, in order, as
+    /// one item of the leader's queue (one answer for all of them, not a
+    /// channel, a queue slot and a timer per write): they go into one
+    /// entry, unless together they pass what an entry holds, then into as
+    /// few as fit. Each write is answered on its own: one too large for
+    /// any entry is refused ([`ClusterError::TooLarge`]) and the others
+    /// go. Refused as a whole, and nothing proposed, when this node does
+    /// not serve ([`Node::refusal`]).
+    pub fn propose_many(
+        &self,
+        cmds: Vec<Command>,
+        deadline: Instant,
+    ) -> Result<Proposals, ClusterError> {
+        if let Some(refused) = self.refusal() {
+            return Err(refused);
+        }
+        // As the batcher fills an entry: half the largest entry, so that
+        // such a group shares its entry with other writes.
+        let room = self.max_request / 2;
+        let mut parts = Vec::new();
+        let mut chunk = Vec::new();
+        let mut chunk_bytes = 0;
+        let queue = |chunk: Vec<Command>, bytes: u64, parts: &mut Vec<Part>| {
+            if chunk.is_empty() {
+                return;
+            }
+            let n = chunk.len();
+            parts.push(match self.batcher.queue_many(chunk, bytes, deadline) {
+                Ok(answer) => Part::Queued(n, answer),
+                Err(e) => Part::Failed(n, e),
+            });
+        };
+        for cmd in cmds {
+            // With its length in the entry's list of commands.
+            let len = 4 + cmd.encoded_len() as u64;
+            if len > self.max_request {
+                queue(std::mem::take(&mut chunk), chunk_bytes, &mut parts);
+                chunk_bytes = 0;
+                let max = self.max_request;
+                parts.push(Part::Failed(1, ClusterError::TooLarge { len, max }));
+                continue;
+            }
+            if !chunk.is_empty()
+                && (chunk_bytes + len > room || chunk.len() == crate::batcher::MAX_WRITES)
+            {
+                queue(std::mem::take(&mut chunk), chunk_bytes, &mut parts);
+                chunk_bytes = 0;
+            }
+            chunk.push(cmd);
+            chunk_bytes += len;
+        }
+        queue(chunk, chunk_bytes, &mut parts);
+        Ok(Proposals(parts))
     }
 
     /// Waits until this node, as the leader, has applied every write

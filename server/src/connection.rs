@@ -36,7 +36,7 @@ use tokio::net::TcpStream;
 
 use crate::budget::{ClientShare, Eviction};
 use crate::cmd::{self, Pipelining};
-use crate::context::{Context, note_error};
+use crate::context::{Context, failure_reply, note_error};
 use crate::outcome::{
     Blocking, BoxFuture, Later, Outcome, ReadProgress, ReplyFuture, error_reply, number,
 };
@@ -46,6 +46,7 @@ use crate::protocol::{
 use crate::read_round::{ReadRounds, Turn};
 use crate::session::{Multi, Session};
 use crate::shutdown::Shutdown;
+use crate::store::Failure;
 use crate::wake_gate::WakeGated;
 
 /// Requests one connection runs before it yields to the others.
@@ -84,7 +85,15 @@ enum Answer {
     /// No answer: the round the reads behind it wait for, which answers
     /// the engine they read (see `read_round.rs`).
     Round(BoxFuture<'static, Option<Log>>),
+    /// The answers of pipelined writes taken together, one per write, with
+    /// the stream each names (for the log event of a rejection); `None`
+    /// while the connection still takes writes into it (see
+    /// [`Connection::close_together`]).
+    Together(Option<TogetherAnswers>, Vec<Bytes>),
 }
+
+/// The answers of writes taken together (`Store::write_together`).
+type TogetherAnswers = BoxFuture<'static, Vec<Result<u64, Failure>>>;
 
 /// A queued answer once it has come: a reply, or a write's result.
 enum Answered {
@@ -92,6 +101,8 @@ enum Answered {
     Write(fencelog::Result<u64>, Bytes),
     /// A round of reads ended (nothing to answer).
     Round(Option<Log>),
+    /// Writes taken together: each one's answer, and the stream it names.
+    Together(Vec<Result<u64, Failure>>, Vec<Bytes>),
 }
 
 impl Answer {
@@ -121,6 +132,17 @@ impl Answer {
                 relay::poll(cx, |cx| round.as_mut().poll(cx)).map(Answered::Round)
             }
             Answer::Round(round) => round.as_mut().poll(cx).map(Answered::Round),
+            // From the Raft thread, as a replicated write's: relayed.
+            Answer::Together(Some(answers), streams) if relayed => {
+                relay::poll(cx, |cx| answers.as_mut().poll(cx))
+                    .map(|a| Answered::Together(a, std::mem::take(streams)))
+            }
+            Answer::Together(Some(answers), streams) => answers
+                .as_mut()
+                .poll(cx)
+                .map(|a| Answered::Together(a, std::mem::take(streams))),
+            // Still taking writes: nothing to wait for yet.
+            Answer::Together(None, _) => Poll::Pending,
         }
     }
 }
@@ -236,6 +258,8 @@ pub async fn serve(
         pending: VecDeque::new(),
         pending_bytes: 0,
         pending_reads: 0,
+        together: None,
+        together_extra: 0,
         reads: ReadRounds::default(),
         held: None,
         blocked: None,
@@ -262,6 +286,12 @@ struct Connection {
     pending_bytes: usize,
     /// How many of `pending` are cluster reads: all of them or none.
     pending_reads: usize,
+    /// Pipelined writes taken together and not yet proposed: their answer
+    /// is the last of `pending` (see [`Connection::close_together`]).
+    together: Option<Vec<fencelog::TxOp>>,
+    /// Writes in `pending`'s answers beyond one per answer (those taken
+    /// together): `--max-pipeline` counts requests, not answers.
+    together_extra: usize,
     /// The round pipelined reads wait for (in a group).
     reads: ReadRounds,
     held: Option<Held>,
@@ -320,15 +350,22 @@ impl Connection {
     }
 
     /// Runs requests until one must wait (for the answers before it, for the
-    /// client to read, for more input) or the turn is spent.
+    /// client to read, for more input) or the turn is spent; the writes
+    /// taken together meanwhile are proposed before it returns.
     async fn process(&mut self) -> Result<Stop, End> {
+        let stop = self.process_requests().await;
+        self.close_together();
+        stop
+    }
+
+    async fn process_requests(&mut self) -> Result<Stop, End> {
         let mut requests = 0;
         let mut produced = 0;
         loop {
             if self.unwritten() >= OUTPUT_HIGH_WATER_BYTES {
                 return Ok(Stop::Output);
             }
-            if self.blocked.is_some() || self.pending.len() >= self.ctx.config.max_pipeline {
+            if self.blocked.is_some() || self.answers_to_come() >= self.ctx.config.max_pipeline {
                 return Ok(Stop::Wait);
             }
             if requests >= REQUESTS_PER_TURN || produced >= OUTPUT_PER_TURN_BYTES {
@@ -393,6 +430,16 @@ impl Connection {
                 }
                 Held::Request(request, bytes) => (request, bytes),
             };
+            // A pipelined stream write in a group goes with the writes next
+            // to it. Anything else is proposed (or runs) after them: they
+            // go to the leader's queue first, keeping the connection's order.
+            let together = pipelining == Pipelining::Write
+                && self.ctx.store.batches_writes()
+                && name.as_ref().is_some_and(cmd::takes_together);
+            if !together {
+                self.close_together();
+            }
+            self.session.together = together;
             let outcome = match &name {
                 Some(name) => {
                     if looks_like_http_named(name.as_str(), &request) {
@@ -408,6 +455,7 @@ impl Connection {
             };
             // Taken by the read it was for; never left for another.
             self.session.round = None;
+            self.session.together = false;
             // What a durable answer names (only a write's is awaited): cut
             // out of the request for those alone, not for every refusal.
             let stream_arg = match outcome {
@@ -484,7 +532,12 @@ impl Connection {
     /// Takes a request's outcome: answers it, queues its answer, or runs
     /// it as a waiting command.
     fn take(&mut self, outcome: Outcome, taken: Taken) -> Result<Took, End> {
+        // Writes taken together answer before anything taken after them.
+        if !matches!(outcome, Outcome::Together(_)) {
+            self.close_together();
+        }
         match outcome {
+            Outcome::Together(op) => self.take_together(op, taken.bytes),
             // A write refused at once (a stale token on the fast path)
             // still answers after the writes before it.
             Outcome::Reply(reply) if !self.pending.is_empty() => {
@@ -552,7 +605,7 @@ impl Connection {
             && (self.blocked.is_some()
                 || (self.held.is_none()
                     && self.unwritten() < OUTPUT_HIGH_WATER_BYTES
-                    && self.pending.len() < self.ctx.config.max_pipeline));
+                    && self.answers_to_come() < self.ctx.config.max_pipeline));
         let want_write = self.unwritten() > 0;
         if self.interrupt.is_none() {
             self.interrupt = Some(self.interruptions());
@@ -606,6 +659,45 @@ impl Connection {
         }
     }
 
+    /// Answers queued and to come, counting each write taken together.
+    fn answers_to_come(&self) -> usize {
+        self.pending.len() + self.together_extra
+    }
+
+    /// Takes a pipelined write with the ones taken before it in this turn
+    /// (its answer queued as theirs, the first's place), or starts them.
+    fn take_together(&mut self, op: fencelog::TxOp, bytes: usize) {
+        match &mut self.together {
+            Some(ops) => {
+                ops.push(op);
+                self.together_extra += 1;
+            }
+            None => {
+                self.push_pending(Answer::Together(None, Vec::new()), 0, false);
+                self.together = Some(vec![op]);
+            }
+        }
+        // The request's bytes count until its answer, as a write's do.
+        if let Some(last) = self.pending.back_mut() {
+            last.bytes += bytes;
+            self.pending_bytes += bytes;
+        }
+    }
+
+    /// Proposes the writes taken together, if any (`Store::write_together`):
+    /// their answer, the last queued, is to come from now.
+    fn close_together(&mut self) {
+        let Some(ops) = self.together.take() else {
+            return;
+        };
+        let streams: Vec<Bytes> = ops.iter().map(|op| op.stream().clone()).collect();
+        let answers = self.ctx.store.write_together(ops);
+        if let Some(last) = self.pending.back_mut() {
+            debug_assert!(matches!(last.answer, Answer::Together(None, _)));
+            last.answer = Answer::Together(Some(answers), streams);
+        }
+    }
+
     /// Queues an answer to come, behind those before it.
     fn push_pending(&mut self, answer: Answer, bytes: usize, read: bool) {
         self.pending.push_back(Pending {
@@ -619,7 +711,7 @@ impl Connection {
         // never passes its bound (`--max-pipeline`: a request runs only
         // below it).
         debug_assert!(self.pending_reads == 0 || self.pending_reads == self.pending.len());
-        debug_assert!(self.pending.len() <= self.ctx.config.max_pipeline);
+        debug_assert!(self.answers_to_come() <= self.ctx.config.max_pipeline);
     }
 
     fn answered(&mut self, answer: Answered) {
@@ -629,6 +721,29 @@ impl Connection {
         }
         let reply = match answer {
             Answered::Round(log) => return self.reads.ended(log),
+            Answered::Together(answers, streams) => {
+                self.together_extra -= streams.len().saturating_sub(1);
+                let mut tag = None;
+                let mut answers = answers.into_iter();
+                for stream in &streams {
+                    // One answer per write (the store's promise); were one
+                    // missing, its client still gets a reply in its place.
+                    let answer = answers.next().unwrap_or_else(|| {
+                        Err(Failure::Elsewhere(Reply::Error(
+                            "ERR internal: no answer for a write taken with others".into(),
+                        )))
+                    });
+                    let reply = match answer {
+                        Ok(n) => number(n),
+                        Err(f) => {
+                            let tag = tag.get_or_insert_with(|| self.session.tag());
+                            failure_reply(&self.ctx, tag, stream, f)
+                        }
+                    };
+                    self.encode(&reply);
+                }
+                return;
+            }
             Answered::Reply(reply) => reply,
             Answered::Write(Ok(n), _) => number(n),
             Answered::Write(Err(e), stream) => {

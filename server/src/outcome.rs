@@ -49,6 +49,11 @@ pub enum Outcome {
     Pending(ReplyFuture),
     /// Now, then the connection closes.
     Close(Reply),
+    /// A write taken together with the pipelined writes next to it: the
+    /// connection proposes them as one (`Store::write_together`) and
+    /// answers each in its place. Only for a request the connection runs
+    /// with `Session::together` set.
+    Together(fencelog::TxOp),
     /// A command that may wait (LOG.READ BLOCK, LEASE.ACQUIRE WAIT) or
     /// reads in steps: run while watching the connection, so that a client
     /// that goes away takes nothing.
@@ -79,6 +84,12 @@ impl Outcome {
                 Err(e) => error_reply(&e),
             },
             Outcome::Pending(answer) => answer.await,
+            // Never: only a connection's pipelined writes are taken
+            // together, and it answers them itself.
+            Outcome::Together(op) => Reply::Error(format!(
+                "ERR internal: a write to {} was taken with others where it is answered alone",
+                String::from_utf8_lossy(op.stream())
+            )),
             Outcome::OverOutputLimit { .. } => {
                 Reply::Error("ERR the reply is over the client output buffer limit".into())
             }

@@ -37,6 +37,10 @@ pub struct Session {
     /// arrived lets it read now (in a group; see `read_round.rs`). Taken
     /// by the read.
     pub(crate) round: Option<fencelog::Log>,
+    /// For the request about to run: a write it takes goes with the
+    /// pipelined writes next to it (a group's store proposes them as one;
+    /// see `Store::write_together`) instead of on its own.
+    pub(crate) together: bool,
 }
 
 impl Session {
@@ -53,6 +57,7 @@ impl Session {
             waits: true,
             last_spec: None,
             round: None,
+            together: false,
         }
     }
 

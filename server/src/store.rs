@@ -140,6 +140,20 @@ pub trait Store: Send + Sync {
     /// Takes a write now, in the caller's order.
     fn write(&self, op: TxOp) -> BoxFuture<'_, Result<Written, Failure>>;
 
+    /// Whether a connection proposes its pipelined writes together
+    /// ([`Store::write_together`]) instead of one by one ([`Store::write`]):
+    /// a group's leader answers a write once its entry is applied, and
+    /// writes that travel together cost one queue item and one answer.
+    fn batches_writes(&self) -> bool {
+        false
+    }
+
+    /// Writes a connection sent one after the other, taken now in that
+    /// order, each answered on its own once all are answered (a write that
+    /// fails fails alone). What [`Store::write`] does for each, with one
+    /// future for all.
+    fn write_together(&self, ops: Vec<TxOp>) -> BoxFuture<'static, Vec<Result<u64, Failure>>>;
+
     /// A transaction's writes as one entry, all or none; a rejection is
     /// `Error::Aborted` naming the op.
     fn transact(&self, ops: Vec<TxOp>) -> BoxFuture<'_, Result<Vec<u64>, Failure>>;
@@ -231,6 +245,26 @@ impl Store for Log {
         Box::pin(async move { Ok(self.transact_deferred(ops).await?.await?) })
     }
 
+    fn write_together(&self, ops: Vec<TxOp>) -> BoxFuture<'static, Vec<Result<u64, Failure>>> {
+        // Decided in order, then each waits for its sync (one group
+        // commit takes most of them).
+        let log = self.clone();
+        Box::pin(async move {
+            let mut decided = Vec::with_capacity(ops.len());
+            for op in ops {
+                decided.push(log.write_deferred(op).await);
+            }
+            let mut answers = Vec::with_capacity(decided.len());
+            for d in decided {
+                answers.push(match d {
+                    Ok(durable) => Later(durable).result().await.map_err(Failure::from),
+                    Err(e) => Err(Failure::from(e)),
+                });
+            }
+            answers
+        })
+    }
+
     fn read(&self, _key: &Bytes) -> Result<Barrier, Failure> {
         Ok(Barrier::Now(self.clone()))
     }
@@ -290,5 +324,50 @@ impl Store for Log {
 
     fn cluster_client(&self) -> Reply {
         Reply::Error(CLUSTER_DISABLED.into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn append(stream: &str, token: u64) -> TxOp {
+        TxOp::Append {
+            stream: Bytes::copy_from_slice(stream.as_bytes()),
+            token: Token::new(token).unwrap(),
+            payloads: vec![Bytes::from_static(b"x")],
+        }
+    }
+
+    /// A single node's writes taken together are decided in order, each
+    /// answered on its own: a stale one in the middle refuses alone.
+    #[tokio::test]
+    async fn writes_taken_together_are_decided_in_order_and_answered_each() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = Log::open(dir.path(), fencelog::Options::default()).unwrap();
+        let ops = vec![
+            append("a", 5),
+            append("b", 1),
+            append("a", 4),
+            append("a", 5),
+        ];
+        let answers = log.write_together(ops).await;
+        assert_eq!(answers.len(), 4);
+        assert!(matches!(answers[0], Ok(0)));
+        assert!(matches!(answers[1], Ok(0)));
+        assert!(
+            matches!(
+                &answers[2],
+                Err(Failure::Refused(Error::Stale {
+                    presented: 4,
+                    highest: 5
+                }))
+            ),
+            "{:?}",
+            answers[2]
+        );
+        assert!(matches!(answers[3], Ok(1)));
+        assert_eq!(log.stat(b"a").unwrap().next_offset, 2);
     }
 }

@@ -150,11 +150,16 @@ fn released(r: Response) -> Result<bool, Failure> {
 async fn settle(me: NodeId, proposal: Proposal) -> Result<Response, ClusterError> {
     match tokio::time::timeout(WRITE_TIMEOUT, proposal).await {
         Ok(r) => r,
-        Err(_) => Err(ClusterError::Uncertain(format!(
-            "no quorum answered node {me} in {} s",
-            WRITE_TIMEOUT.as_secs()
-        ))),
+        Err(_) => Err(unanswered(me)),
     }
+}
+
+/// A proposal of node `me` that no quorum answered in [`WRITE_TIMEOUT`].
+fn unanswered(me: NodeId) -> ClusterError {
+    ClusterError::Uncertain(format!(
+        "no quorum answered node {me} in {} s",
+        WRITE_TIMEOUT.as_secs()
+    ))
 }
 
 impl Group {
@@ -167,7 +172,7 @@ impl Group {
         want: fn(Response) -> Result<T, Failure>,
     ) -> Result<Pending<T>, Failure> {
         let c = &self.cluster;
-        match c.node().propose(cmd, Instant::now() + QUEUE_DEADLINE).await {
+        match c.node().propose_now(cmd, Instant::now() + QUEUE_DEADLINE) {
             Ok(proposal) => {
                 // The node's id, not the cluster (a count both connection
                 // threads would write per write): all a failure's answer needs.
@@ -229,6 +234,57 @@ impl Store for Group {
             let answer = self.propose(key, Command::Write(op), value).await?;
             Ok(Written::Applied(answer))
         })
+    }
+
+    fn batches_writes(&self) -> bool {
+        true
+    }
+
+    fn write_together(&self, mut ops: Vec<TxOp>) -> BoxFuture<'static, Vec<Result<u64, Failure>>> {
+        let c = &self.cluster;
+        // A write alone (pipeline 1) goes as one: no list of parts.
+        if ops.len() == 1
+            && let Some(op) = ops.pop()
+        {
+            let key = op.stream().clone();
+            let me = c.config().node_id;
+            let proposed = c
+                .node()
+                .propose_now(Command::Write(op), Instant::now() + QUEUE_DEADLINE);
+            return match proposed {
+                Err(e) => Box::pin(std::future::ready(vec![Err(elsewhere(c, &key, &e))])),
+                Ok(proposal) => Box::pin(async move {
+                    vec![match settle(me, proposal).await {
+                        Ok(r) => value(r),
+                        Err(e) => Err(Failure::Elsewhere(redirect_from(me, &key, &e))),
+                    }]
+                }),
+            };
+        }
+        let keys: Vec<Bytes> = ops.iter().map(|op| op.stream().clone()).collect();
+        let cmds = ops.into_iter().map(Command::Write).collect();
+        let me = c.config().node_id;
+        match c.node().propose_many(cmds, Instant::now() + QUEUE_DEADLINE) {
+            // Each write's key names its own slot in a redirect.
+            Err(e) => {
+                let answers = keys.iter().map(|k| Err(elsewhere(c, k, &e))).collect();
+                Box::pin(std::future::ready(answers))
+            }
+            Ok(proposals) => Box::pin(async move {
+                let answers = match tokio::time::timeout(WRITE_TIMEOUT, proposals.answers()).await {
+                    Ok(answers) => answers,
+                    Err(_) => keys.iter().map(|_| Err(unanswered(me))).collect(),
+                };
+                answers
+                    .into_iter()
+                    .zip(&keys)
+                    .map(|(answer, key)| match answer {
+                        Ok(r) => value(r),
+                        Err(e) => Err(Failure::Elsewhere(redirect_from(me, key, &e))),
+                    })
+                    .collect()
+            }),
+        }
     }
 
     fn transact(&self, ops: Vec<TxOp>) -> BoxFuture<'_, Result<Vec<u64>, Failure>> {

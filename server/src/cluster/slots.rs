@@ -342,8 +342,8 @@ fn info(c: &Cluster, status: &Status) -> String {
     let q = status.queued;
     s.push_str(&format!(
         "raft_queued_writes:{}\r\nraft_queued_bytes:{}\r\nraft_queue_max_writes:{}\r\n\
-         raft_queue_max_bytes:{}\r\n",
-        q.writes, q.bytes, q.max_writes, q.max_bytes
+         raft_queue_max_bytes:{}\r\nraft_proposals:{}\r\nraft_proposed_writes:{}\r\n",
+        q.writes, q.bytes, q.max_writes, q.max_bytes, q.taken_items, q.taken_writes
     ));
     // The membership as this node knows it: each member's incarnation
     // (the data directory the group admitted) and whether it votes.

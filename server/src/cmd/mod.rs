@@ -139,6 +139,7 @@ async fn run_named(
     }
     if let Some(parsed) = streams::parse_write(cmd, args.from(1)) {
         return match parsed {
+            Ok(op) if session.together => streams::together(ctx, session, op),
             Ok(op) => streams::write(ctx, session.tag(), op).await,
             Err(reply) => Outcome::Reply(reply),
         };
@@ -196,6 +197,13 @@ pub fn pipelining(session: &Session, request: &Request, rounds: bool) -> Pipelin
         Some(first) => pipelining_named(session, request, &upper(first), rounds),
         None => Pipelining::InOrder,
     }
+}
+
+/// Whether a pipelined `upper_cmd` is a stream write, which a group's
+/// connection takes together with the ones next to it (see
+/// `Session::together`).
+pub fn takes_together(upper_cmd: &Upper) -> bool {
+    streams::WRITES.contains(&upper_cmd.as_str())
 }
 
 /// [`pipelining`] for a request whose name the caller has upper-cased

@@ -204,6 +204,17 @@ pub fn refuse_stale_append(ctx: &Context, session: &Session, a: Args<'_>) -> Opt
     }))
 }
 
+/// A parsed write the connection takes with the pipelined writes next to
+/// it (`Session::together`): refused at once if the store can tell it is
+/// stale, else left for the connection to propose with them.
+pub fn together(ctx: &Arc<Context>, session: &Session, op: TxOp) -> Outcome {
+    if let Some(e) = ctx.store.refuse_now(&op) {
+        note_error(ctx, &session.tag(), op.stream(), &e);
+        return Outcome::Reply(error_reply(&e));
+    }
+    Outcome::Together(op)
+}
+
 /// Takes a parsed write: refused at once if the store can tell it is
 /// stale, else taken now and answered once durable (or applied).
 pub async fn write(ctx: &Arc<Context>, client: ClientTag, op: TxOp) -> Outcome {

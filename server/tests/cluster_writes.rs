@@ -1,0 +1,130 @@
+//! Pipelined writes through a 3-node group go to the leader's queue
+//! together: a connection's writes taken in one turn are one item of the
+//! queue with one answer, not one item, channel and timer per write. What
+//! must not change: each write is answered in its place with its own
+//! offset or refusal, a stale write in the middle refuses alone, and a
+//! follower sends each write of a pipeline to the leader.
+
+mod common;
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use common::cluster::{Cluster, Reply, Resp, cluster_info};
+
+/// One cluster at a time: several on two cores would time out each
+/// other's elections.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+#[test]
+fn a_connections_pipelined_writes_are_proposed_together_and_answered_in_place() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let cluster = Cluster::start(3, &[]);
+    let leader = cluster.leader(Duration::from_secs(10));
+    let addr = cluster.nodes[&leader].client;
+    let mut c = Resp::connect(addr, Duration::from_secs(10)).unwrap();
+    let counts = || {
+        let info = cluster_info(addr).expect("CLUSTER INFO");
+        let n = |k: &str| info[k].parse::<u64>().unwrap();
+        (n("raft_proposals"), n("raft_proposed_writes"))
+    };
+    // Token 5 first: the pipeline's token-4 write below is stale.
+    assert_eq!(
+        c.cmd(&[b"LOG.APPEND", b"s", b"5", b"first"]).unwrap(),
+        Reply::Int(0)
+    );
+    let (items, writes) = counts();
+
+    // 200 appends in one pipeline, one of them stale (the 100th).
+    let mut pipeline: Vec<Vec<&[u8]>> = Vec::new();
+    for i in 0..200 {
+        let token: &[u8] = if i == 99 { b"4" } else { b"5" };
+        pipeline.push(vec![b"LOG.APPEND", b"s", token, b"x"]);
+    }
+    let replies = c.pipeline(&pipeline).unwrap();
+    assert_eq!(replies.len(), 200);
+    let mut offset = 1;
+    for (i, r) in replies.iter().enumerate() {
+        if i == 99 {
+            assert!(
+                matches!(r, Reply::Error(e) if e.starts_with("STALE")),
+                "the stale write answered {r:?}"
+            );
+        } else {
+            assert_eq!(*r, Reply::Int(offset), "write {i}");
+            offset += 1;
+        }
+    }
+    let (items_after, writes_after) = counts();
+    assert_eq!(writes_after - writes, 199, "writes proposed");
+    // A turn of the connection takes at most 64 requests, and the stale
+    // write splits the one it is in: at least 4 items; one per write would
+    // be 199. (More if the pipeline's bytes came in many reads.)
+    let taken = items_after - items;
+    assert!(
+        (4..=20).contains(&taken),
+        "199 pipelined writes took {taken} items of the queue"
+    );
+
+    // Through a follower, each write of a pipeline is sent on.
+    let follower = *cluster.nodes.keys().find(|id| **id != leader).unwrap();
+    let mut f = Resp::connect(cluster.nodes[&follower].client, Duration::from_secs(10)).unwrap();
+    let replies = f
+        .pipeline(&vec![vec![b"LOG.APPEND" as &[u8], b"t", b"1", b"y"]; 20])
+        .unwrap();
+    assert_eq!(replies.len(), 20);
+    for r in &replies {
+        assert!(
+            matches!(r, Reply::Error(e) if e.starts_with("MOVED ")),
+            "a follower answered {r:?}"
+        );
+    }
+}
+
+/// The first element of a `LEASE.ACQUIRE` reply: the token.
+fn token(r: &Reply) -> i64 {
+    match r {
+        Reply::Array(items) => match items.first() {
+            Some(Reply::Int(t)) => *t,
+            other => panic!("LEASE.ACQUIRE's token is {other:?}"),
+        },
+        other => panic!("LEASE.ACQUIRE answered {other:?}"),
+    }
+}
+
+/// Writes taken together reach the log before a lease command sent after
+/// them on the same connection: an append under the old token lands, the
+/// acquisition that fences the stream comes next, and an append under the
+/// old token sent after it is stale.
+#[test]
+fn writes_taken_together_keep_their_place_before_a_lease_command() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let cluster = Cluster::start(3, &[]);
+    let leader = cluster.leader(Duration::from_secs(10));
+    let mut c = Resp::connect(cluster.nodes[&leader].client, Duration::from_secs(10)).unwrap();
+    let first = c
+        .cmd(&[b"LEASE.ACQUIRE", b"jobs", b"a", b"10000", b"FENCE"])
+        .unwrap();
+    let old = token(&first).to_string();
+    assert_eq!(
+        c.cmd(&[b"LEASE.RELEASE", b"jobs", b"a", old.as_bytes()])
+            .unwrap(),
+        Reply::Int(1)
+    );
+    let old: &[u8] = old.as_bytes();
+    let replies = c
+        .pipeline(&[
+            vec![b"LOG.APPEND", b"jobs", old, b"1"],
+            vec![b"LOG.APPEND", b"jobs", old, b"2"],
+            vec![b"LEASE.ACQUIRE", b"jobs", b"b", b"10000", b"FENCE"],
+            vec![b"LOG.APPEND", b"jobs", old, b"3"],
+        ])
+        .unwrap();
+    assert_eq!(replies[0], Reply::Int(0), "{replies:?}");
+    assert_eq!(replies[1], Reply::Int(1), "{replies:?}");
+    assert!(token(&replies[2]) > token(&first), "{replies:?}");
+    assert!(
+        matches!(&replies[3], Reply::Error(e) if e.starts_with("STALE")),
+        "{replies:?}"
+    );
+}
