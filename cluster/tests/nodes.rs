@@ -362,7 +362,12 @@ async fn concurrent_reads_share_rounds_and_are_counted() {
     let after = lead.status();
     assert_eq!(after.reads - before.reads, 500);
     let rounds = after.read_rounds - before.read_rounds;
-    assert!((1..=3).contains(&rounds), "500 reads took {rounds} rounds");
+    // The joins take well under a round trip, and their rounds run on
+    // other worker threads meanwhile: the first round starts at the first
+    // join, a second beside it once 64 wait, and each task starts its next
+    // as its last ends. A few rounds, never one per read (CI saw 4 once
+    // rounds asked one follower and ended sooner).
+    assert!((1..=8).contains(&rounds), "500 reads took {rounds} rounds");
     for node in nodes.into_values() {
         node.shutdown().await.unwrap();
     }
