@@ -372,3 +372,55 @@ async fn concurrent_reads_share_rounds_and_are_counted() {
         node.shutdown().await.unwrap();
     }
 }
+
+/// Writes proposed together go as few items of the leader's queue as fit
+/// half an entry each, in order; one too large for any entry is refused
+/// alone and the others still go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn writes_proposed_together_split_at_an_entrys_bytes_and_answer_each() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Raft segments of 256 KiB: an entry holds at most 128 KiB, and the
+    // queue fills it with at most 64 KiB of writes.
+    let (_, nodes) = form_group(tmp.path(), |_| {}).await;
+    assert_eq!(write(&nodes, append("s", 1, "a")).await, Response::Value(0));
+    let lead = &nodes[&leader(&nodes).await];
+    let payload = Bytes::from(vec![b'p'; 15 << 10]);
+    let with = |payloads: usize| {
+        Command::Write(TxOp::Append {
+            stream: Bytes::from_static(b"s"),
+            token: Token::new(1).unwrap(),
+            payloads: vec![payload.clone(); payloads],
+        })
+    };
+    // 20 writes of 15 KiB, and as the 11th one of 150 KiB (ten records).
+    let mut cmds: Vec<Command> = (0..20).map(|_| with(1)).collect();
+    cmds.insert(10, with(10));
+    let before = lead.queued();
+    let answers = lead
+        .propose_many(cmds, Instant::now() + Duration::from_secs(10))
+        .unwrap()
+        .answers()
+        .await;
+    assert_eq!(answers.len(), 21);
+    let mut offset = 1;
+    for (i, a) in answers.iter().enumerate() {
+        match a {
+            Err(ClusterError::TooLarge { len, max }) if i == 10 => {
+                assert!(len > max, "{len} > {max}")
+            }
+            Ok(Response::Value(v)) if i != 10 => {
+                assert_eq!(*v, offset, "write {i}");
+                offset += 1;
+            }
+            other => panic!("write {i} answered {other:?}"),
+        }
+    }
+    let after = lead.queued();
+    assert_eq!(after.taken_writes - before.taken_writes, 20);
+    // Four 15 KiB writes fill half an entry: at least five items for 20.
+    let items = after.taken_items - before.taken_items;
+    assert!((5..=20).contains(&items), "20 writes took {items} items");
+    for node in nodes.into_values() {
+        node.shutdown().await.unwrap();
+    }
+}
