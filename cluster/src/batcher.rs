@@ -591,7 +591,7 @@ fn answer(outcome: Outcome, answers: Vec<Answer>) {
             ClusterError::Uncertain("this node stopped leading with the write in flight".into())
         }
         Ok(Err(e)) => ClusterError::Raft(e.to_string()),
-        Err(_) => ClusterError::Uncertain("this node stopped before the write was decided".into()),
+        Err(_) => ClusterError::stopped_undecided(),
     };
     for a in answers {
         a.fail(failed.duplicate());

@@ -198,6 +198,12 @@ pub enum ClusterError {
 }
 
 impl ClusterError {
+    /// A write's answer lost with the node: it stopped (or its batching
+    /// task ended) before the write's entry was decided.
+    pub(crate) fn stopped_undecided() -> ClusterError {
+        ClusterError::Uncertain("this node stopped before the write was decided".into())
+    }
+
     /// The same error for another waiter of one entry (an I/O error
     /// travels as its text).
     pub(crate) fn duplicate(&self) -> ClusterError {
@@ -545,13 +551,9 @@ impl Future for Proposal {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
-        std::pin::Pin::new(&mut self.0).poll(cx).map(|answer| {
-            answer.unwrap_or_else(|_| {
-                Err(ClusterError::Uncertain(
-                    "this node stopped before the write was decided".into(),
-                ))
-            })
-        })
+        std::pin::Pin::new(&mut self.0)
+            .poll(cx)
+            .map(|answer| answer.unwrap_or_else(|_| Err(ClusterError::stopped_undecided())))
     }
 }
 
@@ -586,12 +588,7 @@ impl Proposals {
                         )),
                     ),
                     Ok(Err(e)) => (n, e),
-                    Err(_) => (
-                        n,
-                        ClusterError::Uncertain(
-                            "this node stopped before the write was decided".into(),
-                        ),
-                    ),
+                    Err(_) => (n, ClusterError::stopped_undecided()),
                 },
                 Part::Failed(n, e) => (n, e),
             };

@@ -154,6 +154,20 @@ async fn settle(me: NodeId, proposal: Proposal) -> Result<Response, ClusterError
     }
 }
 
+/// A proposal's outcome on node `me` as the command's answer: `want`
+/// takes an applied one, a failure says where to go for `key`.
+fn settled<T>(
+    me: NodeId,
+    key: &[u8],
+    outcome: Result<Response, ClusterError>,
+    want: fn(Response) -> Result<T, Failure>,
+) -> Result<T, Failure> {
+    match outcome {
+        Ok(r) => want(r),
+        Err(e) => Err(Failure::Elsewhere(redirect_from(me, key, &e))),
+    }
+}
+
 /// A proposal of node `me` that no quorum answered in [`WRITE_TIMEOUT`].
 fn unanswered(me: NodeId) -> ClusterError {
     ClusterError::Uncertain(format!(
@@ -178,10 +192,7 @@ impl Group {
                 // threads would write per write): all a failure's answer needs.
                 let me = c.config().node_id;
                 Ok(Box::pin(async move {
-                    match settle(me, proposal).await {
-                        Ok(r) => want(r),
-                        Err(e) => Err(Failure::Elsewhere(redirect_from(me, &key, &e))),
-                    }
+                    settled(me, &key, settle(me, proposal).await, want)
                 }))
             }
             Err(e) => Err(elsewhere(c, &key, &e)),
@@ -253,12 +264,11 @@ impl Store for Group {
                 .propose_now(Command::Write(op), Instant::now() + QUEUE_DEADLINE);
             return match proposed {
                 Err(e) => Box::pin(std::future::ready(vec![Err(elsewhere(c, &key, &e))])),
-                Ok(proposal) => Box::pin(async move {
-                    vec![match settle(me, proposal).await {
-                        Ok(r) => value(r),
-                        Err(e) => Err(Failure::Elsewhere(redirect_from(me, &key, &e))),
-                    }]
-                }),
+                Ok(proposal) => {
+                    Box::pin(
+                        async move { vec![settled(me, &key, settle(me, proposal).await, value)] },
+                    )
+                }
             };
         }
         let keys: Vec<Bytes> = ops.iter().map(|op| op.stream().clone()).collect();
@@ -278,10 +288,7 @@ impl Store for Group {
                 answers
                     .into_iter()
                     .zip(&keys)
-                    .map(|(answer, key)| match answer {
-                        Ok(r) => value(r),
-                        Err(e) => Err(Failure::Elsewhere(redirect_from(me, key, &e))),
-                    })
+                    .map(|(answer, key)| settled(me, key, answer, value))
                     .collect()
             }),
         }
