@@ -67,20 +67,7 @@ async fn write(nodes: &BTreeMap<u64, Node>, cmd: Command) -> Response {
 }
 
 async fn leader(nodes: &BTreeMap<u64, Node>) -> u64 {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        // A restarted leader may think it leads its old term for a moment:
-        // the leader is the one of the newest term.
-        let newest = nodes.values().map(|n| n.status().term).max().unwrap_or(0);
-        for node in nodes.values() {
-            let s = node.status();
-            if s.state == "leader" && s.term == newest {
-                return node.id();
-            }
-        }
-        assert!(Instant::now() < deadline, "no leader in 10 s");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::leader_of(|| nodes.values()).await
 }
 
 /// Waits until `node` applied at least `index`.

@@ -14,6 +14,8 @@ use fencelog_cluster::{
 };
 use parking_lot::Mutex;
 
+mod common;
+
 /// Delivers every message to its target's endpoint at once, and counts
 /// the empty appends (heartbeats and rounds' confirmations) each target got.
 #[derive(Default)]
@@ -78,18 +80,7 @@ fn member(id: NodeId) -> Member {
 }
 
 async fn leader(nodes: &BTreeMap<NodeId, Arc<Node>>) -> NodeId {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let newest = nodes.values().map(|n| n.status().term).max().unwrap_or(0);
-        for node in nodes.values() {
-            let s = node.status();
-            if s.state == "leader" && s.term == newest {
-                return node.id();
-            }
-        }
-        assert!(Instant::now() < deadline, "no leader in 10 s");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::leader_of(|| nodes.values().map(|n| &**n)).await
 }
 
 /// Runs `n` rounds one after the other on `node`, each awaited before the

@@ -64,3 +64,24 @@ pub fn sockets_dialing(port: u16) -> usize {
         })
         .count()
 }
+
+/// The id of the node that leads `nodes` (the one of the newest term: a
+/// restarted leader may think it leads its old term for a moment),
+/// waiting for one up to 10 s.
+pub async fn leader_of<'a, I>(nodes: impl Fn() -> I) -> u64
+where
+    I: Iterator<Item = &'a fencelog_cluster::Node>,
+{
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let newest = nodes().map(|n| n.status().term).max().unwrap_or(0);
+        for node in nodes() {
+            let s = node.status();
+            if s.state == "leader" && s.term == newest {
+                return node.id();
+            }
+        }
+        assert!(std::time::Instant::now() < deadline, "no leader in 10 s");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
