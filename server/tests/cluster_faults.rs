@@ -634,11 +634,14 @@ fn a_paused_leader_commits_nothing_and_reads_nothing_stale_when_it_resumes() {
     match &w {
         // CLUSTERDOWN: it resumed seeing its quorum silent for longer than
         // an election timeout and refused the write before proposing it.
+        // TRYAGAIN: it had stepped down and not yet heard who leads; the
+        // write was not proposed either.
         Ok(Reply::Error(e)) => assert!(
             e.starts_with("MOVED")
                 || e.starts_with("UNCERTAIN")
                 || e.starts_with("STALE")
-                || e.starts_with("CLUSTERDOWN"),
+                || e.starts_with("CLUSTERDOWN")
+                || e.starts_with("TRYAGAIN"),
             "{e}"
         ),
         other => panic!("the late write got {other:?}"),
