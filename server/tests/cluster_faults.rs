@@ -644,7 +644,7 @@ fn a_paused_leader_commits_nothing_and_reads_nothing_stale_when_it_resumes() {
                 || e.starts_with("TRYAGAIN"),
             "{e}"
         ),
-        other => panic!("the late write got {other:?}"),
+        other => panic!("the late write got {other:?}\n{}", cluster.logs()),
     }
     match &r {
         Ok(Reply::Error(e)) => assert!(
@@ -654,7 +654,7 @@ fn a_paused_leader_commits_nothing_and_reads_nothing_stale_when_it_resumes() {
         // Answered only once it is a member that can prove it is current:
         // then it must see b's write.
         Ok(Reply::Array(items)) => assert_eq!(items.len(), 2, "{items:?}"),
-        other => panic!("the read got {other:?}"),
+        other => panic!("the read got {other:?}\n{}", cluster.logs()),
     }
     cluster.converge(Duration::from_secs(20));
     let leader = cluster.leader(Duration::from_secs(10));
