@@ -190,6 +190,8 @@ struct Counts {
     /// write, or writes queued together), and the writes they held.
     taken_items: AtomicU64,
     taken_writes: AtomicU64,
+    /// Where each entry's round, proposal to answer, is timed.
+    timings: Arc<crate::timings::Timings>,
 }
 
 impl Counts {
@@ -220,6 +222,7 @@ impl Batcher {
         max_queued_bytes: u64,
         in_flight: usize,
         local: Option<crate::node::LocalClock>,
+        timings: Arc<crate::timings::Timings>,
     ) -> Batcher {
         let (tx, rx) = mpsc::channel(MAX_QUEUED);
         let clock = Arc::new(GroupClock {
@@ -232,6 +235,7 @@ impl Batcher {
             max_bytes: max_queued_bytes,
             taken_items: AtomicU64::new(0),
             taken_writes: AtomicU64::new(0),
+            timings,
         });
         tokio::spawn(run(
             raft.clone(),
@@ -467,10 +471,15 @@ async fn run(
                 continue;
             }
         };
+        let proposed = Instant::now();
         match raft.client_write_ff(Request::packed(time_ms, cmds)).await {
             Ok(pending) => {
+                let counts = Arc::clone(&counts);
                 tokio::spawn(async move {
                     let outcome = pending.await;
+                    if outcome.as_ref().is_ok_and(Result::is_ok) {
+                        counts.timings.entry_rounds.since(proposed);
+                    }
                     drop(slot);
                     answer(outcome, answers);
                 });
@@ -611,6 +620,7 @@ mod tests {
             max_bytes: max_queued_bytes,
             taken_items: AtomicU64::new(0),
             taken_writes: AtomicU64::new(0),
+            timings: Arc::default(),
         });
         let batcher = Batcher {
             tx,

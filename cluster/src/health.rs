@@ -53,6 +53,8 @@ fn alive<T, E: std::error::Error>(r: &Result<T, RPCError<NodeId, Member, E>>) ->
 pub(crate) struct Watched {
     pub(crate) inner: Network,
     pub(crate) answers: Arc<PeerAnswers>,
+    /// Where AppendEntries with entries count their round trips.
+    pub(crate) timings: Arc<crate::timings::Timings>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Watched {
@@ -63,6 +65,7 @@ impl RaftNetworkFactory<TypeConfig> for Watched {
             inner: self.inner.new_client(target, node).await,
             target,
             answers: Arc::clone(&self.answers),
+            timings: Arc::clone(&self.timings),
         }
     }
 }
@@ -72,6 +75,7 @@ pub(crate) struct WatchedClient {
     inner: <Network as RaftNetworkFactory<TypeConfig>>::Network,
     target: NodeId,
     answers: Arc<PeerAnswers>,
+    timings: Arc<crate::timings::Timings>,
 }
 
 impl WatchedClient {
@@ -91,7 +95,12 @@ impl RaftNetwork<TypeConfig> for WatchedClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>> {
+        let carries = !rpc.entries.is_empty();
+        let started = Instant::now();
         let r = self.inner.append_entries(rpc, option).await;
+        if carries && r.is_ok() {
+            self.timings.replications.since(started);
+        }
         self.note(&r);
         r
     }

@@ -38,6 +38,7 @@ mod reads;
 mod request_v1;
 mod snapshot;
 pub mod state_machine;
+mod timings;
 pub mod types;
 
 pub use batcher::{IN_FLIGHT as DEFAULT_ENTRIES_IN_FLIGHT, MAX_IN_FLIGHT as MAX_ENTRIES_IN_FLIGHT};
@@ -51,4 +52,5 @@ pub use node::{
 };
 pub use openraft::ChangeMembers;
 pub use snapshot::SnapshotFile;
+pub use timings::{Steps, Timed};
 pub use types::{Member, NodeId, REQUEST_VERSION, Request, Response, Responses, WireError};

@@ -365,6 +365,8 @@ pub struct LogStore {
     /// This node's id, once known: entries of another leader are a
     /// follower's appends.
     node: Option<NodeId>,
+    /// How long appends take to be durable (`timings.rs`).
+    timings: Arc<crate::timings::Timings>,
 }
 
 /// Durable entries leave the [`Recent`] cache once it holds more than this
@@ -533,6 +535,7 @@ impl LogStore {
                 .saturating_sub(ENTRY_HEADER + 256),
             recent: Arc::default(),
             node: None,
+            timings: Arc::default(),
         })
     }
 
@@ -541,6 +544,11 @@ impl LogStore {
     pub(crate) fn of_node(mut self, id: NodeId) -> LogStore {
         self.node = Some(id);
         self
+    }
+
+    /// The node's timings, which this log's appends count in.
+    pub(crate) fn timings(&self) -> Arc<crate::timings::Timings> {
+        Arc::clone(&self.timings)
     }
 
     /// The last entry of this log (or the last purged, if none is left).
@@ -837,6 +845,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
     {
+        let started = std::time::Instant::now();
         let (ticket, ids) = self.append_entries(entries).await?;
         // A follower appends another leader's entries, and acknowledges
         // them once synced: with nothing else to do meanwhile (at
@@ -847,14 +856,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .node
             .is_some_and(|me| ids.first().is_some_and(|id| id.leader_id.node_id != me));
         if follower && self.wal.flush_small_here() && ticket.is_durable() {
+            self.timings.log_syncs.since(started);
             self.recent.lock().durable(&ids);
             callback.log_io_completed(Ok(()));
             return Ok(());
         }
         let recent = Arc::clone(&self.recent);
+        let timings = Arc::clone(&self.timings);
         tokio::spawn(async move {
             let result = ticket.await.map_err(io_err);
             if result.is_ok() {
+                timings.log_syncs.since(started);
                 // Durable: may leave the cache from now on.
                 recent.lock().durable(&ids);
             }

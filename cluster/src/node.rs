@@ -254,6 +254,8 @@ pub struct Node {
     endpoint: network::PeerEndpoint,
     /// Stops Raft's runtime, and its thread.
     runtime: parking_lot::Mutex<Option<RuntimeHandle>>,
+    /// Where a replicated write's time goes on this node (`timings.rs`).
+    timings: Arc<crate::timings::Timings>,
 }
 
 /// A node's own Raft thread: what stops its runtime, and the thread.
@@ -269,7 +271,10 @@ async fn start_here(cfg: NodeConfig, hooks: Hooks) -> Result<Node, ClusterError>
     let log_store = open_raft_log(&cfg, &hooks).await?;
     let (incarnation, unrecorded) = incarnation_of(&cfg, &hooks, &log_store)?;
     let max_request = log_store.max_request_bytes() as u64;
-    let sm = open_state_machine(&cfg, &hooks, max_request).await?;
+    let timings = log_store.timings();
+    let sm = open_state_machine(&cfg, &hooks, max_request)
+        .await?
+        .timed_in(Arc::clone(&timings));
     let engine = sm.engine();
     let network = peer_network(&cfg, &hooks, incarnation);
     let (raft, answers) = start_raft(&cfg, &network, log_store.clone(), sm).await?;
@@ -315,6 +320,7 @@ async fn start_here(cfg: NodeConfig, hooks: Hooks) -> Result<Node, ClusterError>
         cfg.max_queued_bytes,
         cfg.entries_in_flight,
         hooks.local_clock.clone(),
+        Arc::clone(&timings),
     );
     Ok(Node {
         id: cfg.id,
@@ -332,6 +338,7 @@ async fn start_here(cfg: NodeConfig, hooks: Hooks) -> Result<Node, ClusterError>
         listener: parking_lot::Mutex::new(listener),
         endpoint,
         runtime: parking_lot::Mutex::new(None),
+        timings,
     })
 }
 
@@ -369,6 +376,7 @@ async fn start_raft(
     let watched = crate::health::Watched {
         inner: network.clone(),
         answers: Arc::clone(&answers),
+        timings: log_store.timings(),
     };
     let raft = Raft::new(cfg.id, Arc::new(raft_config(cfg)?), watched, log_store, sm)
         .await
@@ -1022,6 +1030,13 @@ impl Node {
     /// memory budget.
     pub fn queued(&self) -> Queued {
         self.batcher.queued()
+    }
+
+    /// Where a replicated write's time went on this node since it
+    /// started: entry rounds and replications (as a leader), Raft log
+    /// syncs and applies (see [`crate::Steps`]).
+    pub fn timings(&self) -> crate::Steps {
+        self.timings.read()
     }
 
     /// The leader as this node knows it.

@@ -57,6 +57,8 @@ pub struct StateMachine {
     incoming: Option<PathBuf>,
     /// On a given storage (a simulation): no blocking threads.
     inline_io: bool,
+    /// How long applies take (`timings.rs`).
+    timings: Arc<crate::timings::Timings>,
 }
 
 fn sm_err(e: impl std::fmt::Display) -> StorageError<NodeId> {
@@ -256,7 +258,15 @@ impl StateMachine {
             snaps: Arc::new(snaps),
             incoming: None,
             inline_io,
+            timings: Arc::default(),
         })
+    }
+
+    /// This state machine with its applies counted in `timings` (the
+    /// node's).
+    pub(crate) fn timed_in(mut self, timings: Arc<crate::timings::Timings>) -> StateMachine {
+        self.timings = timings;
+        self
     }
 
     /// The engine handle readers use.
@@ -366,6 +376,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I::IntoIter: Send,
     {
         let _turn = self.turn.lock().await;
+        let started = std::time::Instant::now();
         let log = self.engine.log();
         // Every write of every entry, with its position; what the engine
         // applied already (before a crash) is not applied again.
@@ -427,6 +438,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
         // Decided in order, written out together: one write for the batch.
         let applied = log.apply_replicated_many(&batch).await.map_err(sm_err)?;
+        self.timings.applies.since(started);
         // The applied position never moves back.
         debug_assert!(log.applied().map_or(0, |p| p.index) >= done);
         Ok(shape

@@ -38,7 +38,7 @@ pub struct Metric {
 /// Every number, in one place for both formats.
 pub fn metrics(ctx: &Context) -> Vec<Metric> {
     let m = ctx.engine().metrics();
-    let parts: [fn(&Context, &fencelog::Metrics) -> Vec<Metric>; 10] = [
+    let parts: [fn(&Context, &fencelog::Metrics) -> Vec<Metric>; 11] = [
         server_clients,
         stats_1,
         stats_2,
@@ -49,6 +49,7 @@ pub fn metrics(ctx: &Context) -> Vec<Metric> {
         leases_1,
         leases_2,
         commit,
+        replication,
     ];
     parts.iter().flat_map(|part| part(ctx, &m)).collect()
 }
@@ -618,6 +619,99 @@ fn number(v: f64) -> String {
     } else {
         format!("{v:.2}")
     }
+}
+
+/// The numbers of `replication` (cluster mode only): where a replicated
+/// write's time went on this node, each step a count and a total (a
+/// dashboard divides the differences of two readings) and, for `INFO`,
+/// the mean since the node started.
+fn replication(ctx: &Context, _m: &fencelog::Metrics) -> Vec<Metric> {
+    /// A step's names: `INFO`'s count, seconds and mean, Prometheus' count
+    /// and seconds.
+    type Names = [&'static str; 5];
+    let Some(t) = ctx.store.timings() else {
+        return Vec::new();
+    };
+    let steps: [(Names, &'static str, fencelog_cluster::Timed); 4] = [
+        (
+            [
+                "raft_entry_rounds",
+                "raft_entry_round_seconds",
+                "raft_entry_round_mean_us",
+                "fencelog_raft_entry_rounds_total",
+                "fencelog_raft_entry_round_seconds_total",
+            ],
+            "Entries this node proposed as the leader, timed from proposal to answer \
+             (replicated to a quorum, committed, applied): how many, and their seconds.",
+            t.entry_rounds,
+        ),
+        (
+            [
+                "raft_replications",
+                "raft_replication_seconds",
+                "raft_replication_mean_us",
+                "fencelog_raft_replications_total",
+                "fencelog_raft_replication_seconds_total",
+            ],
+            "AppendEntries with entries this node sent as the leader, timed from send to a \
+             follower's answer (network both ways, the follower's append and sync): how \
+             many, and their seconds.",
+            t.replications,
+        ),
+        (
+            [
+                "raft_log_syncs",
+                "raft_log_sync_seconds",
+                "raft_log_sync_mean_us",
+                "fencelog_raft_log_syncs_total",
+                "fencelog_raft_log_sync_seconds_total",
+            ],
+            "Appends to this node's Raft log, timed until durable: how many, and their seconds.",
+            t.log_syncs,
+        ),
+        (
+            [
+                "raft_applies",
+                "raft_apply_seconds",
+                "raft_apply_mean_us",
+                "fencelog_raft_applies_total",
+                "fencelog_raft_apply_seconds_total",
+            ],
+            "Applies of committed entries to this node's engine (one per batch of entries), \
+             timed: how many, and their seconds.",
+            t.applies,
+        ),
+    ];
+    let mut out = Vec::with_capacity(steps.len() * 3);
+    for ([count, seconds, mean, count_total, seconds_total], help, timed) in steps {
+        let metric = |info, prometheus, kind, value| Metric {
+            section: "replication",
+            info,
+            prometheus,
+            help,
+            kind,
+            value,
+        };
+        out.push(metric(
+            count,
+            count_total,
+            Kind::Counter,
+            timed.count as f64,
+        ));
+        out.push(metric(
+            seconds,
+            seconds_total,
+            Kind::Counter,
+            timed.micros as f64 / 1e6,
+        ));
+        out.push(metric(
+            mean,
+            "",
+            Kind::InfoOnly,
+            timed.mean_micros().unwrap_or(0) as f64,
+        ));
+    }
+    out
 }
 
 /// The `INFO [section ...]` text: `# Section` headers and `name:value`

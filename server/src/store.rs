@@ -208,6 +208,12 @@ pub trait Store: Send + Sync {
     fn queued(&self) -> Option<fencelog_cluster::Queued> {
         None
     }
+
+    /// Where a replicated write's time went on this node (`None` on a
+    /// single node: nothing is replicated).
+    fn timings(&self) -> Option<fencelog_cluster::Steps> {
+        None
+    }
 }
 
 /// The answer of a node without cluster support, in Redis' words.

@@ -128,3 +128,79 @@ fn writes_taken_together_keep_their_place_before_a_lease_command() {
         "{replies:?}"
     );
 }
+
+/// `INFO replication` as numbers.
+fn replication(addr: std::net::SocketAddr) -> std::collections::BTreeMap<String, f64> {
+    let mut c = Resp::connect(addr, Duration::from_secs(10)).unwrap();
+    let Reply::Bulk(text) = c.cmd(&[b"INFO", b"replication"]).unwrap() else {
+        panic!("INFO replication is a bulk string")
+    };
+    String::from_utf8(text)
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.to_string(), v.trim().parse().unwrap()))
+        .collect()
+}
+
+/// Each node times the steps of a replicated write (`INFO replication`):
+/// the leader its entries' rounds and its AppendEntries to followers, every
+/// node its Raft log syncs and its applies; a follower proposes nothing,
+/// so it times no round and no replication.
+#[test]
+fn each_node_times_the_steps_of_a_replicated_write() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let cluster = Cluster::start(3, &[]);
+    let leader = cluster.leader(Duration::from_secs(10));
+    let addr = |id: &u64| cluster.nodes[id].client;
+    let mut c = Resp::connect(addr(&leader), Duration::from_secs(10)).unwrap();
+    // Whatever the group wrote as it started (a take-over, the membership).
+    assert_eq!(
+        c.cmd(&[b"LOG.APPEND", b"s", b"1", b"first"]).unwrap(),
+        Reply::Int(0)
+    );
+    let before: std::collections::BTreeMap<u64, _> = cluster
+        .nodes
+        .keys()
+        .map(|id| (*id, replication(addr(id))))
+        .collect();
+    // One at a time: each write its own entry.
+    for i in 1..=30 {
+        assert_eq!(
+            c.cmd(&[b"LOG.APPEND", b"s", b"1", b"x"]).unwrap(),
+            Reply::Int(i)
+        );
+    }
+    cluster.converge(Duration::from_secs(20));
+    for id in cluster.nodes.keys() {
+        let after = replication(addr(id));
+        let grew = |k: &str| after[k] - before[id][k];
+        if *id == leader {
+            assert!(grew("raft_entry_rounds") >= 30.0, "node {id}: {after:?}");
+            assert!(
+                grew("raft_entry_round_seconds") > 0.0,
+                "node {id}: {after:?}"
+            );
+            // Each entry goes to both followers.
+            assert!(grew("raft_replications") >= 30.0, "node {id}: {after:?}");
+            assert!(
+                grew("raft_replication_seconds") > 0.0,
+                "node {id}: {after:?}"
+            );
+            assert!(
+                after["raft_entry_round_mean_us"] > 0.0,
+                "node {id}: {after:?}"
+            );
+        } else {
+            for k in ["raft_entry_rounds", "raft_replications"] {
+                assert_eq!(grew(k), 0.0, "node {id} is a follower: {k} {after:?}");
+            }
+        }
+        // Every node wrote and applied the 30 entries (a follower may take
+        // several in one append, and apply several in one call).
+        assert!(grew("raft_log_syncs") >= 1.0, "node {id}: {after:?}");
+        assert!(grew("raft_log_sync_seconds") > 0.0, "node {id}: {after:?}");
+        assert!(grew("raft_applies") >= 1.0, "node {id}: {after:?}");
+        assert!(after["raft_apply_mean_us"] > 0.0, "node {id}: {after:?}");
+    }
+}

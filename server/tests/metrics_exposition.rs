@@ -236,3 +236,25 @@ fn commit_telemetry_exists_and_moves() {
         prometheus_parse::Value::Counter(v) if v > 0.2
     ));
 }
+
+/// A single node replicates nothing: no `# Replication` section, no
+/// `fencelog_raft_*` metric (cluster mode has them, `cluster_writes.rs`).
+#[test]
+fn a_single_node_has_no_replication_timings() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = free_port();
+    let server = busy_server(dir.path(), metrics);
+    let mut c = server.client();
+    match c.cmd(&["INFO", "everything"]) {
+        Value::Bulk(b) => {
+            let text = String::from_utf8_lossy(&b);
+            assert!(text.contains("# Commit"), "{text}");
+            assert!(!text.contains("# Replication"), "{text}");
+            assert!(!text.contains("raft_"), "{text}");
+        }
+        other => panic!("INFO answered {other:?}"),
+    }
+    let response = http(metrics, "GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n");
+    assert!(response.contains("fencelog_appends_total"), "{response}");
+    assert!(!response.contains("fencelog_raft_"), "{response}");
+}

@@ -416,6 +416,10 @@ impl Store for Group {
     fn queued(&self) -> Option<fencelog_cluster::Queued> {
         Some(self.cluster.node().queued())
     }
+
+    fn timings(&self) -> Option<fencelog_cluster::Steps> {
+        Some(self.cluster.node().timings())
+    }
 }
 
 /// `LEASE.ACQUIRE` in a group: the first try as proposed; with `WAIT`,
