@@ -175,20 +175,19 @@ fn each_node_times_the_steps_of_a_replicated_write() {
     for id in cluster.nodes.keys() {
         let after = replication(addr(id));
         let grew = |k: &str| after[k] - before[id][k];
+        // (`INFO` shows seconds to the hundredth: thirty rounds of a
+        // fraction of a millisecond may not move them. The means since the
+        // node started, in whole microseconds, are never 0 once timed.)
         if *id == leader {
             assert!(grew("raft_entry_rounds") >= 30.0, "node {id}: {after:?}");
-            assert!(
-                grew("raft_entry_round_seconds") > 0.0,
-                "node {id}: {after:?}"
-            );
             // Each entry goes to both followers.
             assert!(grew("raft_replications") >= 30.0, "node {id}: {after:?}");
             assert!(
-                grew("raft_replication_seconds") > 0.0,
+                after["raft_entry_round_mean_us"] > 0.0,
                 "node {id}: {after:?}"
             );
             assert!(
-                after["raft_entry_round_mean_us"] > 0.0,
+                after["raft_replication_mean_us"] > 0.0,
                 "node {id}: {after:?}"
             );
         } else {
@@ -199,7 +198,7 @@ fn each_node_times_the_steps_of_a_replicated_write() {
         // Every node wrote and applied the 30 entries (a follower may take
         // several in one append, and apply several in one call).
         assert!(grew("raft_log_syncs") >= 1.0, "node {id}: {after:?}");
-        assert!(grew("raft_log_sync_seconds") > 0.0, "node {id}: {after:?}");
+        assert!(after["raft_log_sync_mean_us"] > 0.0, "node {id}: {after:?}");
         assert!(grew("raft_applies") >= 1.0, "node {id}: {after:?}");
         assert!(after["raft_apply_mean_us"] > 0.0, "node {id}: {after:?}");
     }
