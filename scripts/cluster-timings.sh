@@ -9,6 +9,8 @@
 #
 #   scripts/cluster-timings.sh [FENCELOG_BINARY] [PIPELINE] [SECONDS] [RUNS]
 #
+# The means divide INFO's totals, which show seconds to the hundredth: use
+# runs of a few seconds at least (a 5 s run times thousands of steps).
 # Defaults: target/release/fencelog, pipeline 16, 5 s, 3 runs. Ports
 # 7621-7623 (+10000 for Raft) on 127.0.0.1; data under a temporary
 # directory, removed afterwards.
