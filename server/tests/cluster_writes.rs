@@ -10,7 +10,7 @@ mod common;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use common::cluster::{Cluster, Reply, Resp, cluster_info};
+use common::cluster::{Cluster, Reply, Resp, cluster_info, fields};
 
 /// One cluster at a time: several on two cores would time out each
 /// other's elections.
@@ -131,15 +131,10 @@ fn writes_taken_together_keep_their_place_before_a_lease_command() {
 
 /// `INFO replication` as numbers.
 fn replication(addr: std::net::SocketAddr) -> std::collections::BTreeMap<String, f64> {
-    let mut c = Resp::connect(addr, Duration::from_secs(10)).unwrap();
-    let Reply::Bulk(text) = c.cmd(&[b"INFO", b"replication"]).unwrap() else {
-        panic!("INFO replication is a bulk string")
-    };
-    String::from_utf8(text)
-        .unwrap()
-        .lines()
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.to_string(), v.trim().parse().unwrap()))
+    fields(addr, &[b"INFO", b"replication"])
+        .expect("INFO replication")
+        .into_iter()
+        .map(|(k, v)| (k, v.parse().unwrap()))
         .collect()
 }
 

@@ -517,8 +517,14 @@ pub fn caught_up<'a>(
 }
 
 pub fn cluster_info(addr: SocketAddr) -> Option<BTreeMap<String, String>> {
+    fields(addr, &[b"CLUSTER", b"INFO"])
+}
+
+/// The `name:value` lines of what `command` answers at `addr` (`INFO`,
+/// `CLUSTER INFO`), or `None` if it does not answer within a second.
+pub fn fields(addr: SocketAddr, command: &[&[u8]]) -> Option<BTreeMap<String, String>> {
     let mut c = Resp::connect(addr, Duration::from_secs(1)).ok()?;
-    match c.cmd(&[b"CLUSTER", b"INFO"]).ok()? {
+    match c.cmd(command).ok()? {
         Reply::Bulk(text) => Some(
             String::from_utf8_lossy(&text)
                 .lines()
