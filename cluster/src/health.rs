@@ -95,10 +95,12 @@ impl RaftNetwork<TypeConfig> for WatchedClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>> {
-        let carries = !rpc.entries.is_empty();
-        let started = Instant::now();
+        // Heartbeats are not timed.
+        let started = (!rpc.entries.is_empty()).then(Instant::now);
         let r = self.inner.append_entries(rpc, option).await;
-        if carries && r.is_ok() {
+        if let Some(started) = started
+            && r.is_ok()
+        {
             self.timings.replications.since(started);
         }
         self.note(&r);

@@ -277,7 +277,7 @@ async fn start_here(cfg: NodeConfig, hooks: Hooks) -> Result<Node, ClusterError>
         .timed_in(Arc::clone(&timings));
     let engine = sm.engine();
     let network = peer_network(&cfg, &hooks, incarnation);
-    let (raft, answers) = start_raft(&cfg, &network, log_store.clone(), sm).await?;
+    let (raft, answers) = start_raft(&cfg, &network, log_store.clone(), sm, &timings).await?;
     if unrecorded {
         record_incarnation(&raft, &cfg, incarnation).await?;
     }
@@ -371,12 +371,13 @@ async fn start_raft(
     network: &Network,
     log_store: LogStore,
     sm: StateMachine,
+    timings: &Arc<crate::timings::Timings>,
 ) -> Result<(Raft, Arc<crate::health::PeerAnswers>), ClusterError> {
     let answers = Arc::new(crate::health::PeerAnswers::default());
     let watched = crate::health::Watched {
         inner: network.clone(),
         answers: Arc::clone(&answers),
-        timings: log_store.timings(),
+        timings: Arc::clone(timings),
     };
     let raft = Raft::new(cfg.id, Arc::new(raft_config(cfg)?), watched, log_store, sm)
         .await
