@@ -27,6 +27,8 @@ workload="${WORKLOAD:-append}"
 . "$(dirname "$0")/background.sh"
 # shellcheck source=scripts/cpu-ticks.sh
 . "$(dirname "$0")/cpu-ticks.sh"
+# shellcheck source=scripts/local-group.sh
+. "$(dirname "$0")/local-group.sh"
 tck=$(getconf CLK_TCK)
 
 # bench ADDR: runs the load; prints "APPENDS_PER_S REQUESTS LOADGEN_CPU_S".
@@ -66,18 +68,9 @@ for run in $(seq 1 "$runs"); do
         'BEGIN { printf "%-7s %-10s %-12.1f %-40s %-14.2f %.2f\n", "single", r,
                  u / t / n * 1e6, "", u / t / s, l / s }'
 
-    "$bin" cluster local --nodes 3 --port 7611 --dir "$work/cluster" --log-level warn \
-        >"$work/cluster.log" 2>&1 &
-    group=$!
-    pids+=("$group")
-    for _ in $(seq 1 100); do
-        "$bin" cluster status --addr 127.0.0.1:7611 2>/dev/null | grep -q leader && break
-        sleep 0.2
-    done
+    start_group 7611 "$work/cluster"
     # Each node's process, leader first, by the client port it serves.
-    order=$("$bin" cluster status --addr 127.0.0.1:7611 |
-        awk '$3 == "leader" { print $2 } $3 == "follower" { f = f " " $2 } END { print f }' |
-        tr '\n' ' ')
+    order=$(leader_first 7611)
     nodes=()
     for addr in $order; do
         for p in $(pgrep -P "$group"); do

@@ -21,6 +21,8 @@ secs="${3:-5}"
 runs="${4:-3}"
 # shellcheck source=scripts/background.sh
 . "$(dirname "$0")/background.sh"
+# shellcheck source=scripts/local-group.sh
+. "$(dirname "$0")/local-group.sh"
 
 # readings PORT: "name value" lines of INFO replication and CLUSTER INFO.
 readings() {
@@ -34,18 +36,8 @@ printf '%-4s %-9s %-9s %-8s %-34s %s\n' run "appends/s" "writes/e" node \
     "round / replication (µs, leader)" "log sync / apply (µs)"
 for run in $(seq 1 "$runs"); do
     rm -rf "$work/cluster"
-    "$bin" cluster local --nodes 3 --port 7621 --dir "$work/cluster" --log-level warn \
-        >"$work/cluster.log" 2>&1 &
-    group=$!
-    pids+=("$group")
-    for _ in $(seq 1 100); do
-        "$bin" cluster status --addr 127.0.0.1:7621 2>/dev/null | grep -q leader && break
-        sleep 0.2
-    done
-    # Client ports, leader first.
-    order=$("$bin" cluster status --addr 127.0.0.1:7621 |
-        awk '$3 == "leader" { print $2 } $3 == "follower" { f = f " " $2 } END { print f }' |
-        tr '\n' ' ')
+    start_group 7621 "$work/cluster"
+    order=$(leader_first 7621)
     for addr in $order; do readings "${addr##*:}" >"$work/${addr##*:}.before"; done
     "$bin" bench --addr 127.0.0.1:7621 --workload append --pipeline "$pipeline" \
         --duration "$secs" >"$work/bench" 2>&1

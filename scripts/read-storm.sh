@@ -18,13 +18,9 @@ port=7711
 # shellcheck source=scripts/background.sh
 . "$(dirname "$0")/background.sh"
 
-"$bin" cluster local --nodes 3 --port "$port" --dir "$work/cluster" --log-level warn \
-    >"$work/cluster.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 1 100); do
-    "$bin" cluster status --addr "127.0.0.1:$port" 2>/dev/null | grep -q leader && break
-    sleep 0.2
-done
+# shellcheck source=scripts/local-group.sh
+. "$(dirname "$0")/local-group.sh"
+start_group "$port" "$work/cluster"
 leader=$("$bin" cluster status --addr "127.0.0.1:$port" | awk '$3 == "leader" {print $2}')
 lport="${leader##*:}"
 redis-cli -p "$lport" LOG.APPEND s1 1 hello >/dev/null
