@@ -21,7 +21,7 @@ use openraft::{
 use parking_lot::RwLock;
 
 use crate::snapshot::{self, SnapshotFile, Store};
-use crate::types::{Member, NodeId, Response, Responses, TypeConfig};
+use crate::types::{Commands, Member, NodeId, Response, Responses, TypeConfig};
 
 /// The current engine, shared with readers (the server reads from it).
 #[derive(Clone)]
@@ -382,18 +382,25 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // applied already (before a crash) is not applied again.
         let done = log.applied().map_or(0, |p| p.index);
         // The commands of an entry are borrowed, not copied: the entry
-        // (a clone of the log's) shares them.
+        // (a clone of the log's) shares them; a leader's own entry, the
+        // commands it was given.
         let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
+        let commands: Vec<Option<Commands<'_>>> = entries
+            .iter()
+            .map(|e| match &e.payload {
+                EntryPayload::Normal(req) => Some(req.commands()),
+                _ => None,
+            })
+            .collect();
         // Sized once: an entry may hold thousands of writes.
-        let writes = entries.iter().map(|e| match &e.payload {
-            EntryPayload::Normal(req) => req.cmds().len().max(1),
-            _ => 1,
-        });
+        let writes = commands
+            .iter()
+            .map(|c| c.as_ref().map_or(1, |c| c.len().max(1)));
         let mut batch: Vec<(LogPosition, u64, Cow<'_, Command>)> = Vec::with_capacity(writes.sum());
         let mut last_entry: Option<u64> = None;
         // Per entry: per write, its place in `batch` or the answer it has.
         let mut shape: Vec<Vec<Result<usize, Response>>> = Vec::with_capacity(entries.len());
-        for entry in &entries {
+        for (entry, commands) in entries.iter().zip(&commands) {
             // Entries come in log order, each once.
             debug_assert!(last_entry.is_none_or(|l| l < entry.log_id.index));
             last_entry = Some(entry.log_id.index);
@@ -405,12 +412,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 // entry (`Command::TakeOver`), stamped with the group's
                 // clock as the leader carries it on.
                 EntryPayload::Blank => (0, Some(Command::Blank), &[]),
-                EntryPayload::Normal(req) if req.cmds().is_empty() => {
-                    (req.time_ms, Some(Command::Blank), &[])
-                }
                 // A command the entry could not carry is a
                 // `Command::Refused`: decided alike on every replica.
-                EntryPayload::Normal(req) => (req.time_ms, None, req.cmds()),
+                EntryPayload::Normal(req) => match commands.as_deref() {
+                    Some(cmds) if !cmds.is_empty() => (req.time_ms, None, cmds),
+                    _ => (req.time_ms, Some(Command::Blank), &[]),
+                },
                 EntryPayload::Membership(m) => {
                     let stored = StoredMembership::new(Some(entry.log_id), m.clone());
                     let bytes = crate::codec::MEMBERSHIP.encode(&stored).map_err(sm_err)?;
@@ -438,6 +445,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
         // Decided in order, written out together: one write for the batch.
         let applied = log.apply_replicated_many(&batch).await.map_err(sm_err)?;
+        drop(batch);
+        drop(commands);
+        // A leader's commands as given go now, and the client buffers
+        // their payloads are slices of with them.
+        for entry in &entries {
+            if let EntryPayload::Normal(req) = &entry.payload {
+                req.applied();
+            }
+        }
         self.timings.applies.since(started);
         // The applied position never moves back.
         debug_assert!(log.applied().map_or(0, |p| p.index) >= done);

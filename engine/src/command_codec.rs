@@ -216,6 +216,16 @@ impl Command {
         Ok(cmds)
     }
 
+    /// Whether this command's encoding decodes to exactly this command
+    /// (`decode(encode(c)) == c`): true unless it is a refusal (whose
+    /// reason may be cut) or a command its layout cannot hold (encoded as
+    /// the refusal the engine would answer). A leader that proposes such
+    /// commands may decide them as given, without decoding its own entry:
+    /// the followers decode the same command.
+    pub fn decodes_to_itself(&self) -> bool {
+        !matches!(self, Command::Refused(_)) && self.unencodable().is_none()
+    }
+
     /// The refusal to encode instead of this command when a name, an
     /// owner or a count does not fit its layout: the one the engine's
     /// decision would answer (the name first, then the owner).

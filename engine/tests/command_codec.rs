@@ -102,6 +102,76 @@ fn command() -> impl Strategy<Value = Command> {
     ]
 }
 
+/// `cmd` with its name (a stream's, a lease's) `len` bytes long.
+fn with_name_of(cmd: Command, len: usize) -> Command {
+    let long = Bytes::from(vec![b'n'; len]);
+    let op = |op: TxOp| match op {
+        TxOp::Append {
+            token, payloads, ..
+        } => TxOp::Append {
+            stream: long.clone(),
+            token,
+            payloads,
+        },
+        TxOp::AppendAt {
+            token,
+            expected_offset,
+            payloads,
+            ..
+        } => TxOp::AppendAt {
+            stream: long.clone(),
+            token,
+            expected_offset,
+            payloads,
+        },
+        TxOp::Fence { token, .. } => TxOp::Fence {
+            stream: long.clone(),
+            token,
+        },
+        TxOp::Trim { token, before, .. } => TxOp::Trim {
+            stream: long.clone(),
+            token,
+            before,
+        },
+        TxOp::Delete { token, .. } => TxOp::Delete {
+            stream: long.clone(),
+            token,
+        },
+    };
+    match cmd {
+        Command::Write(o) => Command::Write(op(o)),
+        Command::Transact(ops) => Command::Transact(ops.into_iter().map(op).collect()),
+        Command::Acquire {
+            owner,
+            ttl_ms,
+            fence,
+            ..
+        } => Command::Acquire {
+            name: long.clone(),
+            owner,
+            ttl_ms,
+            fence,
+        },
+        Command::Renew {
+            owner,
+            token,
+            ttl_ms,
+            ..
+        } => Command::Renew {
+            name: long.clone(),
+            owner,
+            token,
+            ttl_ms,
+        },
+        Command::Release { name, token, .. } => Command::Release {
+            name,
+            owner: long.clone(),
+            token,
+        },
+        other => other,
+    }
+}
+
 fn encoded(cmd: &Command) -> Bytes {
     let mut out = Vec::new();
     cmd.encode(&mut out);
@@ -119,6 +189,24 @@ proptest! {
         let mut all = Vec::new();
         Command::encode_all(&cmds, &mut all);
         prop_assert_eq!(Command::decode_all(&Bytes::from(all)).unwrap(), cmds);
+    }
+
+    /// What `decodes_to_itself` promises (a leader decides such commands
+    /// as given, its followers as decoded): names and owners on both
+    /// sides of what the layout holds.
+    #[test]
+    fn what_decodes_to_itself_does(cmd in command(), long in 250usize..300) {
+        let cmds = [
+            cmd.clone(),
+            with_name_of(cmd, long),
+        ];
+        for cmd in cmds {
+            if cmd.decodes_to_itself() {
+                prop_assert_eq!(&Command::decode(&encoded(&cmd)).unwrap(), &cmd);
+            } else {
+                prop_assert!(matches!(Command::decode(&encoded(&cmd)).unwrap(), Command::Refused(_)));
+            }
+        }
     }
 
     /// Any bytes: a command, a refusal or an error, never a panic.
