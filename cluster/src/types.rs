@@ -213,8 +213,10 @@ impl Request {
     /// What to decide when the entry is applied, in order: the commands
     /// its leader was given while it holds them, else as decoded.
     pub fn commands(&self) -> Commands<'_> {
-        match &*self.body.given.lock() {
-            Some(given) => Commands::Given(Arc::clone(given)),
+        // The lock is let go before a decode, whose fallback takes it.
+        let given = self.body.given.lock().clone();
+        match given {
+            Some(given) => Commands::Given(given),
             None => Commands::Decoded(self.cmds()),
         }
     }

@@ -644,7 +644,19 @@ fn a_paused_leader_commits_nothing_and_reads_nothing_stale_when_it_resumes() {
                 || e.starts_with("TRYAGAIN"),
             "{e}"
         ),
-        other => panic!("the late write got {other:?}\n{}", cluster.logs()),
+        other => {
+            // Whether the node still runs (a reset has been seen, rarely,
+            // with the node gone), and whether it answers; then its logs,
+            // read from their pipes as they come, given time to arrive.
+            let state = cluster.process_state(old);
+            let fresh =
+                Resp::connect(old_addr, Duration::from_secs(2)).and_then(|mut c| c.cmd(&[b"PING"]));
+            std::thread::sleep(Duration::from_secs(1));
+            panic!(
+                "the late write got {other:?}; node {old}: {state}, a fresh PING: {fresh:?}\n{}",
+                cluster.logs()
+            )
+        }
     }
     match &r {
         Ok(Reply::Error(e)) => assert!(

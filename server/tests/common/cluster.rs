@@ -474,6 +474,27 @@ impl Cluster {
     }
 
     /// Every node's log so far (for a failure's message).
+    /// Whether node `id`'s process runs, its state (`/proc`), and how it
+    /// ended if it did, for a failure's message.
+    pub fn process_state(&mut self, id: u64) -> String {
+        let Some(child) = self.nodes.get_mut(&id).and_then(|n| n.child.as_mut()) else {
+            return "not running".into();
+        };
+        let state = std::fs::read_to_string(format!("/proc/{}/status", child.id()))
+            .map(|s| {
+                s.lines()
+                    .filter(|l| l.starts_with("State:") || l.starts_with("Threads:"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .unwrap_or_else(|e| format!("no /proc entry: {e}"));
+        match child.try_wait() {
+            Ok(Some(status)) => format!("{state}, ended: {status:?}"),
+            Ok(None) => state,
+            Err(e) => format!("{state}, wait: {e}"),
+        }
+    }
+
     pub fn logs(&self) -> String {
         self.nodes
             .values()
