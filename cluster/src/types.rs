@@ -191,6 +191,14 @@ impl Request {
             return Request::read_from(time_ms, encoded)
                 .unwrap_or_else(|_| Request::new(time_ms, cmds));
         }
+        // The leader decides `cmds` from here on, its followers what the
+        // encoding decodes to: the two are checked equal wherever debug
+        // assertions run (the test command's profile: every cluster test
+        // and simulated seed), not only through the replicas' digests.
+        debug_assert!(
+            Command::decode_all(&encoded).is_ok_and(|decoded| decoded == cmds),
+            "a packed request decodes to other commands than it was given"
+        );
         let body = Body::new(OnceLock::new(), OnceLock::from(encoded));
         *body.given.lock() = Some(Arc::new(cmds));
         Request {
