@@ -53,6 +53,4 @@ pub use node::{
 pub use openraft::ChangeMembers;
 pub use snapshot::SnapshotFile;
 pub use timings::{Steps, Timed};
-pub use types::{
-    Commands, Member, NodeId, REQUEST_VERSION, Request, Response, Responses, WireError,
-};
+pub use types::{Member, NodeId, REQUEST_VERSION, Request, Response, Responses, WireError};

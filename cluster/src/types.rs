@@ -147,7 +147,7 @@ impl Body {
 
 /// An entry's commands as apply borrows them: the ones its leader was
 /// given, or the ones decoded from its bytes.
-pub enum Commands<'a> {
+pub(crate) enum Commands<'a> {
     /// As given to this node, leading (shared with the request until it
     /// is applied).
     Given(Arc<Vec<Command>>),
@@ -220,7 +220,7 @@ impl Request {
 
     /// What to decide when the entry is applied, in order: the commands
     /// its leader was given while it holds them, else as decoded.
-    pub fn commands(&self) -> Commands<'_> {
+    pub(crate) fn commands(&self) -> Commands<'_> {
         // The lock is let go before a decode, whose fallback takes it.
         let given = self.body.given.lock().clone();
         match given {
@@ -232,7 +232,7 @@ impl Request {
     /// The leader applied this request: the commands it was given go (and
     /// with them the client buffers their payloads are slices of); a
     /// later reader decodes them from the encoding.
-    pub fn applied(&self) {
+    pub(crate) fn applied(&self) {
         self.body.given.lock().take();
     }
 
