@@ -15,28 +15,52 @@ fn free_port_run() -> u16 {
 /// `cluster local` as a child; dropped (a failed assertion, say) while it
 /// still runs, it gets a SIGTERM, so that it stops its nodes rather than
 /// leave them serving after the test.
-struct Local(std::process::Child);
+struct Local {
+    child: std::process::Child,
+    /// What the command printed so far, stdout and stderr interleaved by
+    /// line: for a failure's message, and to see how far it got.
+    said: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Local {
+    /// Waits (up to `within`) until the command printed a line holding
+    /// `text`.
+    fn wait_for_line(&self, text: &str, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if self.said().contains(text) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        false
+    }
+
+    fn said(&self) -> String {
+        self.said.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
 
 impl Drop for Local {
     fn drop(&mut self) {
-        if !matches!(self.0.try_wait(), Ok(None)) {
+        if !matches!(self.child.try_wait(), Ok(None)) {
             return;
         }
         // SAFETY: kill(2) on the child this test started.
         unsafe {
-            libc::kill(self.0.id() as i32, libc::SIGTERM);
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
         }
         let deadline = Instant::now() + Duration::from_secs(10);
-        while matches!(self.0.try_wait(), Ok(None)) && Instant::now() < deadline {
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(50));
         }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
 fn start(dir: &std::path::Path, port: u16) -> Local {
-    let child = Command::new(env!("CARGO_BIN_EXE_fencelog"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fencelog"))
         .args([
             "cluster",
             "local",
@@ -47,30 +71,58 @@ fn start(dir: &std::path::Path, port: u16) -> Local {
         ])
         .arg("--dir")
         .arg(dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    Local(child)
+    let said = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let out = child
+        .stdout
+        .take()
+        .map(|o| Box::new(o) as Box<dyn std::io::Read + Send>);
+    let err = child
+        .stderr
+        .take()
+        .map(|e| Box::new(e) as Box<dyn std::io::Read + Send>);
+    for pipe in [out, err].into_iter().flatten() {
+        let said = said.clone();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(pipe).lines() {
+                let Ok(line) = line else { break };
+                let mut said = said.lock().unwrap_or_else(|e| e.into_inner());
+                said.push_str(&line);
+                said.push('\n');
+            }
+        });
+    }
+    Local { child, said }
 }
 
 /// Sends SIGTERM to `cluster local` and asserts it exits 0 with no node
 /// left serving.
 fn stop_and_check(mut local: Local, port: u16) {
-    let child = &mut local.0;
+    let pid = local.child.id();
     // SAFETY: kill(2) on the child this test started.
     unsafe {
-        libc::kill(child.id() as i32, libc::SIGTERM);
+        libc::kill(pid as i32, libc::SIGTERM);
     }
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        if let Some(code) = child.try_wait().unwrap() {
-            assert!(code.success(), "cluster local exited with {code}");
+        if let Some(code) = local.child.try_wait().unwrap() {
+            // Its last lines (the pipes close as it exits).
+            std::thread::sleep(Duration::from_millis(100));
+            assert!(
+                code.success(),
+                "cluster local (pid {pid}) exited with {code}; it said:\n{}",
+                local.said()
+            );
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "cluster local still runs 20 s after SIGTERM"
+            "cluster local still runs 20 s after SIGTERM; it said:\n{}",
+            local.said()
         );
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -191,10 +243,24 @@ fn a_sigterm_while_the_nodes_start_stops_them_too() {
     let tmp = tempfile::tempdir().unwrap();
     let port = free_port_run();
     let child = start(tmp.path(), port);
-    // Wait until node 1 accepts connections: the children exist.
+    // The command names node 1 once it started it (its signal handlers are
+    // in place by then); node 1 accepting connections says that the
+    // children run. Only the command's own line is proof that the node is
+    // its: the port alone once was not (CI saw the command die of the
+    // SIGTERM's default action, which the handlers rule out once node 1
+    // exists).
+    assert!(
+        child.wait_for_line("node 1: clients", Duration::from_secs(30)),
+        "cluster local never named node 1; it said:\n{}",
+        child.said()
+    );
     let deadline = Instant::now() + Duration::from_secs(30);
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "node 1 never listened");
+        assert!(
+            Instant::now() < deadline,
+            "node 1 never listened; cluster local said:\n{}",
+            child.said()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     stop_and_check(child, port);
