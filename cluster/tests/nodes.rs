@@ -254,14 +254,27 @@ async fn three_nodes_fence_across_a_leader_change_and_catch_up_a_fourth_by_snaps
 
 /// Bytes on disk under `dir` (allocated blocks, so preallocated space not
 /// yet written does not count), each file once however many links it has.
+/// The nodes run meanwhile: a file or directory they remove between the
+/// listing and the look at it (a purged segment, a replaced snapshot) is
+/// gone, not an error.
 fn disk_bytes(dir: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
+    let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
     let mut seen = BTreeSet::new();
     let mut total = 0;
     let mut todo = vec![dir.to_path_buf()];
     while let Some(d) = todo.pop() {
-        for e in std::fs::read_dir(&d).unwrap().flatten() {
-            let m = e.metadata().unwrap();
+        let entries = match std::fs::read_dir(&d) {
+            Ok(entries) => entries,
+            Err(e) if gone(&e) && d != dir => continue,
+            Err(e) => panic!("cannot list {}: {e}", d.display()),
+        };
+        for e in entries.flatten() {
+            let m = match e.metadata() {
+                Ok(m) => m,
+                Err(err) if gone(&err) => continue,
+                Err(err) => panic!("cannot stat {}: {err}", e.path().display()),
+            };
             if m.is_dir() {
                 todo.push(e.path());
             } else if seen.insert((m.dev(), m.ino())) {
