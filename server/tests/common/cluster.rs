@@ -342,7 +342,14 @@ impl Cluster {
     /// SIGSTOP or SIGCONT.
     pub fn pause(&mut self, id: u64, paused: bool) {
         let node = self.nodes.get_mut(&id).unwrap();
-        if let Some(child) = &node.child {
+        if let Some(child) = &mut node.child {
+            // A node that ended and was reaped (`process_state`) has no
+            // process: its pid may be another's by now (pids wrap at
+            // 32 768 here), so it gets no signal.
+            if !matches!(child.try_wait(), Ok(None)) {
+                node.paused = false;
+                return;
+            }
             let sig = if paused { "-STOP" } else { "-CONT" };
             let ok = Command::new("kill")
                 .args([sig, &child.id().to_string()])
