@@ -18,7 +18,8 @@ fn free_port_run() -> u16 {
 struct Local {
     child: std::process::Child,
     /// What the command printed so far, stdout and stderr interleaved by
-    /// line: for a failure's message, and to see how far it got.
+    /// line (its nodes', which share its pipes, too): for a failure's
+    /// message, and to see how far it got.
     said: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
@@ -26,14 +27,7 @@ impl Local {
     /// Waits (up to `within`) until the command printed a line holding
     /// `text`.
     fn wait_for_line(&self, text: &str, within: Duration) -> bool {
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            if self.said().contains(text) {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        false
+        common::wait_for_text(&self.said, text, within).is_ok()
     }
 
     fn said(&self) -> String {
@@ -76,25 +70,11 @@ fn start(dir: &std::path::Path, port: u16) -> Local {
         .spawn()
         .unwrap();
     let said = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let out = child
-        .stdout
-        .take()
-        .map(|o| Box::new(o) as Box<dyn std::io::Read + Send>);
-    let err = child
-        .stderr
-        .take()
-        .map(|e| Box::new(e) as Box<dyn std::io::Read + Send>);
-    for pipe in [out, err].into_iter().flatten() {
-        let said = said.clone();
-        std::thread::spawn(move || {
-            use std::io::BufRead;
-            for line in std::io::BufReader::new(pipe).lines() {
-                let Ok(line) = line else { break };
-                let mut said = said.lock().unwrap_or_else(|e| e.into_inner());
-                said.push_str(&line);
-                said.push('\n');
-            }
-        });
+    if let Some(out) = child.stdout.take() {
+        common::capture_lines(out, said.clone(), |_| {});
+    }
+    if let Some(err) = child.stderr.take() {
+        common::capture_lines(err, said.clone(), |_| {});
     }
     Local { child, said }
 }

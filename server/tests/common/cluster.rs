@@ -254,20 +254,13 @@ impl Cluster {
             .spawn()
             .expect("spawn fencelog serve");
         let stderr = child.stderr.take().unwrap();
-        let log = node.log.clone();
         let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut tx = Some(tx);
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if line.contains("serving")
-                    && let Some(tx) = tx.take()
-                {
-                    let _ = tx.send(());
-                }
-                let mut l = log.lock().unwrap();
-                l.push_str(&line);
-                l.push('\n');
+        let mut tx = Some(tx);
+        super::capture_lines(stderr, node.log.clone(), move |line| {
+            if line.contains("serving")
+                && let Some(tx) = tx.take()
+            {
+                let _ = tx.send(());
             }
         });
         if rx.recv_timeout(Duration::from_secs(30)).is_err() {

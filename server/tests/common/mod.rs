@@ -12,6 +12,45 @@ use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_fencelog");
 
+/// What a child process writes to `pipe`, line by line into `log` (for a
+/// failure's message, or to wait on), on a thread of its own until the
+/// pipe closes; `on_line` sees each line first.
+pub fn capture_lines<R: Read + Send + 'static>(
+    pipe: R,
+    log: std::sync::Arc<std::sync::Mutex<String>>,
+    mut on_line: impl FnMut(&str) + Send + 'static,
+) {
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines() {
+            let Ok(line) = line else { break };
+            on_line(&line);
+            let mut log = log.lock().unwrap_or_else(|e| e.into_inner());
+            log.push_str(&line);
+            log.push('\n');
+        }
+    });
+}
+
+/// `log` once it holds `needle` (it is written by another thread, as
+/// [`capture_lines`] does), or `Err` with what it holds after `within`.
+pub fn wait_for_text(
+    log: &std::sync::Mutex<String>,
+    needle: &str,
+    within: Duration,
+) -> Result<String, String> {
+    let deadline = Instant::now() + within;
+    loop {
+        let text = log.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if text.contains(needle) {
+            return Ok(text);
+        }
+        if Instant::now() >= deadline {
+            return Err(text);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// A base port on `ip` such that `base + o` is free for every `o` in
 /// `offsets` (each bound, then released for a server to take), below the
 /// kernel's ephemeral range (32768 and up here). A port from that range
@@ -73,22 +112,14 @@ impl ServerProcess {
         let stderr = child.stderr.take().unwrap();
         let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
         let (tx, rx) = std::sync::mpsc::channel();
-        {
-            let log = log.clone();
-            std::thread::spawn(move || {
-                let mut tx = Some(tx);
-                for line in BufReader::new(stderr).lines() {
-                    let Ok(line) = line else { break };
-                    if let Some(addr) = serving_addr(&line)
-                        && let Some(tx) = tx.take()
-                    {
-                        let _ = tx.send(addr);
-                    }
-                    log.lock().unwrap().push_str(&line);
-                    log.lock().unwrap().push('\n');
-                }
-            });
-        }
+        let mut tx = Some(tx);
+        capture_lines(stderr, log.clone(), move |line| {
+            if let Some(addr) = serving_addr(line)
+                && let Some(tx) = tx.take()
+            {
+                let _ = tx.send(addr);
+            }
+        });
         let addr = match rx.recv_timeout(Duration::from_secs(30)) {
             Ok(a) => a.parse().expect("an address"),
             Err(_) => {
@@ -125,18 +156,8 @@ impl ServerProcess {
     /// they happen, and read by another thread); answers the log. Panics
     /// with the log after 5 s.
     pub fn wait_for_log(&self, needle: &str) -> String {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let log = self.stderr.lock().unwrap().clone();
-            if log.contains(needle) {
-                return log;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the server's log never said {needle:?}:\n{log}"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_for_text(&self.stderr, needle, Duration::from_secs(5))
+            .unwrap_or_else(|log| panic!("the server's log never said {needle:?}:\n{log}"))
     }
 
     /// Waits for the process to exit, up to `timeout`.
