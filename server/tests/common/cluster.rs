@@ -336,12 +336,17 @@ impl Cluster {
     pub fn pause(&mut self, id: u64, paused: bool) {
         let node = self.nodes.get_mut(&id).unwrap();
         if let Some(child) = &mut node.child {
-            // A node that ended and was reaped (`process_state`) has no
-            // process: its pid may be another's by now (pids wrap at
-            // 32 768 here), so it gets no signal.
-            if !matches!(child.try_wait(), Ok(None)) {
-                node.paused = false;
-                return;
+            // A node that ended has no process to signal, and once reaped
+            // (`process_state`) its pid may be another's (pids wrap at
+            // 32 768 here): a resume has nothing to do, a pause is the
+            // test's mistake, said with how the node ended.
+            match child.try_wait() {
+                Ok(None) => {}
+                ended => {
+                    node.paused = false;
+                    assert!(!paused, "pause node {id}: it has ended ({ended:?})");
+                    return;
+                }
             }
             let sig = if paused { "-STOP" } else { "-CONT" };
             let ok = Command::new("kill")
@@ -473,7 +478,6 @@ impl Cluster {
         }
     }
 
-    /// Every node's log so far (for a failure's message).
     /// Whether node `id`'s process runs, its state (`/proc`), and how it
     /// ended if it did, for a failure's message.
     pub fn process_state(&mut self, id: u64) -> String {
@@ -495,6 +499,7 @@ impl Cluster {
         }
     }
 
+    /// Every node's log so far (for a failure's message).
     pub fn logs(&self) -> String {
         self.nodes
             .values()
