@@ -10,6 +10,10 @@
 //! the entries before were on their way: at most [`IN_FLIGHT`] entries wait
 //! for their answers at a time, so under load an entry carries what a round
 //! of replication let pile up, and a lone write still goes out at once.
+//! With one entry in flight, the next also waits (briefly, bounded) for
+//! most of the writers just answered to write again, so that clients who
+//! wait for each answer share entries instead of taking turns
+//! (`comeback.rs`).
 //!
 //! **Time.** Lease decisions take their time from the entry, so every
 //! replica decides alike. The time an entry carries is the group's clock
@@ -43,6 +47,7 @@ use openraft::error::ClientWriteError;
 use parking_lot::Mutex;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
+use crate::comeback::Comeback;
 use crate::node::{ClusterError, Queued as QueueStats};
 use crate::state_machine::Engine;
 use fencelog::Command;
@@ -192,6 +197,8 @@ struct Counts {
     taken_writes: AtomicU64,
     /// Where each entry's round, proposal to answer, is timed.
     timings: Arc<crate::timings::Timings>,
+    /// The wait before an entry for the writers just answered.
+    comeback: Comeback,
 }
 
 impl Counts {
@@ -200,6 +207,19 @@ impl Counts {
         self.writes.fetch_sub(writes, Ordering::AcqRel);
         self.bytes.fetch_sub(bytes, Ordering::AcqRel);
     }
+}
+
+/// How a leader makes its entries.
+pub(crate) struct Rules {
+    /// The most bytes of writes an entry holds.
+    pub max_bytes: u64,
+    /// The most bytes of writes the queue holds.
+    pub max_queued_bytes: u64,
+    /// Entries proposed and not yet answered, at most.
+    pub in_flight: usize,
+    /// With one entry in flight, whether to wait for the writers just
+    /// answered before the next entry (`comeback.rs`).
+    pub batch_wait: bool,
 }
 
 /// Where writes are queued for the batching task.
@@ -212,18 +232,15 @@ pub(crate) struct Batcher {
 
 impl Batcher {
     /// Starts the batching task and the leader's watch on the current
-    /// runtime (Raft's).
-    /// An entry holds at most `max_bytes` of writes; the queue at most
-    /// `max_queued_bytes`.
+    /// runtime (Raft's), making entries by `rules`.
     pub(crate) fn spawn(
         raft: Raft,
         engine: Engine,
-        max_bytes: u64,
-        max_queued_bytes: u64,
-        in_flight: usize,
+        rules: Rules,
         local: Option<crate::node::LocalClock>,
         timings: Arc<crate::timings::Timings>,
     ) -> Batcher {
+        let in_flight = rules.in_flight.clamp(1, MAX_IN_FLIGHT);
         let (tx, rx) = mpsc::channel(MAX_QUEUED);
         let clock = Arc::new(GroupClock {
             anchor: Mutex::default(),
@@ -232,18 +249,21 @@ impl Batcher {
         let counts = Arc::new(Counts {
             writes: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
-            max_bytes: max_queued_bytes,
+            max_bytes: rules.max_queued_bytes,
             taken_items: AtomicU64::new(0),
             taken_writes: AtomicU64::new(0),
             timings,
+            // With several entries in flight, an entry leaves while others
+            // are answered: no moment comes at which its writers are back.
+            comeback: Comeback::new(rules.batch_wait && in_flight == 1),
         });
         tokio::spawn(run(
             raft.clone(),
             engine.clone(),
             Arc::clone(&clock),
             rx,
-            max_bytes,
-            in_flight.clamp(1, MAX_IN_FLIGHT),
+            rules.max_bytes,
+            in_flight,
             Arc::clone(&counts),
         ));
         let batcher = Batcher { tx, clock, counts };
@@ -266,6 +286,7 @@ impl Batcher {
             max_bytes: self.counts.max_bytes,
             taken_items: self.counts.taken_items.load(Ordering::Relaxed),
             taken_writes: self.counts.taken_writes.load(Ordering::Relaxed),
+            comeback: self.counts.comeback.waits(),
         }
     }
 
@@ -316,6 +337,7 @@ impl Batcher {
         // and count it out).
         let held = counts.bytes.fetch_add(bytes, Ordering::AcqRel);
         let writes = counts.writes.fetch_add(n, Ordering::AcqRel);
+        counts.comeback.arrived(writes + n);
         if writes > 0 && held + bytes > counts.max_bytes {
             counts.left(n, bytes);
             return Err(ClusterError::Busy {
@@ -406,6 +428,12 @@ async fn run(
         let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
             return;
         };
+        // With one entry in flight, the writers of the last one come back
+        // first (`comeback.rs`).
+        counts
+            .comeback
+            .wait(|| counts.writes.load(Ordering::Acquire))
+            .await;
         let mut bytes = first.bytes;
         let mut writes = first.writes();
         let mut batch = vec![first];
@@ -479,6 +507,10 @@ async fn run(
                     let outcome = pending.await;
                     if outcome.as_ref().is_ok_and(Result::is_ok) {
                         counts.timings.entry_rounds.since(proposed);
+                        let queued = counts.writes.load(Ordering::Acquire);
+                        counts
+                            .comeback
+                            .arm(writes as u64, queued, proposed.elapsed());
                     }
                     drop(slot);
                     answer(outcome, answers);
@@ -621,6 +653,7 @@ mod tests {
             taken_items: AtomicU64::new(0),
             taken_writes: AtomicU64::new(0),
             timings: Arc::default(),
+            comeback: Comeback::new(false),
         });
         let batcher = Batcher {
             tx,
@@ -647,6 +680,7 @@ mod tests {
                 max_bytes: 100,
                 taken_items: 0,
                 taken_writes: 0,
+                comeback: Default::default(),
             }
         );
         match b.queue(Command::Blank, 1, deadline) {

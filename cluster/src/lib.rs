@@ -25,6 +25,7 @@
 
 mod batcher;
 mod codec;
+mod comeback;
 mod election;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
@@ -43,6 +44,7 @@ pub mod types;
 
 pub use batcher::{IN_FLIGHT as DEFAULT_ENTRIES_IN_FLIGHT, MAX_IN_FLIGHT as MAX_ENTRIES_IN_FLIGHT};
 pub use codec::FormatError;
+pub use comeback::Waits as ComebackWaits;
 pub use network::{
     ClusterSecret, PeerEndpoint, PeerError, PeerReply, PeerRequest, Transport, TransportFuture,
 };

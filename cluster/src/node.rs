@@ -58,13 +58,17 @@ pub struct NodeConfig {
     /// (1 to [`crate::MAX_ENTRIES_IN_FLIGHT`]): writes that arrive
     /// meanwhile wait and go out together in the next entry.
     pub entries_in_flight: usize,
+    /// With one entry in flight, whether the leader waits (briefly, see
+    /// `comeback.rs`) for the writers it just answered to write again
+    /// before it proposes the next entry.
+    pub batch_wait: bool,
 }
 
 impl NodeConfig {
     /// Defaults for a node: 8 MiB Raft segments, elections after 300–600 ms
     /// of silence, heartbeats every 100 ms, a snapshot every 50 000 entries
     /// or 256 MiB of Raft log, a queue of writes of at most 512 MiB, one
-    /// entry in flight.
+    /// entry in flight, and the wait for the writers it answered.
     pub fn new(id: NodeId, dir: PathBuf, raft_listen: SocketAddr, member: Member) -> NodeConfig {
         NodeConfig {
             id,
@@ -80,6 +84,7 @@ impl NodeConfig {
             cluster_secret: None,
             max_queued_bytes: 512 << 20,
             entries_in_flight: crate::DEFAULT_ENTRIES_IN_FLIGHT,
+            batch_wait: true,
         }
     }
 }
@@ -316,9 +321,12 @@ async fn start_here(cfg: NodeConfig, hooks: Hooks) -> Result<Node, ClusterError>
     let batcher = Batcher::spawn(
         raft.clone(),
         engine.clone(),
-        max_request / 2,
-        cfg.max_queued_bytes,
-        cfg.entries_in_flight,
+        crate::batcher::Rules {
+            max_bytes: max_request / 2,
+            max_queued_bytes: cfg.max_queued_bytes,
+            in_flight: cfg.entries_in_flight,
+            batch_wait: cfg.batch_wait,
+        },
         hooks.local_clock.clone(),
         Arc::clone(&timings),
     );
@@ -686,6 +694,9 @@ pub struct Queued {
     pub taken_items: u64,
     /// See [`Queued::taken_items`].
     pub taken_writes: u64,
+    /// The leader's waits before an entry for the writers it just
+    /// answered (`comeback.rs`).
+    pub comeback: crate::comeback::Waits,
 }
 
 impl Node {

@@ -246,6 +246,14 @@ struct ClusterFlags {
         help_heading = "Cluster"
     )]
     cluster_entries_in_flight: u8,
+    /// With one entry in flight, the leader proposes the next entry once
+    /// most of the writers it just answered wrote again (at most two
+    /// rounds later, 2 ms): clients that wait for each answer then share
+    /// one entry instead of taking turns. This flag proposes at once
+    /// instead: for writers that never wait for their answers, a bounded
+    /// wait only adds latency (docs/CLUSTER.md, "Waiting for the writers").
+    #[arg(long, help_heading = "Cluster")]
+    cluster_no_batch_wait: bool,
 }
 
 impl ClusterFlags {
@@ -302,6 +310,7 @@ impl ClusterFlags {
             snapshot_every: self.cluster_snapshot_every.max(1),
             snapshot_every_bytes: self.cluster_snapshot_every_bytes,
             entries_in_flight: usize::from(self.cluster_entries_in_flight),
+            batch_wait: !self.cluster_no_batch_wait,
             raft_segment_bytes: 64 << 20,
             secret: self
                 .cluster_secret_file
@@ -591,6 +600,7 @@ impl ServeArgs {
                     "cluster-entries-in-flight".into(),
                     c.entries_in_flight.to_string(),
                 ),
+                ("cluster-batch-wait".into(), yes_no(c.batch_wait)),
                 // The file's path, never the secret.
                 (
                     "cluster-secret-file".into(),

@@ -198,3 +198,53 @@ fn each_node_times_the_steps_of_a_replicated_write() {
         assert!(after["raft_apply_mean_us"] > 0.0, "node {id}: {after:?}");
     }
 }
+
+/// Clients that wait for each answer before they write again share
+/// entries: with one entry in flight the leader waits, briefly, for the
+/// writers it just answered before it proposes the next entry
+/// (`raft_comeback_*` in `CLUSTER INFO`); with `--cluster-no-batch-wait`
+/// it never does. Either way each write is answered in its place.
+#[test]
+fn the_leader_waits_for_the_writers_it_answered_unless_told_not_to() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for (extra, waits) in [(&[][..], true), (&["--cluster-no-batch-wait"][..], false)] {
+        let cluster = Cluster::start(3, extra);
+        let leader = cluster.leader(Duration::from_secs(10));
+        let addr = cluster.nodes[&leader].client;
+        let counts = || {
+            let info = cluster_info(addr).expect("CLUSTER INFO");
+            let n = |k: &str| info[k].parse::<u64>().unwrap();
+            (n("raft_comeback_waits"), n("raft_comeback_ran_out"))
+        };
+        let (waited, ran_out) = counts();
+        // Eight writers, each waiting for every answer before its next.
+        std::thread::scope(|s| {
+            for w in 0..8 {
+                s.spawn(move || {
+                    let mut c = Resp::connect(addr, Duration::from_secs(10)).unwrap();
+                    let stream = format!("w{w}");
+                    for i in 0..100 {
+                        assert_eq!(
+                            c.cmd(&[b"LOG.APPEND", stream.as_bytes(), b"1", b"x"])
+                                .unwrap(),
+                            Reply::Int(i),
+                            "writer {w}, write {i}"
+                        );
+                    }
+                });
+            }
+        });
+        let (waited_after, ran_out_after) = counts();
+        let ended_by_return = (waited_after - waited) - (ran_out_after - ran_out);
+        if waits {
+            assert!(
+                ended_by_return >= 1,
+                "800 writes: {} waits, {} ran out",
+                waited_after - waited,
+                ran_out_after - ran_out
+            );
+        } else {
+            assert_eq!((waited_after, ran_out_after), (0, 0), "told not to wait");
+        }
+    }
+}

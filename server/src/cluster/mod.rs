@@ -51,6 +51,9 @@ pub struct ClusterConfig {
     pub snapshot_every_bytes: u64,
     /// Entries the leader keeps in flight, at most (`NodeConfig`'s).
     pub entries_in_flight: usize,
+    /// Whether the leader waits for the writers it answered before its
+    /// next entry (`NodeConfig`'s).
+    pub batch_wait: bool,
     /// The Raft log's segment size.
     pub raft_segment_bytes: u64,
     /// The secret peers prove to each other (`--cluster-secret-file`);
@@ -209,6 +212,7 @@ impl Cluster {
         cfg.cluster_secret = config.secret.clone();
         cfg.max_queued_bytes = max_queued_bytes;
         cfg.entries_in_flight = config.entries_in_flight;
+        cfg.batch_wait = config.batch_wait;
         let node = Node::start(cfg)
             .await
             .map_err(|e| format!("cannot start cluster node {}: {e}", config.node_id))?;

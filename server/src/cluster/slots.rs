@@ -345,6 +345,12 @@ fn info(c: &Cluster, status: &Status) -> String {
          raft_queue_max_bytes:{}\r\nraft_proposals:{}\r\nraft_proposed_writes:{}\r\n",
         q.writes, q.bytes, q.max_writes, q.max_bytes, q.taken_items, q.taken_writes
     ));
+    s.push_str(&format!(
+        "raft_comeback_waits:{}\r\nraft_comeback_ran_out:{}\r\nraft_comeback_wait_us:{}\r\n",
+        q.comeback.back + q.comeback.ran_out,
+        q.comeback.ran_out,
+        q.comeback.waited_us
+    ));
     // The membership as this node knows it: each member's incarnation
     // (the data directory the group admitted) and whether it votes.
     for (id, (m, voter)) in &status.members {
