@@ -251,28 +251,32 @@ mod tests {
         let took = started.elapsed();
         assert!(took >= MAX_WAIT, "it ran out after {took:?}");
         // One entry goes without a wait, then one waits again; after it
-        // runs out too, two go without.
-        for expect_skipped in [1, 2, 4] {
-            for _ in 0..expect_skipped {
-                c.arm(10, 0, Duration::ZERO);
-                assert_eq!(c.wait(|| 0).await, Ended::NotArmed);
+        // runs out too, two go without, then four.
+        for skipped in [1, 2, 4] {
+            for _ in 0..skipped {
+                assert_eq!(next_entry(&c, 0).await, Ended::NotArmed);
             }
-            c.arm(10, 0, Duration::ZERO);
-            assert_eq!(c.wait(|| 0).await, Ended::RanOut);
+            assert_eq!(next_entry(&c, 0).await, Ended::RanOut);
+        }
+        for _ in 0..8 {
+            next_entry(&c, 0).await;
         }
         // A wait that ends by returns makes the next run-out skip one again.
-        for _ in 0..8 {
-            c.arm(10, 0, Duration::ZERO);
-            c.wait(|| 0).await;
-        }
-        c.arm(10, 0, Duration::from_secs(1));
-        assert_eq!(c.wait(|| 100).await, Ended::Back);
+        assert_eq!(next_entry(&c, 100).await, Ended::Back);
+        let then: Vec<Ended> = [
+            next_entry(&c, 0).await,
+            next_entry(&c, 0).await,
+            next_entry(&c, 0).await,
+        ]
+        .into();
+        assert_eq!(then, [Ended::RanOut, Ended::NotArmed, Ended::RanOut]);
+    }
+
+    /// The next entry after one of 10 writes answered: a wait (if armed)
+    /// that runs out at once, with `queued` writes queued.
+    async fn next_entry(c: &Comeback, queued: u64) -> Ended {
         c.arm(10, 0, Duration::ZERO);
-        assert_eq!(c.wait(|| 0).await, Ended::RanOut);
-        c.arm(10, 0, Duration::ZERO);
-        assert_eq!(c.wait(|| 0).await, Ended::NotArmed);
-        c.arm(10, 0, Duration::ZERO);
-        assert_eq!(c.wait(|| 0).await, Ended::RanOut);
+        c.wait(|| queued).await
     }
 
     #[tokio::test]
