@@ -337,7 +337,6 @@ impl Batcher {
         // and count it out).
         let held = counts.bytes.fetch_add(bytes, Ordering::AcqRel);
         let writes = counts.writes.fetch_add(n, Ordering::AcqRel);
-        counts.comeback.arrived(writes + n);
         if writes > 0 && held + bytes > counts.max_bytes {
             counts.left(n, bytes);
             return Err(ClusterError::Busy {
@@ -352,7 +351,11 @@ impl Batcher {
             answer,
         };
         match self.tx.try_send(q) {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                // Perhaps a writer the leader waits for (`comeback.rs`).
+                counts.comeback.arrived(writes + n);
+                Ok(())
+            }
             Err(mpsc::error::TrySendError::Full(_)) => {
                 counts.left(n, bytes);
                 Err(ClusterError::Busy {

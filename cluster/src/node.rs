@@ -695,8 +695,8 @@ pub struct Queued {
     /// See [`Queued::taken_items`].
     pub taken_writes: u64,
     /// The leader's waits before an entry for the writers it just
-    /// answered (`comeback.rs`).
-    pub comeback: crate::comeback::Waits,
+    /// answered.
+    pub comeback: crate::ComebackWaits,
 }
 
 impl Node {
