@@ -509,11 +509,9 @@ async fn run(
                 tokio::spawn(async move {
                     let outcome = pending.await;
                     if outcome.as_ref().is_ok_and(Result::is_ok) {
-                        counts.timings.entry_rounds.since(proposed);
+                        let round = counts.timings.entry_rounds.since(proposed);
                         let queued = counts.writes.load(Ordering::Acquire);
-                        counts
-                            .comeback
-                            .arm(writes as u64, queued, proposed.elapsed());
+                        counts.comeback.arm(writes as u64, queued, round);
                     }
                     drop(slot);
                     answer(outcome, answers);

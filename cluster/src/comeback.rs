@@ -23,6 +23,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::Notify;
+
+use crate::timings::{Timed, Timing};
 // tokio's clock: the simulation's when it runs one (`sim/`).
 use tokio::time::Instant;
 
@@ -58,22 +60,19 @@ pub(crate) struct Comeback {
     /// wait that runs out skips.
     skipping: AtomicU32,
     next_skip: AtomicU32,
-    /// Since the node started: waits that ended as enough writers came
-    /// back, waits that ran out, and the time waited (ns).
-    back: AtomicU64,
+    /// Since the node started: the waits and the time they took, and
+    /// how many of them ran out.
+    waits: Timing,
     ran_out: AtomicU64,
-    waited_ns: AtomicU64,
 }
 
 /// What the waits came to since the node started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Waits {
-    /// Waits ended by the writers' return.
-    pub back: u64,
-    /// Waits whose time ran out first.
+    /// Every wait, and the time they took.
+    pub all: Timed,
+    /// Those whose time ran out before the writers came back.
     pub ran_out: u64,
-    /// Time spent waiting, in µs.
-    pub waited_us: u64,
 }
 
 /// How a wait ended.
@@ -99,9 +98,8 @@ impl Comeback {
             notify: Notify::new(),
             skipping: AtomicU32::new(0),
             next_skip: AtomicU32::new(1),
-            back: AtomicU64::new(0),
+            waits: Timing::default(),
             ran_out: AtomicU64::new(0),
-            waited_ns: AtomicU64::new(0),
         }
     }
 
@@ -164,35 +162,31 @@ impl Comeback {
             }
         };
         self.target.store(0, Ordering::Release);
-        self.waited_ns
-            .fetch_add(self.now_ns().saturating_sub(started), Ordering::Relaxed);
-        self.ended(ended);
+        self.waits
+            .record(Duration::from_nanos(self.now_ns().saturating_sub(started)));
+        self.ended(ended == Ended::RanOut);
         ended
     }
 
-    fn ended(&self, how: Ended) {
-        match how {
-            Ended::NotArmed => {}
-            Ended::Back => {
-                self.back.fetch_add(1, Ordering::Relaxed);
-                self.next_skip.store(1, Ordering::Relaxed);
-            }
-            Ended::RanOut => {
-                self.ran_out.fetch_add(1, Ordering::Relaxed);
-                let skip = self.next_skip.load(Ordering::Relaxed);
-                self.skipping.store(skip, Ordering::Relaxed);
-                self.next_skip
-                    .store((skip * 2).min(MAX_SKIP), Ordering::Relaxed);
-            }
+    /// After a wait: one that ran out makes the next entries skip theirs
+    /// (twice as many as last time), one that ended by returns resets that.
+    fn ended(&self, ran_out: bool) {
+        if !ran_out {
+            self.next_skip.store(1, Ordering::Relaxed);
+            return;
         }
+        self.ran_out.fetch_add(1, Ordering::Relaxed);
+        let skip = self.next_skip.load(Ordering::Relaxed);
+        self.skipping.store(skip, Ordering::Relaxed);
+        self.next_skip
+            .store((skip * 2).min(MAX_SKIP), Ordering::Relaxed);
     }
 
     /// What the waits came to so far.
     pub(crate) fn waits(&self) -> Waits {
         Waits {
-            back: self.back.load(Ordering::Relaxed),
+            all: self.waits.total(),
             ran_out: self.ran_out.load(Ordering::Relaxed),
-            waited_us: self.waited_ns.load(Ordering::Relaxed) / 1000,
         }
     }
 
@@ -291,7 +285,7 @@ mod tests {
     fn skips_are_bounded() {
         let c = Comeback::new(true);
         for _ in 0..20 {
-            c.ended(Ended::RanOut);
+            c.ended(true);
         }
         assert_eq!(c.skipping.load(Ordering::Relaxed), MAX_SKIP);
     }

@@ -29,12 +29,15 @@ pub(crate) struct Timing {
 }
 
 impl Timing {
-    /// Counts one step that began at `started`.
-    pub(crate) fn since(&self, started: Instant) {
-        self.record(started.elapsed());
+    /// Counts one step that began at `started`; answers how long it took.
+    pub(crate) fn since(&self, started: Instant) -> Duration {
+        let took = started.elapsed();
+        self.record(took);
+        took
     }
 
-    fn record(&self, took: Duration) {
+    /// Counts one step that took `took`.
+    pub(crate) fn record(&self, took: Duration) {
         self.count.fetch_add(1, Ordering::Relaxed);
         self.micros.fetch_add(
             u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
@@ -42,7 +45,8 @@ impl Timing {
         );
     }
 
-    fn total(&self) -> Timed {
+    /// Its count and total so far.
+    pub(crate) fn total(&self) -> Timed {
         Timed {
             count: self.count.load(Ordering::Relaxed),
             micros: self.micros.load(Ordering::Relaxed),

@@ -347,9 +347,7 @@ fn info(c: &Cluster, status: &Status) -> String {
     ));
     s.push_str(&format!(
         "raft_comeback_waits:{}\r\nraft_comeback_ran_out:{}\r\nraft_comeback_wait_us:{}\r\n",
-        q.comeback.back + q.comeback.ran_out,
-        q.comeback.ran_out,
-        q.comeback.waited_us
+        q.comeback.all.count, q.comeback.ran_out, q.comeback.all.micros
     ));
     // The membership as this node knows it: each member's incarnation
     // (the data directory the group admitted) and whether it votes.
