@@ -40,12 +40,16 @@ pub fn wait_for_text(
 ) -> Result<String, String> {
     let deadline = Instant::now() + within;
     loop {
-        let text = log.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        if text.contains(needle) {
-            return Ok(text);
-        }
-        if Instant::now() >= deadline {
-            return Err(text);
+        // Looked at in place: copied only for the answer (a node's log
+        // grows to megabytes, and this looks every 10 ms).
+        {
+            let text = log.lock().unwrap_or_else(|e| e.into_inner());
+            if text.contains(needle) {
+                return Ok(text.clone());
+            }
+            if Instant::now() >= deadline {
+                return Err(text.clone());
+            }
         }
         std::thread::sleep(Duration::from_millis(10));
     }
