@@ -504,6 +504,10 @@ impl LogStore {
             // (docs/CLUSTER.md, "The Raft log's page cache"); reused pages
             // do not.
             uncache_sealed: true,
+            // One writer (the Raft thread), whose next entries follow from
+            // the network, not from the answer to its last: a wait for it
+            // to submit again would only delay the acknowledgement.
+            wait_for_writers: false,
             ..WalOptions::default()
         };
         if inline_io {

@@ -572,6 +572,31 @@ fn commit(_ctx: &Context, m: &fencelog::Metrics) -> Vec<Metric> {
         },
         Metric {
             section: "commit",
+            info: "sync_comeback_waits",
+            prometheus: "fencelog_sync_comeback_waits_total",
+            help: "Times the sync thread, before a sync, waited for the writers of the sync \
+               before it to come back with their next writes (so that one sync covers them).",
+            kind: Kind::Counter,
+            value: w.comeback_waits as f64,
+        },
+        Metric {
+            section: "commit",
+            info: "sync_comeback_ran_out",
+            prometheus: "fencelog_sync_comeback_ran_out_total",
+            help: "Those waits that ran out before enough writers came back.",
+            kind: Kind::Counter,
+            value: w.comeback_ran_out as f64,
+        },
+        Metric {
+            section: "commit",
+            info: "sync_comeback_wait_seconds",
+            prometheus: "fencelog_sync_comeback_wait_seconds_total",
+            help: "Time the sync thread spent in those waits.",
+            kind: Kind::Counter,
+            value: w.comeback_wait_micros as f64 / 1e6,
+        },
+        Metric {
+            section: "commit",
             info: "commit_latency_p50_us",
             prometheus: "",
             help: "Median commit latency of a durable entry (bucket upper bound), microseconds.",

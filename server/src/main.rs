@@ -158,6 +158,15 @@ struct ServeArgs {
     #[arg(long, default_value_t = 1_000_000, value_name = "N",
           value_parser = clap::value_parser!(u64).range(1..))]
     max_live_leases: u64,
+    /// After a sync, the log syncs again once most of the writers it just
+    /// answered wrote again (at most eight syncs' time later, 1 ms):
+    /// clients that wait for each answer then share one sync instead of
+    /// taking turns. This flag syncs at once instead: for writers that
+    /// never wait for their answers, a bounded wait only adds latency
+    /// (docs/DESIGN.md, "Waiting for the writers"). A cluster node's logs
+    /// never wait this way (see --cluster-no-batch-wait).
+    #[arg(long)]
+    no_sync_wait: bool,
     /// Seconds shutdown gives connections to hand out their last answers
     /// (writes already decided are made durable either way).
     #[arg(long, default_value_t = 1)]
@@ -467,6 +476,7 @@ impl ServeArgs {
                 max_entry_bytes: u32::try_from(max_entry).unwrap_or(u32::MAX),
                 max_open_segments: self.max_open_segments,
                 preallocation: self.preallocate.into(),
+                wait_for_writers: !self.no_sync_wait,
                 ..fencelog::WalOptions::default()
             },
             ..fencelog::Options::default()
@@ -573,6 +583,7 @@ impl ServeArgs {
                 "max-open-segments".into(),
                 self.max_open_segments.to_string(),
             ),
+            ("no-sync-wait".into(), yes_no(self.no_sync_wait)),
             (
                 "shutdown-grace-secs".into(),
                 self.shutdown_grace_secs.to_string(),

@@ -237,6 +237,57 @@ fn commit_telemetry_exists_and_moves() {
     ));
 }
 
+/// Eight clients, each waiting for every answer before its next append,
+/// are waited for before a sync (`INFO commit`'s `sync_comeback_*`), get
+/// offsets 0–99 in order, and with `--no-sync-wait` are never waited for.
+#[test]
+fn the_log_waits_for_the_writers_it_answered_unless_told_not_to() {
+    for (extra, waits) in [(&[][..], true), (&["--no-sync-wait"][..], false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let server = ServerProcess::start(dir.path(), extra);
+        let counts = || {
+            let info = info_commit(&mut server.client());
+            (
+                info_number(&info, "sync_comeback_waits"),
+                info_number(&info, "sync_comeback_ran_out"),
+            )
+        };
+        let (waited, ran_out) = counts();
+        std::thread::scope(|s| {
+            for w in 0..8 {
+                let server = &server;
+                s.spawn(move || {
+                    let mut c = server.client();
+                    let stream = format!("w{w}");
+                    for i in 0..100 {
+                        assert_eq!(
+                            c.cmd(&["LOG.APPEND", &stream, "1", "x"]),
+                            Value::Int(i),
+                            "writer {w}, append {i}"
+                        );
+                    }
+                });
+            }
+        });
+        let (waited_after, ran_out_after) = counts();
+        let ended_by_return = (waited_after - waited) - (ran_out_after - ran_out);
+        if waits {
+            assert!(
+                ended_by_return >= 1.0,
+                "800 appends: {} waits, {} ran out",
+                waited_after - waited,
+                ran_out_after - ran_out
+            );
+        } else {
+            assert_eq!(
+                (waited_after, ran_out_after),
+                (0.0, 0.0),
+                "told not to wait"
+            );
+        }
+    }
+}
+
 /// A single node replicates nothing: no `# Replication` section, no
 /// `fencelog_raft_*` metric (cluster mode has them, `cluster_writes.rs`).
 #[test]

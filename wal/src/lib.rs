@@ -28,6 +28,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 #![warn(missing_docs)]
 
+mod comeback;
 mod error;
 mod files;
 pub mod format;

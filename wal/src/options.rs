@@ -112,6 +112,15 @@ pub struct WalOptions {
     /// (see [`Turns`]). Default none: a batch is synced as soon as the
     /// sync before it returned.
     pub turns: Option<Arc<Turns>>,
+    /// With a sync per batch: after a sync, the sync thread waits before
+    /// the next until most of the writers it just answered (three in four
+    /// of the batch's entries) have submitted again, so that writers who
+    /// wait for each answer share one sync instead of taking turns. The
+    /// wait ends after eight times the last sync's time at most (and 1
+    /// ms); a lone writer, and a log whose last two batches held 256
+    /// entries or more, never wait; waits that run out make the next
+    /// batches go without (see `comeback.rs`). Default true.
+    pub wait_for_writers: bool,
 }
 
 impl Default for WalOptions {
@@ -129,6 +138,7 @@ impl Default for WalOptions {
             inline_io: false,
             flush_on_wait: false,
             turns: None,
+            wait_for_writers: true,
         }
     }
 }

@@ -187,6 +187,9 @@ pub struct WalStats {
     pub(crate) sync_idle_micros: AtomicU64,
     pub(crate) pass_waits: AtomicU64,
     pub(crate) pass_wait_micros: AtomicU64,
+    pub(crate) comeback_waits: AtomicU64,
+    pub(crate) comeback_wait_micros: AtomicU64,
+    pub(crate) comeback_ran_out: AtomicU64,
     pub(crate) commit_micros: Histogram,
 }
 
@@ -235,6 +238,13 @@ pub struct WalStatsSnapshot {
     pub pass_waits: u64,
     /// Time it spent in those waits, in microseconds.
     pub pass_wait_micros: u64,
+    /// Times the sync thread, before a batch, waited for the writers of
+    /// the batch before it to come back (see `comeback.rs`).
+    pub comeback_waits: u64,
+    /// Time it spent in those waits, in microseconds.
+    pub comeback_wait_micros: u64,
+    /// Those waits that ran out before enough writers came back.
+    pub comeback_ran_out: u64,
     /// Commit latency of each entry, in microseconds: from the moment the
     /// first entry of its group commit was submitted until that commit's
     /// sync returned (an upper bound of each entry's own wait; every entry
@@ -265,6 +275,9 @@ impl WalStats {
             sync_idle_micros: self.sync_idle_micros.load(Ordering::Relaxed),
             pass_waits: self.pass_waits.load(Ordering::Relaxed),
             pass_wait_micros: self.pass_wait_micros.load(Ordering::Relaxed),
+            comeback_waits: self.comeback_waits.load(Ordering::Relaxed),
+            comeback_wait_micros: self.comeback_wait_micros.load(Ordering::Relaxed),
+            comeback_ran_out: self.comeback_ran_out.load(Ordering::Relaxed),
             commit_micros: self.commit_micros.snapshot(),
         }
     }

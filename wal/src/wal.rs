@@ -26,6 +26,7 @@ use bytes::Bytes;
 use event_listener::{Event, Listener};
 use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 
+use crate::comeback::{self, Answered, Comeback};
 use crate::error::WalError;
 use crate::files::{FileCache, FooterCache};
 use crate::format::{
@@ -317,6 +318,9 @@ struct Locked<S: Sequencer> {
     /// Buffers returned by the sync thread, reused to avoid reallocation.
     spare: Vec<Vec<u8>>,
     sync_thread_waiting: bool,
+    /// While the sync thread waits for the writers it answered: the
+    /// pending entries at which a submit wakes it (0: no such wait).
+    wake_at: u64,
     shutdown: bool,
     /// Set inside the lock when writing cannot go on (a footer that cannot
     /// be encoded); the log latches as failed once the lock is released.
@@ -387,6 +391,9 @@ struct Shared<S: Sequencer> {
     /// The segment the sync thread writes to.
     active_seq: AtomicU64,
     failed: AtomicBool,
+    /// The sync thread waits for the writers it answered (see
+    /// `comeback.rs`): a blocked waiter leaves the batch to it.
+    waiting_for_writers: AtomicBool,
     failure: OnceLock<Arc<io::Error>>,
     segments: RwLock<std::collections::BTreeMap<u64, Arc<SegmentHandle>>>,
     alloc: Mutex<Alloc>,
@@ -700,6 +707,7 @@ impl<S: Sequencer> Locked<S> {
             inflight: None,
             spare: Vec::new(),
             sync_thread_waiting: false,
+            wake_at: 0,
             shutdown: false,
             broken: None,
         }
@@ -808,6 +816,7 @@ impl<S: Sequencer> Wal<S> {
             durable_checkpoint_seq: AtomicU64::new(recovered.entries.first().map_or(0, |e| e.seq)),
             active_seq: AtomicU64::new(active_seq),
             failed: AtomicBool::new(false),
+            waiting_for_writers: AtomicBool::new(false),
             failure: OnceLock::new(),
             segments: RwLock::new(handles.into_iter().map(|h| (h.seq, h)).collect()),
             alloc: Mutex::new(Alloc::default()),
@@ -1331,13 +1340,28 @@ impl<S: Sequencer> Shared<S> {
             return result;
         }
         if !self.opts.flush_on_wait {
-            self.wake_sync_thread(&mut locked);
+            self.wake_sync_thread_for_submit(&mut locked);
         }
         result
     }
 
+    /// Wakes the sync thread for a pending batch, ending a wait for
+    /// writers too (someone needs the batch written now).
     fn wake_sync_thread(&self, locked: &mut Locked<S>) {
+        locked.wake_at = 0;
         if locked.sync_thread_waiting && !locked.pending.is_empty() {
+            locked.sync_thread_waiting = false;
+            self.work.notify_one();
+        }
+    }
+
+    /// As [`Shared::wake_sync_thread`] after a submit: during a wait for
+    /// the writers, only once enough of them are back.
+    fn wake_sync_thread_for_submit(&self, locked: &mut Locked<S>) {
+        if locked.sync_thread_waiting
+            && !locked.pending.is_empty()
+            && locked.pending.entries >= locked.wake_at
+        {
             locked.sync_thread_waiting = false;
             self.work.notify_one();
         }
@@ -1433,6 +1457,11 @@ pub(crate) trait InlineFlush: Send + Sync {
 
 impl<S: Sequencer> InlineFlush for Shared<S> {
     fn try_flush(&self) {
+        // Writing the batch now would end the sync thread's wait for the
+        // batch's other writers.
+        if self.waiting_for_writers.load(Ordering::Acquire) {
+            return;
+        }
         if let Some(mut fs) = self.flush.try_lock() {
             self.flush_pending(&mut fs);
         }
@@ -1446,7 +1475,7 @@ impl<S: Sequencer> InlineFlush for Shared<S> {
 
     fn waiting(&self) {
         if self.opts.flush_on_wait {
-            self.wake_sync_thread(&mut self.locked.lock());
+            self.wake_sync_thread_for_submit(&mut self.locked.lock());
         }
     }
 }
@@ -1455,7 +1484,7 @@ impl<S: Sequencer> InlineFlush for Shared<S> {
 #[derive(PartialEq, Eq)]
 enum Flushed {
     Nothing,
-    Batch,
+    Batch(Answered),
     Failed,
 }
 
@@ -1464,6 +1493,7 @@ impl<S: Sequencer> Shared<S> {
     /// shutdown with nothing left or a failure.
     fn run_sync_thread(&self) {
         let mut in_pass = Vec::new();
+        let mut comeback = Comeback::new(self.opts.wait_for_writers && self.opts.sync_every_batch);
         loop {
             {
                 let mut locked = self.locked.lock();
@@ -1484,6 +1514,9 @@ impl<S: Sequencer> Shared<S> {
                     return; // shut down with nothing left to write
                 }
             }
+            if let Some(wait) = comeback.take() {
+                comeback.ended(self.wait_for_writers(wait));
+            }
             if let Some(turns) = &self.opts.turns {
                 let started = Instant::now();
                 if turns.wait_for_passes(&mut in_pass) {
@@ -1495,10 +1528,44 @@ impl<S: Sequencer> Shared<S> {
             }
             // A waiting thread may be flushing inline: take turns.
             let mut fs = self.flush.lock();
-            if self.flush_pending(&mut fs) == Flushed::Failed {
-                return;
+            match self.flush_pending(&mut fs) {
+                Flushed::Failed => return,
+                Flushed::Batch(batch) => comeback.answered(batch, Instant::now()),
+                Flushed::Nothing => {}
             }
         }
+    }
+
+    /// Waits until `wait.entries` are pending (the writers just answered
+    /// are back), its time runs out, or someone needs the batch written
+    /// now (room, a sync to the end, shutdown). Answers whether it ran out.
+    fn wait_for_writers(&self, wait: comeback::Wait) -> bool {
+        let started = Instant::now();
+        let mut locked = self.locked.lock();
+        locked.wake_at = wait.entries;
+        self.waiting_for_writers.store(true, Ordering::Release);
+        let ran_out = loop {
+            if locked.pending.entries >= wait.entries || locked.wake_at == 0 || locked.shutdown {
+                break false;
+            }
+            locked.sync_thread_waiting = true;
+            if self.work.wait_until(&mut locked, wait.until).timed_out() {
+                break locked.pending.entries < wait.entries;
+            }
+        };
+        locked.sync_thread_waiting = false;
+        locked.wake_at = 0;
+        self.waiting_for_writers.store(false, Ordering::Release);
+        drop(locked);
+        let stats = &self.stats;
+        stats.comeback_waits.fetch_add(1, Ordering::Relaxed);
+        stats
+            .comeback_wait_micros
+            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        if ran_out {
+            stats.comeback_ran_out.fetch_add(1, Ordering::Relaxed);
+        }
+        ran_out
     }
 
     /// Takes the whole pending batch, writes it, syncs once, then makes it
@@ -1512,7 +1579,7 @@ impl<S: Sequencer> Shared<S> {
     fn flush_plain_here(&self) -> bool {
         self.flush
             .try_lock()
-            .is_some_and(|mut fs| self.flush_pending_if(&mut fs, true) == Flushed::Batch)
+            .is_some_and(|mut fs| matches!(self.flush_pending_if(&mut fs, true), Flushed::Batch(_)))
     }
 
     /// As [`Shared::flush_pending`]; with `plain_only`, only a batch that
@@ -1566,19 +1633,26 @@ impl<S: Sequencer> Shared<S> {
             .and_then(|()| self.write_and_sync(fs, &mut chunks));
         match result {
             Ok(()) => {
+                let took = started.elapsed();
                 self.count_synced_batch(started, entries, opened);
                 // The sync returned: the entries are durable, and the
                 // durable LSN says so before any effect wakes a reader
                 // that will read them back.
                 self.durable_lsn.store(last_lsn, Ordering::Release);
                 self.note_durable_checkpoint(fs);
+                // What is queued before any writer of this batch hears back.
+                let queued = self.locked.lock().pending.entries;
                 for effect in effects {
                     effect.durable();
                 }
                 batch.complete();
                 self.recycle(chunks);
                 self.maybe_request_next(fs);
-                Flushed::Batch
+                Flushed::Batch(Answered {
+                    entries,
+                    queued,
+                    took,
+                })
             }
             Err(e) => {
                 drop(effects);
