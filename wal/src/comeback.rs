@@ -20,10 +20,11 @@
 //! Nor does a batch wait once the last two held [`MAX_ENTRIES`] or more:
 //! there the sync is already shared widely, and the time the disk stands
 //! idle during a wait costs more than the syncs it saves. Measured on this
-//! project's VM (2 cores, `fencelog bench`, 50 clients): at pipeline 1,
-//! 82 → 90 k appends/s for 10.6 → 9.1 CPU s per M; at pipeline 16 (390
-//! records per sync without the wait, 750 with it), 700 → 550–650 k/s for
-//! the same CPU.
+//! project's VM (2 cores, `fencelog bench`, 50 clients, event-loop
+//! generator): at pipeline 1, 87.5 → 90.2 k appends/s for 10.3 → 9.3 CPU
+//! s per M; at pipeline 16 with a wait before every sync (390 records per
+//! sync without it, 750 with it), 702–731 → 553–655 k/s for no less CPU
+//! (docs/DESIGN.md, "Waiting for the writers").
 
 use std::time::{Duration, Instant};
 
