@@ -1493,7 +1493,7 @@ impl<S: Sequencer> Shared<S> {
     /// shutdown with nothing left or a failure.
     fn run_sync_thread(&self) {
         let mut in_pass = Vec::new();
-        let mut comeback = Comeback::new(self.opts.wait_for_writers && self.opts.sync_every_batch);
+        let mut comeback = Comeback::new(self.waits_for_writers());
         loop {
             {
                 let mut locked = self.locked.lock();
@@ -1534,6 +1534,12 @@ impl<S: Sequencer> Shared<S> {
                 Flushed::Nothing => {}
             }
         }
+    }
+
+    /// Whether the sync thread waits for the writers it answered: asked
+    /// for, and with a sync per batch (without one, nobody waits for it).
+    fn waits_for_writers(&self) -> bool {
+        self.opts.wait_for_writers && self.opts.sync_every_batch && !self.opts.inline_io
     }
 
     /// Waits until `wait.entries` are pending (the writers just answered
@@ -1640,8 +1646,13 @@ impl<S: Sequencer> Shared<S> {
                 // that will read them back.
                 self.durable_lsn.store(last_lsn, Ordering::Release);
                 self.note_durable_checkpoint(fs);
-                // What is queued before any writer of this batch hears back.
-                let queued = self.locked.lock().pending.entries;
+                // What is queued before any writer of this batch hears back
+                // (for the sync thread's wait for them, if it waits).
+                let queued = if self.waits_for_writers() {
+                    self.locked.lock().pending.entries
+                } else {
+                    0
+                };
                 for effect in effects {
                     effect.durable();
                 }
