@@ -119,7 +119,9 @@ pub struct WalOptions {
     /// wait ends after eight times the last sync's time at most (and 1
     /// ms); a lone writer, and a log whose last two batches held 256
     /// entries or more, never wait; waits that run out make the next
-    /// batches go without (see `comeback.rs`). Default true.
+    /// batches go without (see `comeback.rs`). While it waits, a blocked
+    /// [`Ticket::wait`](crate::Ticket::wait) leaves the batch to it
+    /// instead of writing it on its own thread. Default true.
     pub wait_for_writers: bool,
 }
 
