@@ -23,7 +23,7 @@
 //! - **Storage** goes through [`Storage`]: real files ([`FsStorage`]), or a
 //!   crash-simulating in-memory file system ([`SimStorage`]) for tests.
 //!
-//! The byte layout is in `docs/FORMAT.md` and [`format`].
+//! The byte layout is in `docs/FORMAT.md` and [`format`](mod@format).
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 #![warn(missing_docs)]
