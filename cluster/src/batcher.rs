@@ -503,15 +503,23 @@ async fn run(
             }
         };
         let proposed = Instant::now();
+        // The round again on tokio's clock, for the wait's bound: the
+        // simulation's clock when it runs one (`sim/`), whose replays must
+        // not depend on how long a round took in real time (a seed ran
+        // differently twice on a loaded machine when the bound came from
+        // this one's clock). Elsewhere the two clocks are one.
+        let proposed_here = tokio::time::Instant::now();
         match raft.client_write_ff(Request::packed(time_ms, cmds)).await {
             Ok(pending) => {
                 let counts = Arc::clone(&counts);
                 tokio::spawn(async move {
                     let outcome = pending.await;
                     if outcome.as_ref().is_ok_and(Result::is_ok) {
-                        let round = counts.timings.entry_rounds.since(proposed);
+                        counts.timings.entry_rounds.since(proposed);
                         let queued = counts.writes.load(Ordering::Acquire);
-                        counts.comeback.arm(writes as u64, queued, round);
+                        counts
+                            .comeback
+                            .arm(writes as u64, queued, proposed_here.elapsed());
                     }
                     drop(slot);
                     answer(outcome, answers);

@@ -29,11 +29,9 @@ pub(crate) struct Timing {
 }
 
 impl Timing {
-    /// Counts one step that began at `started`; answers how long it took.
-    pub(crate) fn since(&self, started: Instant) -> Duration {
-        let took = started.elapsed();
-        self.record(took);
-        took
+    /// Counts one step that began at `started`.
+    pub(crate) fn since(&self, started: Instant) {
+        self.record(started.elapsed());
     }
 
     /// Counts one step that took `took`.
