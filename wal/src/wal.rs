@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use std::{io, mem};
 
 use bytes::Bytes;
@@ -1640,7 +1640,7 @@ impl<S: Sequencer> Shared<S> {
         match result {
             Ok(()) => {
                 let took = started.elapsed();
-                self.count_synced_batch(started, entries, opened);
+                self.count_synced_batch(took, entries, opened);
                 // The sync returned: the entries are durable, and the
                 // durable LSN says so before any effect wakes a reader
                 // that will read them back.
@@ -1673,13 +1673,11 @@ impl<S: Sequencer> Shared<S> {
         }
     }
 
-    /// Counts a batch of `entries` synced: the write and sync begun at
-    /// `started`, the batch opened at `opened`.
-    fn count_synced_batch(&self, started: Instant, entries: u64, opened: Option<Instant>) {
+    /// Counts a batch of `entries` synced: its write and sync took
+    /// `took`, the batch opened at `opened`.
+    fn count_synced_batch(&self, took: Duration, entries: u64, opened: Option<Instant>) {
         let stats = &self.stats;
-        stats
-            .sync_micros
-            .record(started.elapsed().as_micros() as u64);
+        stats.sync_micros.record(took.as_micros() as u64);
         stats.batch_entries.record(entries);
         if let Some(opened) = opened {
             stats
