@@ -8,29 +8,28 @@
 //! answered just as the next entry leaves with the others, so they wait a
 //! whole round for a place. At pipeline 1 with 50 clients every entry held
 //! 24 writes. Proposing the next entry only once the writers just answered
-//! are back (or most of them: [`BACK`]) lets every entry hold everyone:
+//! are back (or most of them: [`WriterWaits::back`]) lets every entry hold everyone:
 //! the same sync, messages and wake-ups per entry carry twice the writes.
 //!
 //! The wait is bounded so that writers who do not come back (a client that
 //! reads next, or stopped) cost little: it ends after the last entry's
 //! round at most (and [`MAX_WAIT`]), and a wait that ran out makes the
 //! next entries go without one, twice as many after each that runs out in
-//! a row (up to [`MAX_SKIP`]), so that a load of such clients pays for one
-//! wait in many entries. A lone writer never waits: its write is back as
-//! soon as it is answered.
+//! a row (up to [`WriterWaits::MAX_SKIP`]), so that a load of such clients
+//! pays for one wait in many entries. A lone writer never waits: its write
+//! is back as soon as it is answered. These rules are the single node's
+//! sync thread's too: [`WriterWaits`] holds them for both.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use fencelog_wal::WriterWaits;
+use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use crate::timings::{Timed, Timing};
 // tokio's clock: the simulation's when it runs one (`sim/`).
 use tokio::time::Instant;
-
-/// The share of the writers just answered whose return ends the wait:
-/// three in four, so that one slow client does not hold every other.
-const BACK: (u64, u64) = (3, 4);
 
 /// The longest wait, in rounds of the last entry: writers who come back
 /// do within one round or so (measured on two shared cores: 0.35–0.45 ms
@@ -40,9 +39,6 @@ const ROUNDS: u32 = 2;
 
 /// The longest wait, whatever the last round took.
 pub(crate) const MAX_WAIT: Duration = Duration::from_millis(2);
-
-/// Entries proposed without a wait after waits that ran out, at most.
-pub(crate) const MAX_SKIP: u32 = 64;
 
 /// The wait's state, shared by the connection threads (which count what
 /// arrives) and the batching task (which waits).
@@ -56,10 +52,10 @@ pub(crate) struct Comeback {
     until_ns: AtomicU64,
     epoch: Instant,
     notify: Notify,
-    /// Entries still to propose without a wait, and how many the next
-    /// wait that runs out skips.
-    skipping: AtomicU32,
-    next_skip: AtomicU32,
+    /// Which entries go without a wait after waits that ran out. Taken
+    /// once per entry by the task answering it, and once per wait by the
+    /// batching task: never contended for long.
+    schedule: Mutex<WriterWaits>,
     /// Since the node started: the waits and the time they took, and
     /// how many of them ran out.
     waits: Timing,
@@ -96,8 +92,7 @@ impl Comeback {
             until_ns: AtomicU64::new(0),
             epoch: Instant::now(),
             notify: Notify::new(),
-            skipping: AtomicU32::new(0),
-            next_skip: AtomicU32::new(1),
+            schedule: Mutex::new(WriterWaits::new()),
             waits: Timing::default(),
             ran_out: AtomicU64::new(0),
         }
@@ -110,12 +105,10 @@ impl Comeback {
         if !self.enabled || answered == 0 {
             return;
         }
-        let skipping = self.skipping.load(Ordering::Relaxed);
-        if skipping > 0 {
-            self.skipping.store(skipping - 1, Ordering::Relaxed);
+        if !self.schedule.lock().due() {
             return;
         }
-        let back = (answered * BACK.0).div_ceil(BACK.1);
+        let back = WriterWaits::back(answered);
         let until = self.now_ns() + (round * ROUNDS).min(MAX_WAIT).as_nanos() as u64;
         self.until_ns.store(until, Ordering::Relaxed);
         self.target.store(queued + back, Ordering::Release);
@@ -171,15 +164,10 @@ impl Comeback {
     /// After a wait: one that ran out makes the next entries skip theirs
     /// (twice as many as last time), one that ended by returns resets that.
     fn ended(&self, ran_out: bool) {
-        if !ran_out {
-            self.next_skip.store(1, Ordering::Relaxed);
-            return;
+        if ran_out {
+            self.ran_out.fetch_add(1, Ordering::Relaxed);
         }
-        self.ran_out.fetch_add(1, Ordering::Relaxed);
-        let skip = self.next_skip.load(Ordering::Relaxed);
-        self.skipping.store(skip, Ordering::Relaxed);
-        self.next_skip
-            .store((skip * 2).min(MAX_SKIP), Ordering::Relaxed);
+        self.schedule.lock().ended(ran_out);
     }
 
     /// What the waits came to so far.
@@ -287,6 +275,6 @@ mod tests {
         for _ in 0..20 {
             c.ended(true);
         }
-        assert_eq!(c.skipping.load(Ordering::Relaxed), MAX_SKIP);
+        assert_eq!(c.schedule.lock().skipping(), WriterWaits::MAX_SKIP);
     }
 }

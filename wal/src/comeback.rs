@@ -6,7 +6,7 @@
 //! turns: a batch's writers are answered just as the next sync starts with
 //! the others, so they wait a whole sync for a place. At pipeline 1 with
 //! 50 clients every sync held 23–25 records. Syncing only once the writers
-//! just answered are back (or most of them: [`BACK`]) lets one sync hold
+//! just answered are back (or most of them: [`WriterWaits::back`]) lets one sync hold
 //! nearly all of them (47–48): half the syncs, and half the wake-ups of the
 //! sync thread and of the threads it answers, for the same records.
 //!
@@ -14,7 +14,7 @@
 //! reads next, or stopped) cost little: it ends after [`SYNCS`] times the
 //! last sync's time at most (and [`MAX_WAIT`]), and a wait that ran out
 //! makes the next batches go without one, twice as many after each that
-//! runs out in a row (up to [`MAX_SKIP`]). A lone writer never waits: its
+//! runs out in a row (up to [`WriterWaits::MAX_SKIP`]). A lone writer never waits: its
 //! entry is back as soon as it is answered.
 //!
 //! Nor does a batch wait once the last two held [`MAX_ENTRIES`] or more:
@@ -28,10 +28,6 @@
 
 use std::time::{Duration, Instant};
 
-/// The share of the last batch's entries whose return ends the wait:
-/// three in four, so that one slow writer does not hold every other.
-const BACK: (u64, u64) = (3, 4);
-
 /// The longest wait, in times the last sync took: writers coming back
 /// took 230–270 µs at pipeline 1 with 50 clients against syncs of
 /// 110–130 µs, so a bound of two syncs ran out in four waits of ten.
@@ -40,11 +36,81 @@ const SYNCS: u32 = 8;
 /// The longest wait, whatever the last sync took.
 pub(crate) const MAX_WAIT: Duration = Duration::from_millis(1);
 
-/// Batches synced without a wait after waits that ran out, at most.
-pub(crate) const MAX_SKIP: u32 = 64;
-
 /// Entries in the last two batches from which the next one does not wait.
 pub(crate) const MAX_ENTRIES: u64 = 256;
+
+/// The rules a wait for the writers just answered follows, wherever it is
+/// made: here before a sync, and in a cluster leader before its next entry
+/// (`fencelog-cluster`'s `comeback.rs`). How long a wait may last is the
+/// maker's: each bounds it by its own round.
+///
+/// - A wait ends once three in four of the writers answered are back
+///   ([`WriterWaits::back`]), so that one slow writer does not hold every
+///   other.
+/// - A wait that ran out makes the next batches go without one, twice as
+///   many after each that runs out in a row, up to
+///   [`WriterWaits::MAX_SKIP`], so that a load of writers who do not come
+///   back (a client that reads next, or stopped) pays for one wait in
+///   many batches.
+/// - A wait that ended by returns resets that.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriterWaits {
+    /// Batches still to go without a wait.
+    skipping: u32,
+    /// How many the next wait that runs out makes skip theirs.
+    next_skip: u32,
+}
+
+impl Default for WriterWaits {
+    fn default() -> Self {
+        WriterWaits::new()
+    }
+}
+
+impl WriterWaits {
+    /// Batches that go without a wait after waits that ran out, at most.
+    pub const MAX_SKIP: u32 = 64;
+
+    /// No wait ran out yet: the next batch waits.
+    pub const fn new() -> Self {
+        WriterWaits {
+            skipping: 0,
+            next_skip: 1,
+        }
+    }
+
+    /// How many of `answered` writers ends a wait once back: three in
+    /// four, rounded up.
+    pub fn back(answered: u64) -> u64 {
+        (answered * 3).div_ceil(4)
+    }
+
+    /// Whether the next batch waits; one that does not (waits are being
+    /// skipped after run-outs) counts itself off.
+    pub fn due(&mut self) -> bool {
+        if self.skipping > 0 {
+            self.skipping -= 1;
+            return false;
+        }
+        true
+    }
+
+    /// A wait ended: its time ran out before the writers came back, or
+    /// not.
+    pub fn ended(&mut self, ran_out: bool) {
+        if ran_out {
+            self.skipping = self.next_skip;
+            self.next_skip = (self.next_skip * 2).min(Self::MAX_SKIP);
+        } else {
+            self.next_skip = 1;
+        }
+    }
+
+    /// Batches still to go without a wait.
+    pub fn skipping(&self) -> u32 {
+        self.skipping
+    }
+}
 
 /// A batch synced and answered, as the wait needs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,10 +140,7 @@ pub(crate) struct Comeback {
     /// Entries of the batch before the last.
     before_last: u64,
     armed: Option<Wait>,
-    /// Batches still to sync without a wait, and how many the next wait
-    /// that runs out skips.
-    skipping: u32,
-    next_skip: u32,
+    schedule: WriterWaits,
 }
 
 impl Comeback {
@@ -87,8 +150,7 @@ impl Comeback {
             enabled,
             before_last: 0,
             armed: None,
-            skipping: 0,
-            next_skip: 1,
+            schedule: WriterWaits::new(),
         }
     }
 
@@ -100,13 +162,11 @@ impl Comeback {
         if !self.enabled || batch.entries < 2 || two >= MAX_ENTRIES {
             return;
         }
-        if self.skipping > 0 {
-            self.skipping -= 1;
+        if !self.schedule.due() {
             return;
         }
-        let back = (batch.entries * BACK.0).div_ceil(BACK.1);
         self.armed = Some(Wait {
-            entries: batch.queued + back,
+            entries: batch.queued + WriterWaits::back(batch.entries),
             until: now + (batch.took * SYNCS).min(MAX_WAIT),
         });
     }
@@ -117,15 +177,9 @@ impl Comeback {
     }
 
     /// The wait taken ended: its time ran out before the writers came
-    /// back, or not. A wait that ran out makes the next batches skip the
-    /// wait (twice as many as last time), one that did not resets that.
+    /// back, or not ([`WriterWaits::ended`]).
     pub(crate) fn ended(&mut self, ran_out: bool) {
-        if ran_out {
-            self.skipping = self.next_skip;
-            self.next_skip = (self.next_skip * 2).min(MAX_SKIP);
-        } else {
-            self.next_skip = 1;
-        }
+        self.schedule.ended(ran_out);
     }
 }
 
@@ -205,7 +259,10 @@ mod tests {
             c.ended(true);
             after_run_outs.push(skipped(&mut c));
         }
-        assert_eq!(after_run_outs, [1, 2, 4, 8, 16, 32, 64, MAX_SKIP]);
+        assert_eq!(
+            after_run_outs,
+            [1, 2, 4, 8, 16, 32, 64, WriterWaits::MAX_SKIP]
+        );
         // A wait that ends by returns: the next run-out skips one again.
         c.ended(false);
         assert_eq!(skipped(&mut c), 0);

@@ -44,6 +44,7 @@ mod turns;
 mod verify;
 mod wal;
 
+pub use comeback::WriterWaits;
 pub use error::WalError;
 pub use format::EntryKind;
 pub use marks::Marks;
