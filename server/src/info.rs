@@ -597,6 +597,25 @@ fn commit(_ctx: &Context, m: &fencelog::Metrics) -> Vec<Metric> {
         },
         Metric {
             section: "commit",
+            info: "log_writebacks_started",
+            prometheus: "fencelog_log_writebacks_started_total",
+            help: "A log without a sync per batch (a cluster replica's engine log): times its \
+               written bytes were handed to the disk ahead of a sync, so that a seal's sync \
+               finds little left to write.",
+            kind: Kind::Counter,
+            value: w.writebacks_started as f64,
+        },
+        Metric {
+            section: "commit",
+            info: "log_writebacks_failed",
+            prometheus: "fencelog_log_writebacks_failed_total",
+            help: "Times the kernel refused such a hand-over (nothing is lost: the next sync \
+               writes the bytes).",
+            kind: Kind::Counter,
+            value: w.writebacks_failed as f64,
+        },
+        Metric {
+            section: "commit",
             info: "commit_latency_p50_us",
             prometheus: "",
             help: "Median commit latency of a durable entry (bucket upper bound), microseconds.",

@@ -190,6 +190,8 @@ pub struct WalStats {
     pub(crate) comeback_waits: AtomicU64,
     pub(crate) comeback_wait_micros: AtomicU64,
     pub(crate) comeback_ran_out: AtomicU64,
+    pub(crate) writebacks_started: AtomicU64,
+    pub(crate) writebacks_failed: AtomicU64,
     pub(crate) commit_micros: Histogram,
 }
 
@@ -245,6 +247,12 @@ pub struct WalStatsSnapshot {
     pub comeback_wait_micros: u64,
     /// Those waits that ran out before enough writers came back.
     pub comeback_ran_out: u64,
+    /// Without a sync per batch: times written bytes were handed to the
+    /// disk ahead of a sync (`WalOptions::writeback_bytes`).
+    pub writebacks_started: u64,
+    /// Times the kernel refused such a hand-over (a hint lost, nothing
+    /// else: the next sync writes the bytes).
+    pub writebacks_failed: u64,
     /// Commit latency of each entry, in microseconds: from the moment the
     /// first entry of its group commit was submitted until that commit's
     /// sync returned (an upper bound of each entry's own wait; every entry
@@ -278,6 +286,8 @@ impl WalStats {
             comeback_waits: self.comeback_waits.load(Ordering::Relaxed),
             comeback_wait_micros: self.comeback_wait_micros.load(Ordering::Relaxed),
             comeback_ran_out: self.comeback_ran_out.load(Ordering::Relaxed),
+            writebacks_started: self.writebacks_started.load(Ordering::Relaxed),
+            writebacks_failed: self.writebacks_failed.load(Ordering::Relaxed),
             commit_micros: self.commit_micros.snapshot(),
         }
     }

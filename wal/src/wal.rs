@@ -1402,6 +1402,10 @@ struct FlushState {
     next_requested: bool,
     /// Written and not synced (only without `sync_every_batch`).
     unsynced: bool,
+    /// Where in the segment being written the bytes not yet handed to
+    /// the disk begin (only without `sync_every_batch`; see
+    /// `WalOptions::writeback_bytes`).
+    writeback_from: u64,
 }
 
 impl FlushState {
@@ -1424,6 +1428,7 @@ impl FlushState {
             written_to,
             next_requested: false,
             unsynced: false,
+            writeback_from: written_to,
         }
     }
 }
@@ -1769,6 +1774,8 @@ impl<S: Sequencer> Shared<S> {
                 }
                 fs.current = Some(self.take_or_create(fs, chunk.seq)?);
                 fs.current_opens_checkpoint = chunk.opens_checkpoint;
+                // A new file: its bytes wait for the disk from its start.
+                fs.writeback_from = 0;
                 self.active_seq.store(chunk.seq, Ordering::Release);
             }
             let (seg, file) = match &fs.current {
@@ -1790,6 +1797,9 @@ impl<S: Sequencer> Shared<S> {
                 self.stats
                     .bytes_written
                     .fetch_add(chunk.buf.len() as u64, Ordering::Relaxed);
+                if !self.opts.sync_every_batch {
+                    self.start_writeback(fs, file.as_ref());
+                }
                 unsynced = Some(Arc::clone(&file));
             }
             if let Some(footer) = &chunk.seal {
@@ -1810,6 +1820,27 @@ impl<S: Sequencer> Shared<S> {
             }
         }
         Ok(())
+    }
+
+    /// Without a sync per batch: hands the segment's written whole pages to
+    /// the disk once `writeback_bytes` of them wait (the page being written
+    /// stays, or it would be written twice). A failure is only counted:
+    /// it makes nothing less durable, and the next sync reports an error
+    /// of the disk's.
+    fn start_writeback(&self, fs: &mut FlushState, file: &dyn StorageFile) {
+        const PAGE: u64 = 4096;
+        let every = self.opts.writeback_bytes;
+        let end = fs.written_to / PAGE * PAGE;
+        if every == 0 || end < fs.writeback_from.saturating_add(every) {
+            return;
+        }
+        let from = fs.writeback_from;
+        fs.writeback_from = end;
+        let counter = match file.start_writeback(from, end - from) {
+            Ok(()) => &self.stats.writebacks_started,
+            Err(_) => &self.stats.writebacks_failed,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Writes a batch's bytes at `pos`. Into space that was not zero-filled

@@ -151,4 +151,20 @@ impl StorageFile for FsFile {
             errno => Err(io::Error::from_raw_os_error(errno)),
         }
     }
+
+    fn start_writeback(&self, pos: u64, len: u64) -> io::Result<()> {
+        let too_large = || io::Error::new(io::ErrorKind::InvalidInput, "range too large");
+        let pos = i64::try_from(pos).map_err(|_| too_large())?;
+        let len = i64::try_from(len).map_err(|_| too_large())?;
+        // SAFETY: sync_file_range only reads its integer arguments; the
+        // descriptor is owned by `self.file`.
+        let rc = unsafe {
+            libc::sync_file_range(self.file.as_raw_fd(), pos, len, libc::SYNC_FILE_RANGE_WRITE)
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
 }

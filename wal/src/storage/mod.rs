@@ -83,6 +83,15 @@ pub trait StorageFile: Send + Sync {
     fn drop_cached(&self) -> io::Result<()> {
         Ok(())
     }
+
+    /// Starts writing bytes `[pos, pos + len)` to the disk without waiting
+    /// for them (`sync_file_range` with `SYNC_FILE_RANGE_WRITE`): a hint
+    /// that makes a later [`StorageFile::sync_data`] shorter. It makes
+    /// nothing durable, and the default does nothing.
+    fn start_writeback(&self, pos: u64, len: u64) -> io::Result<()> {
+        let _ = (pos, len);
+        Ok(())
+    }
 }
 
 /// Reads bytes `[0, len)` of `file` into memory.
