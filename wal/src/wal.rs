@@ -1379,8 +1379,9 @@ impl<S: Sequencer> Shared<S> {
     }
 }
 
-/// How much of a new segment's zero fill is written before it is synced.
-const FILL_SYNC_BYTES: u64 = 4 << 20;
+/// How much of a new segment's zero fill is handed to the disk at a time;
+/// the fill waits for the piece before to be written before it goes on.
+const FILL_WRITEBACK_BYTES: u64 = 1 << 20;
 
 /// How much of a new segment's zero fill one write covers, and at most
 /// what one write of a batch covers where no fill ran before it.
@@ -2082,14 +2083,30 @@ impl<S: Sequencer> Shared<S> {
         // 0.013-0.017 s in 32-64 KiB writes.
         let zeros = vec![0u8; FILL_WRITE_BYTES.min(size as usize)];
         let mut at = HEADER_LEN;
-        let mut unsynced = 0u64;
+        // The piece not yet handed to the disk begins here; the one handed
+        // over before it, if any, is `handed`.
+        let mut from = HEADER_LEN;
+        let mut handed: Option<(u64, u64)> = None;
         while at < size {
-            // Written back a few MiB at a time: one sync of a whole
-            // segment would make every commit sync queue behind it.
-            if unsynced >= FILL_SYNC_BYTES {
-                file.sync_data()
-                    .map_err(|e| annotate(e, "fdatasync", tmp))?;
-                unsynced = 0;
+            // Handed to the disk a MiB at a time, and paced by waiting for
+            // the MiB before: a sync of the whole segment would make every
+            // commit's sync queue behind 64 MiB of zeros. Not synced piece
+            // by piece: each `fdatasync` of this growing file also commits
+            // its new size and blocks to the journal, with a flush of the
+            // disk's cache that every other sync waits behind. Measured
+            // against an `fdatasync` per 4 MiB (2026-12-07, 50 clients at
+            // pipeline 16, three alternating runs each): a single node's
+            // p99 latency 4.9-5.6 -> 2.3-2.4 ms; a 3-node group's
+            // 9.4-11.8 -> 6.4-7.3 ms. The create's own sync makes it durable.
+            // Both are hints: an error of the disk's is the create's sync's
+            // to report, and a file system without them only loses pacing.
+            if at - from >= FILL_WRITEBACK_BYTES {
+                let _ = file.start_writeback(from, at - from);
+                if let Some((pos, len)) = handed {
+                    let _ = file.finish_writeback(pos, len);
+                }
+                handed = Some((from, at - from));
+                from = at;
             }
             if abortable && self.alloc.lock().shutdown {
                 return Ok(false);
@@ -2098,7 +2115,6 @@ impl<S: Sequencer> Shared<S> {
             file.write_all_at(&zeros[..n], at)
                 .map_err(|e| annotate(e, "fill", tmp))?;
             at += n as u64;
-            unsynced += n as u64;
         }
         Ok(true)
     }

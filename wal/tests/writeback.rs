@@ -1,3 +1,5 @@
+//! Bytes handed to the disk ahead of a sync.
+//!
 //! A log without a sync per batch (a cluster replica's engine log) hands
 //! its written bytes to the disk as it goes (`WalOptions::writeback_bytes`),
 //! on real files: so many hand-overs for so many bytes, counted again from
@@ -6,6 +8,9 @@
 //! writes after a power cut, in any order, is `crash_consistency.rs`' to
 //! test: a hand-over is the kernel writing back early, which it may do
 //! anyway.)
+//!
+//! A new segment's zero fill is handed over a MiB at a time, paced by the
+//! MiB before, and synced once whatever its size.
 
 mod common;
 
@@ -13,7 +18,7 @@ use std::io;
 use std::sync::Arc;
 
 use common::*;
-use fencelog_wal::{FsStorage, Preallocation, Storage, WalOptions};
+use fencelog_wal::{FsStorage, Preallocation, SimStorage, Storage, WalOptions};
 
 /// Writes `batches` batches of eight 8 KiB records each (64 KiB a batch),
 /// waiting for each, closes the log, and answers its hand-overs (started,
@@ -93,4 +98,39 @@ fn a_real_file_takes_a_range_and_refuses_one_past_what_the_kernel_counts() {
     let mut back = [0u8; 3 << 12];
     file.read_exact_at(&mut back, 0).unwrap();
     assert!(back.iter().all(|&b| b == 7));
+}
+
+/// The syncs, hand-overs and waits for them that opening an empty log
+/// made on a simulated disk: its first segment, zero-filled.
+fn first_segment_costs(segment_bytes: u64) -> (u64, u64, u64) {
+    let sim = SimStorage::new();
+    let storage: Arc<dyn Storage> = Arc::new(sim.clone());
+    let opts = WalOptions {
+        segment_bytes,
+        max_entry_bytes: 16 << 10,
+        preallocation: Preallocation::Fill,
+        ..WalOptions::default()
+    };
+    let (wal, _) = open(&storage, std::path::Path::new(SIM_DIR), &opts).unwrap();
+    let faults = sim.faults();
+    let costs = (
+        faults.syncs(),
+        faults.writebacks_started(),
+        faults.writebacks_finished(),
+    );
+    drop(wal);
+    costs
+}
+
+#[test]
+fn a_zero_fill_is_handed_over_a_mebibyte_at_a_time_and_synced_once() {
+    let (small_syncs, small_started, small_finished) = first_segment_costs(64 << 10);
+    assert_eq!((small_started, small_finished), (0, 0), "64 KiB: one piece");
+    let (syncs, started, finished) = first_segment_costs(16 << 20);
+    // 16 MiB in pieces of a MiB: 15 handed over while the fill goes on
+    // (the last is the create's sync's), each but the first after the
+    // one before was written.
+    assert_eq!((started, finished), (15, 14));
+    // A sync per 4 MiB, as before, would make three more.
+    assert_eq!(syncs, small_syncs, "the fill adds no sync");
 }

@@ -153,14 +153,28 @@ impl StorageFile for FsFile {
     }
 
     fn start_writeback(&self, pos: u64, len: u64) -> io::Result<()> {
+        self.sync_file_range(pos, len, libc::SYNC_FILE_RANGE_WRITE)
+    }
+
+    fn finish_writeback(&self, pos: u64, len: u64) -> io::Result<()> {
+        self.sync_file_range(
+            pos,
+            len,
+            libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                | libc::SYNC_FILE_RANGE_WRITE
+                | libc::SYNC_FILE_RANGE_WAIT_AFTER,
+        )
+    }
+}
+
+impl FsFile {
+    fn sync_file_range(&self, pos: u64, len: u64, flags: libc::c_uint) -> io::Result<()> {
         let too_large = || io::Error::new(io::ErrorKind::InvalidInput, "range too large");
         let pos = i64::try_from(pos).map_err(|_| too_large())?;
         let len = i64::try_from(len).map_err(|_| too_large())?;
         // SAFETY: sync_file_range only reads its integer arguments; the
         // descriptor is owned by `self.file`.
-        let rc = unsafe {
-            libc::sync_file_range(self.file.as_raw_fd(), pos, len, libc::SYNC_FILE_RANGE_WRITE)
-        };
+        let rc = unsafe { libc::sync_file_range(self.file.as_raw_fd(), pos, len, flags) };
         if rc == 0 {
             Ok(())
         } else {

@@ -92,6 +92,17 @@ pub trait StorageFile: Send + Sync {
         let _ = (pos, len);
         Ok(())
     }
+
+    /// Waits until bytes `[pos, pos + len)` handed to the disk (and any
+    /// still dirty there, which it hands over first) are written
+    /// (`sync_file_range` with `SYNC_FILE_RANGE_WAIT_BEFORE`, `_WRITE` and
+    /// `_WAIT_AFTER`): pacing, not durability. Unlike `fdatasync` it
+    /// commits no metadata and flushes no disk cache, so the syncs of
+    /// other files do not queue behind it. The default does nothing.
+    fn finish_writeback(&self, pos: u64, len: u64) -> io::Result<()> {
+        let _ = (pos, len);
+        Ok(())
+    }
 }
 
 /// Reads bytes `[0, len)` of `file` into memory.

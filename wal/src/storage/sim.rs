@@ -65,6 +65,8 @@ pub struct Faults {
     fail_write_in: AtomicU64,
     syncs: AtomicU64,
     writes: AtomicU64,
+    writebacks_started: AtomicU64,
+    writebacks_finished: AtomicU64,
     /// Faults hit only files whose name (at open) ends with this.
     only_on: Mutex<Option<String>>,
     /// Every `sync_data` of a file faults apply to first sleeps this long.
@@ -84,6 +86,8 @@ impl Default for Faults {
             fail_write_in: AtomicU64::new(DISARMED),
             syncs: AtomicU64::new(0),
             writes: AtomicU64::new(0),
+            writebacks_started: AtomicU64::new(0),
+            writebacks_finished: AtomicU64::new(0),
             only_on: Mutex::new(None),
             sync_delay_micros: AtomicU64::new(0),
             fail_reads: std::sync::atomic::AtomicBool::new(false),
@@ -154,6 +158,18 @@ impl Faults {
     /// Writes so far (failed ones included).
     pub fn writes(&self) -> u64 {
         self.writes.load(Ordering::SeqCst)
+    }
+
+    /// `start_writeback` calls so far: hints, which the simulated disk
+    /// takes for nothing (like the kernel, it may write unsynced bytes in
+    /// any order anyway: see [`CrashMode`]).
+    pub fn writebacks_started(&self) -> u64 {
+        self.writebacks_started.load(Ordering::SeqCst)
+    }
+
+    /// `finish_writeback` calls so far.
+    pub fn writebacks_finished(&self) -> u64 {
+        self.writebacks_finished.load(Ordering::SeqCst)
     }
 
     /// The name the file had when an injected write fault hit it, if one
@@ -748,6 +764,20 @@ impl StorageFile for SimFile {
         }
         durable.resize(data.len(), 0);
         drop(fs);
+        Ok(())
+    }
+
+    fn start_writeback(&self, _pos: u64, _len: u64) -> io::Result<()> {
+        self.faults
+            .writebacks_started
+            .fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn finish_writeback(&self, _pos: u64, _len: u64) -> io::Result<()> {
+        self.faults
+            .writebacks_finished
+            .fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
 }
