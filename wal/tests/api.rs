@@ -361,8 +361,8 @@ fn cached_pages(path: &Path) -> (usize, usize) {
 }
 
 /// `uncache_sealed` (a Raft log's): once a segment is sealed its pages
-/// leave the page cache, and the log still reads back every entry (from
-/// the disk). Without it the kernel keeps them, which is what makes this
+/// leave the page cache (on the allocator's thread, soon after), and the
+/// log still reads back every entry (from the disk). Without it the kernel keeps them, which is what makes this
 /// test able to fail.
 #[test]
 fn uncache_sealed_lets_a_sealed_segment_leave_the_page_cache() {
@@ -387,13 +387,23 @@ fn uncache_sealed_lets_a_sealed_segment_leave_the_page_cache() {
             .filter(|s| *s < wal.active_segment())
             .collect();
         assert!(sealed.len() >= 4, "{sealed:?}");
-        let (mut cached, mut pages) = (0, 0);
-        for seq in &sealed {
-            let (c, p) = cached_pages(&dir.path().join(format::segment_file_name(*seq)));
-            cached += c;
-            pages += p;
-        }
+        let count = || {
+            let (mut cached, mut pages) = (0, 0);
+            for seq in &sealed {
+                let (c, p) = cached_pages(&dir.path().join(format::segment_file_name(*seq)));
+                cached += c;
+                pages += p;
+            }
+            (cached, pages)
+        };
+        let (mut cached, pages) = count();
         if uncache_sealed {
+            // The pages go on the allocator's thread, soon after the seal.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while cached * 10 >= pages && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                cached = count().0;
+            }
             assert!(
                 cached * 10 < pages,
                 "{cached} of {pages} pages of sealed segments still cached"
