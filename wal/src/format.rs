@@ -220,24 +220,40 @@ pub(crate) fn encode_entry_fields(
 /// Computes and stores the checksum of every entry in `buf`, a run of
 /// whole entries of segment `seq` written by [`encode_entry_fields`].
 pub(crate) fn fill_checksums(buf: &mut [u8], seq: u64) {
+    let seeded = seeded(seq);
     let mut at = 0;
     while at + ENTRY_HEADER_LEN <= buf.len() {
         let len = u32_at(buf, at + 4) as usize;
         let end = (at + ENTRY_HEADER_LEN + len).min(buf.len());
-        let crc = {
-            let (header, payload) = buf[at..end].split_at(ENTRY_HEADER_LEN);
-            entry_crc(seq, header, payload)
-        };
+        let crc = entry_crc_after(&seeded, &buf[at + 4..end]);
         buf[at..at + 4].copy_from_slice(&crc.to_le_bytes());
         at += entry_len(len) as usize;
     }
 }
 
+/// An entry's checksum, its header and payload apart.
 fn entry_crc(seq: u64, header: &[u8], payload: &[u8]) -> u32 {
-    let mut hasher = Hasher::new();
-    hasher.update(&seq.to_le_bytes());
+    let mut hasher = seeded(seq);
     hasher.update(&header[4..ENTRY_HEADER_LEN]);
     hasher.update(payload);
+    hasher.finalize()
+}
+
+/// The checksum's state after segment `seq`'s number, which every entry's
+/// checksum in that segment starts with: made once for a run of entries
+/// (`Hasher::new` checks the CPU's features each time it is called).
+fn seeded(seq: u64) -> Hasher {
+    let mut hasher = Hasher::new();
+    hasher.update(&seq.to_le_bytes());
+    hasher
+}
+
+/// An entry's checksum from [`seeded`] and its bytes from 4 on (the rest of
+/// its header, then its payload, which lie together): one pass over them
+/// instead of one per part, the header's 20 bytes with the payload.
+fn entry_crc_after(seeded: &Hasher, rest: &[u8]) -> u32 {
+    let mut hasher = seeded.clone();
+    hasher.update(rest);
     hasher.finalize()
 }
 
@@ -296,8 +312,7 @@ pub fn probe_entry(b: &[u8], seq: u64, max_len: u32) -> Probe {
     if len > max_len || ENTRY_HEADER_LEN + len as usize > b.len() {
         return Probe::Invalid(Invalid::BadLength(len));
     }
-    let payload = &b[ENTRY_HEADER_LEN..ENTRY_HEADER_LEN + len as usize];
-    if entry_crc(seq, h, payload) != u32_at(h, 0) {
+    if entry_crc_after(&seeded(seq), &b[4..ENTRY_HEADER_LEN + len as usize]) != u32_at(h, 0) {
         return Probe::Invalid(Invalid::Checksum);
     }
     // The padding is not checksummed but must be zero, so that no bit of an
@@ -432,6 +447,55 @@ pub fn parse_segment_file_name(name: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The checksums the sync thread fills in for a run of entries (one
+    /// pass over each from its byte 4, after the segment's number) are
+    /// the ones a header encoded alone carries (header and payload apart),
+    /// and every entry probes whole, a flipped byte anywhere refused.
+    #[test]
+    fn checksums_filled_in_a_run_are_the_entrys_own() {
+        let seq = 0x0123_4567_89ab_cdef;
+        let lens = [0usize, 1, 7, 8, 63, 64, 100, 127, 128, 129, 200, 1000];
+        let entries: Vec<Vec<u8>> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| {
+                let payload: Vec<u8> = (0..len).map(|b| (b * 31 + i) as u8).collect();
+                entry(seq, 10 + i as u64, 10, &payload)
+            })
+            .collect();
+        let mut run: Vec<u8> = entries.concat();
+        // As the log writes them: fields only, checksums zero.
+        let mut at = 0;
+        for e in &entries {
+            run[at..at + 4].fill(0);
+            at += e.len();
+        }
+        fill_checksums(&mut run, seq);
+        assert_eq!(run, entries.concat());
+        let mut at = 0;
+        for (e, len) in entries.iter().zip(lens) {
+            assert!(matches!(
+                probe_entry(&run[at..], seq, 1 << 20),
+                Probe::Entry(_)
+            ));
+            for flip in [4, 23, 24 + len / 2] {
+                if flip < ENTRY_HEADER_LEN + len {
+                    let mut bad = e.clone();
+                    bad[flip] ^= 0x10;
+                    assert!(
+                        matches!(probe_entry(&bad, seq, 1 << 20), Probe::Invalid(_)),
+                        "entry of {len} bytes, byte {flip} flipped"
+                    );
+                }
+            }
+            assert!(matches!(
+                probe_entry(e, seq + 1, 1 << 20),
+                Probe::Invalid(_)
+            ));
+            at += e.len();
+        }
+    }
 
     #[test]
     fn header_round_trip_and_refusals() {
