@@ -94,8 +94,8 @@ pub struct WalOptions {
     /// Once a segment is sealed (synced, never written again), tell the
     /// kernel its pages may leave the page cache (`POSIX_FADV_DONTNEED`,
     /// as PostgreSQL does with WAL files nothing will read), on the
-    /// allocator's thread: it takes milliseconds for a large segment. For a log
-    /// read back only at recovery or by a reader far behind (a Raft log):
+    /// allocator's thread: it takes milliseconds for a large segment. For a
+    /// log read back only at recovery or by a reader far behind (a Raft log):
     /// its cache stays about two segments (the one being written and the
     /// next, made ahead), and the pages a seal frees are
     /// soon the ones the next segment is written into, instead of fresh

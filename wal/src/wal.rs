@@ -2116,11 +2116,11 @@ impl<S: Sequencer> Shared<S> {
             // its new size and blocks to the journal, with a flush of the
             // disk's cache that every other sync waits behind. Measured
             // against an `fdatasync` per 4 MiB (2026-12-07, 50 clients at
-            // pipeline 16, three alternating runs each): a single node's
-            // p99 latency 4.9-5.6 -> 2.3-2.4 ms; a 3-node group's
-            // 9.4-11.8 -> 6.4-7.3 ms. The create's own sync makes it durable.
-            // Both are hints: an error of the disk's is the create's sync's
-            // to report, and a file system without them only loses pacing.
+            // pipeline 16, alternating runs; docs/DESIGN.md): a single
+            // node's p99 latency 4.9-5.6 -> 2.3-2.4 ms, a 3-node group's
+            // 9.4-11.8 -> 6.8-7.7 ms. The create's own sync makes the fill
+            // durable; both calls are hints (an error of the disk's is that
+            // sync's to report, and without them only the pacing is lost).
             if at - from >= FILL_WRITEBACK_BYTES {
                 let _ = file.start_writeback(from, at - from);
                 if let Some((pos, len)) = handed {
