@@ -228,8 +228,22 @@ impl Command {
 
     /// The refusal to encode instead of this command when a name, an
     /// owner or a count does not fit its layout: the one the engine's
-    /// decision would answer (the name first, then the owner).
+    /// decision would answer (the name first, then the owner). Asked up to
+    /// four times of every write a leader proposes (its size, its
+    /// encoding, whether it decodes to itself): a write that fits answers
+    /// without building the refusal's machinery (callgrind had the check
+    /// at 2.7 % of a leader's instructions).
+    #[inline]
     fn unencodable(&self) -> Option<Refusal> {
+        if let Command::Write(op) = self
+            && stream_op_fits(op)
+        {
+            return None;
+        }
+        self.unencodable_slow()
+    }
+
+    fn unencodable_slow(&self) -> Option<Refusal> {
         let fits = |n: &[u8]| n.len() <= usize::from(u8::MAX);
         let op_error = |op: &TxOp| {
             if !fits(op.stream()) {
@@ -563,4 +577,14 @@ fn shared(b: &Bytes, op: Op<'_>) -> Result<Result<Command, Refusal>, String> {
         other => return Err(format!("{other:?} is not a proposal")),
     };
     Ok(cmd)
+}
+
+/// Whether a stream op's name, records and record count fit the layout
+/// (a name of at most 255 bytes, counts and lengths below 2^32).
+#[inline]
+fn stream_op_fits(op: &TxOp) -> bool {
+    let payloads = op.payloads();
+    op.stream().len() <= usize::from(u8::MAX)
+        && u32::try_from(payloads.len()).is_ok()
+        && payloads.iter().all(|p| u32::try_from(p.len()).is_ok())
 }
