@@ -1382,6 +1382,11 @@ impl<S: Sequencer> Shared<S> {
     }
 }
 
+/// Sealed segments waiting for the allocator to let their pages go, at
+/// most (one is sealed per segment written: more than a few queue only
+/// while a fill is slow).
+const MAX_UNCACHE_QUEUED: usize = 16;
+
 /// How much of a new segment's zero fill is handed to the disk at a time;
 /// the fill waits for the piece before to be written before it goes on.
 const FILL_WRITEBACK_BYTES: u64 = 1 << 20;
@@ -1939,8 +1944,13 @@ impl<S: Sequencer> Shared<S> {
             return;
         }
         let mut alloc = self.alloc.lock();
-        alloc.uncache.push(Arc::clone(file));
-        self.alloc_ready.notify_all();
+        // Bounded: each holds a file open, and the allocator may be busy
+        // filling a segment. Past the bound the hint is dropped: the pages
+        // stay cached, nothing else.
+        if alloc.uncache.len() < MAX_UNCACHE_QUEUED {
+            alloc.uncache.push(Arc::clone(file));
+            self.alloc_ready.notify_all();
+        }
     }
 
     /// The file of new segment `seq`: the allocator's, if it made that one,

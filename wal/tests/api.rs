@@ -362,8 +362,8 @@ fn cached_pages(path: &Path) -> (usize, usize) {
 
 /// `uncache_sealed` (a Raft log's): once a segment is sealed its pages
 /// leave the page cache (on the allocator's thread, soon after), and the
-/// log still reads back every entry (from the disk). Without it the kernel keeps them, which is what makes this
-/// test able to fail.
+/// log still reads back every entry (from the disk). Without it the
+/// kernel keeps them, which is what makes this test able to fail.
 #[test]
 fn uncache_sealed_lets_a_sealed_segment_leave_the_page_cache() {
     for uncache_sealed in [true, false] {
