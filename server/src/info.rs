@@ -437,6 +437,14 @@ fn persistence_2(ctx: &Context, m: &fencelog::Metrics) -> Vec<Metric> {
         },
         Metric {
             section: "persistence",
+            info: "footers_read",
+            prometheus: "fencelog_footers_read_total",
+            help: "Sealed segments' footers (their index) read from disk.",
+            kind: Kind::Counter,
+            value: w.footers_read as f64,
+        },
+        Metric {
+            section: "persistence",
             info: "log_failed",
             prometheus: "fencelog_log_failed",
             help: "1 if an I/O failure stopped writes (until restart).",

@@ -192,6 +192,7 @@ pub struct WalStats {
     pub(crate) comeback_ran_out: AtomicU64,
     pub(crate) writebacks_started: AtomicU64,
     pub(crate) writebacks_failed: AtomicU64,
+    pub(crate) footers_read: AtomicU64,
     pub(crate) commit_micros: Histogram,
 }
 
@@ -227,6 +228,8 @@ pub struct WalStatsSnapshot {
     pub segment_files_opened: u64,
     /// Bytes of footers held in memory now (within their budget).
     pub footer_cache_bytes: u64,
+    /// Footers read from disk so far (those the cache did not hold).
+    pub footers_read: u64,
     /// Latency of each group commit's write + sync, in microseconds.
     pub sync_micros: HistogramSnapshot,
     /// Entries per group commit.
@@ -278,6 +281,7 @@ impl WalStats {
             open_segment_files: 0,
             segment_files_opened: 0,
             footer_cache_bytes: 0,
+            footers_read: self.footers_read.load(Ordering::Relaxed),
             sync_micros: self.sync_micros.snapshot(),
             batch_entries: self.batch_entries.snapshot(),
             sync_idle_micros: self.sync_idle_micros.load(Ordering::Relaxed),

@@ -1074,6 +1074,10 @@ impl<S: Sequencer> Wal<S> {
             return Ok(None);
         };
         let footer = segment::read_footer(file.as_ref(), &handle.path, segment, info)?;
+        self.shared
+            .stats
+            .footers_read
+            .fetch_add(1, Ordering::Relaxed);
         self.shared.footers.put(segment, footer.clone());
         Ok(Some(footer))
     }
