@@ -31,7 +31,9 @@ use std::ops::RangeBounds;
 use std::path::Path;
 use std::sync::Arc;
 
-use fencelog_wal::{EntryKind, FsStorage, Replay, Sequencer, Wal, WalError, WalOptions};
+use fencelog_wal::{
+    EntryKind, FooterPayload, FsStorage, Replay, Sequencer, Wal, WalError, WalOptions,
+};
 use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::{AnyError, Entry, LogId, StorageError, StorageIOError, Vote};
 use serde::{Deserialize, Serialize};
@@ -334,8 +336,8 @@ impl Sequencer for RaftLogState {
         CHECKPOINT.encode(self).ok()
     }
 
-    fn seal(&mut self, _segment: u64) -> (Vec<u8>, Option<()>) {
-        (Vec::new(), None)
+    fn seal(&mut self, _segment: u64) -> (FooterPayload, Option<()>) {
+        (Vec::new().into(), None)
     }
 }
 
@@ -992,8 +994,8 @@ mod tests {
         fn checkpoint(&mut self, _segment: u64, _since: u64) -> Option<Vec<u8>> {
             bincode::serialize(&self.0).ok()
         }
-        fn seal(&mut self, _segment: u64) -> (Vec<u8>, Option<()>) {
-            (Vec::new(), None)
+        fn seal(&mut self, _segment: u64) -> (fencelog_wal::FooterPayload, Option<()>) {
+            (Vec::new().into(), None)
         }
     }
 

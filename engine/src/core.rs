@@ -14,7 +14,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use fencelog_wal::{Appended, Durable, EntryKind, Replay, Sequencer, WalError};
+use fencelog_wal::{Appended, Durable, EntryKind, FooterPayload, Replay, Sequencer, WalError};
 use hashbrown::{HashMap, HashTable};
 
 use crate::checkpoint::{self, Row};
@@ -477,17 +477,19 @@ impl Core {
     /// Turns the index of segment `segment` into its footer: at seal time,
     /// and after recovery for segments already sealed on disk (whose
     /// footer is then not written again).
-    fn seal_segment(&mut self, segment: u64) -> (Vec<u8>, Effect) {
+    fn seal_segment(&mut self, segment: u64) -> (FooterPayload, Effect) {
         let building = if self.building.segment == segment {
             std::mem::take(&mut self.building)
         } else {
             Building::default()
         };
-        let mut parts: Vec<(u64, Part)> = building.parts.into_iter().collect();
-        parts.sort_unstable_by_key(|(id, _)| *id);
-        let mut encoded = Vec::with_capacity(parts.len());
-        let mut streams = Vec::with_capacity(parts.len());
-        for (id, part) in &parts {
+        // Under the log's lock only what the next segment depends on: each
+        // stream's link to its previous sealed segment. The index itself
+        // (an entry per record: megabytes in a full segment) is encoded by
+        // the sync thread when it writes the footer.
+        let mut parts: Vec<(u64, u64, Part)> = Vec::with_capacity(building.parts.len());
+        let mut streams = Vec::with_capacity(building.parts.len());
+        for (id, part) in building.parts {
             let hash = self.views.hash(&part.view.name);
             let Some(s) = self
                 .streams
@@ -495,16 +497,24 @@ impl Core {
             else {
                 continue;
             };
-            encoded.push(StreamPart {
-                stream_id: *id,
-                end_offset: part.end_offset,
-                prev_segment: s.last_sealed,
-                entries: &part.entries,
-            });
+            let prev_segment = s.last_sealed;
             s.last_sealed = segment;
             streams.push((Arc::clone(&part.view), part.end_offset));
+            parts.push((id, prev_segment, part));
         }
-        let footer = footer::encode(&encoded);
+        let footer = FooterPayload::Later(Box::new(move |b: &mut Vec<u8>| {
+            parts.sort_unstable_by_key(|(id, _, _)| *id);
+            let encoded: Vec<StreamPart<'_>> = parts
+                .iter()
+                .map(|(id, prev_segment, part)| StreamPart {
+                    stream_id: *id,
+                    end_offset: part.end_offset,
+                    prev_segment: *prev_segment,
+                    entries: &part.entries,
+                })
+                .collect();
+            footer::encode_into(&encoded, b);
+        }));
         (
             footer,
             Effect::Sealed {
@@ -682,7 +692,7 @@ impl Sequencer for Core {
         ))
     }
 
-    fn seal(&mut self, segment: u64) -> (Vec<u8>, Option<Effect>) {
+    fn seal(&mut self, segment: u64) -> (FooterPayload, Option<Effect>) {
         let (footer, effect) = self.seal_segment(segment);
         (footer, Some(effect))
     }

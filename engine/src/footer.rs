@@ -39,12 +39,21 @@ pub(crate) fn encoded_len(streams: usize, entries: usize) -> usize {
     HEADER + DIR * streams + IX * entries
 }
 
-/// Encodes a segment index; `parts` must be sorted by stream id and each
-/// part must have at least one entry. Its size is bounded by the segment's
-/// (segments are at most 1 GiB): no length here nears `u32::MAX`.
+/// [`encode_into`] a new buffer (tests and fuzzing).
+#[cfg(any(test, feature = "fuzzing"))]
 pub(crate) fn encode(parts: &[StreamPart<'_>]) -> Vec<u8> {
+    let mut b = Vec::new();
+    encode_into(parts, &mut b);
+    b
+}
+
+/// Encodes a segment index after what `b` holds; `parts` must be sorted by
+/// stream id and each part must have at least one entry. Its size is
+/// bounded by the segment's (segments are at most 1 GiB): no length here
+/// nears `u32::MAX`.
+pub(crate) fn encode_into(parts: &[StreamPart<'_>], b: &mut Vec<u8>) {
     let entries: usize = parts.iter().map(|p| p.entries.len()).sum();
-    let mut b = Vec::with_capacity(encoded_len(parts.len(), entries));
+    b.reserve_exact(encoded_len(parts.len(), entries));
     b.extend_from_slice(&MAGIC);
     b.extend_from_slice(&VERSION.to_le_bytes());
     b.extend_from_slice(&(parts.len() as u32).to_le_bytes());
@@ -69,7 +78,6 @@ pub(crate) fn encode(parts: &[StreamPart<'_>]) -> Vec<u8> {
             b.extend_from_slice(&e.position.to_le_bytes());
         }
     }
-    b
 }
 
 /// A segment index, its layout checked once (see [`SegmentIndex::parse`]).

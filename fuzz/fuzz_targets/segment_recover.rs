@@ -351,9 +351,9 @@ impl Sequencer for Counter {
         Some(self.records.to_le_bytes().to_vec())
     }
 
-    fn seal(&mut self, segment: u64) -> (Vec<u8>, Option<()>) {
+    fn seal(&mut self, segment: u64) -> (fencelog_wal::FooterPayload, Option<()>) {
         let footer = format!("segment {segment} sealed after {} records", self.records);
-        (footer.into_bytes(), None)
+        (footer.into_bytes().into(), None)
     }
 }
 

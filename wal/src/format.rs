@@ -356,17 +356,35 @@ pub fn encode_footer(
     last_lsn: u64,
     payload: &[u8],
 ) -> Result<Vec<u8>, crate::WalError> {
-    let len = u32::try_from(payload.len()).map_err(|_| crate::WalError::TooLarge {
-        len: payload.len() as u64,
+    let mut b = Vec::with_capacity(FOOTER_HEADER_LEN + payload.len());
+    b.resize(FOOTER_HEADER_LEN, 0);
+    b.extend_from_slice(payload);
+    frame_footer(seq, first_lsn, last_lsn, b)
+}
+
+/// Makes a footer of `b`, whose first [`FOOTER_HEADER_LEN`] bytes are
+/// room for the header and the rest the payload: the header is written in
+/// place, so a footer of megabytes is never copied to be framed.
+///
+/// # Errors
+///
+/// A payload of 4 GiB or more does not fit the footer's length field.
+pub fn frame_footer(
+    seq: u64,
+    first_lsn: u64,
+    last_lsn: u64,
+    mut b: Vec<u8>,
+) -> Result<Vec<u8>, crate::WalError> {
+    debug_assert!(b.len() >= FOOTER_HEADER_LEN);
+    let payload_len = b.len().saturating_sub(FOOTER_HEADER_LEN);
+    let len = u32::try_from(payload_len).map_err(|_| crate::WalError::TooLarge {
+        len: payload_len as u64,
         max: u64::from(u32::MAX),
     })?;
-    let mut b = Vec::with_capacity(FOOTER_HEADER_LEN + payload.len());
-    b.extend_from_slice(&[0; 4]);
-    b.extend_from_slice(&len.to_le_bytes());
-    b.extend_from_slice(&seq.to_le_bytes());
-    b.extend_from_slice(&first_lsn.to_le_bytes());
-    b.extend_from_slice(&last_lsn.to_le_bytes());
-    b.extend_from_slice(payload);
+    b[4..8].copy_from_slice(&len.to_le_bytes());
+    b[8..16].copy_from_slice(&seq.to_le_bytes());
+    b[16..24].copy_from_slice(&first_lsn.to_le_bytes());
+    b[24..32].copy_from_slice(&last_lsn.to_le_bytes());
     let crc = crc32fast::hash(&b[4..]);
     b[0..4].copy_from_slice(&crc.to_le_bytes());
     Ok(b)

@@ -57,6 +57,6 @@ pub use ticket::Ticket;
 pub use turns::{Member, Turns};
 pub use verify::{SegmentReport, VerifiedEntry, VerifyReport, verify};
 pub use wal::{
-    Appended, Durable, Removal, Replay, ReplayEntry, SegmentEnd, SegmentReader, Sequencer, Wal,
-    Writer,
+    Appended, Durable, FillFooter, FooterPayload, Removal, Replay, ReplayEntry, SegmentEnd,
+    SegmentReader, Sequencer, Wal, Writer,
 };

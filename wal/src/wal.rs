@@ -60,8 +60,10 @@ pub trait Sequencer: Send + 'static {
 
     /// The footer payload of segment `segment`, sealed now: its last entry
     /// has been appended. The effect, if any, runs once the footer is
-    /// durable.
-    fn seal(&mut self, segment: u64) -> (Vec<u8>, Option<Self::Effect>);
+    /// durable. A large payload is best made later
+    /// ([`FooterPayload::Later`]): this runs under the log's lock, where
+    /// every writer waits.
+    fn seal(&mut self, segment: u64) -> (FooterPayload, Option<Self::Effect>);
 
     /// How many bytes the next footer will take, so that segments are sealed
     /// before it overflows them. The default, 0, lets the footer grow the
@@ -69,6 +71,52 @@ pub trait Sequencer: Send + 'static {
     fn seal_len_hint(&self) -> u64 {
         0
     }
+}
+
+/// A sealed segment's footer payload, as [`Sequencer::seal`] gives it.
+pub enum FooterPayload {
+    /// The bytes, made under the log's lock.
+    Bytes(Vec<u8>),
+    /// Made by the sync thread when it writes the footer, off the log's
+    /// lock: the function appends the payload to the buffer it is given.
+    /// A footer indexing every record of a 64 MiB segment is megabytes,
+    /// and making it under the lock held every writer for milliseconds.
+    Later(FillFooter),
+}
+
+/// Appends a footer's payload to the buffer it is given.
+pub type FillFooter = Box<dyn FnOnce(&mut Vec<u8>) + Send>;
+
+impl From<Vec<u8>> for FooterPayload {
+    fn from(bytes: Vec<u8>) -> FooterPayload {
+        FooterPayload::Bytes(bytes)
+    }
+}
+
+impl FooterPayload {
+    /// The footer of segment `seq` (entries `first_lsn..=last_lsn`), framed.
+    fn frame(self, seq: u64, first_lsn: u64, last_lsn: u64) -> Result<Vec<u8>, WalError> {
+        let mut b = Vec::new();
+        match self {
+            FooterPayload::Bytes(payload) => {
+                b.reserve_exact(format::FOOTER_HEADER_LEN + payload.len());
+                b.resize(format::FOOTER_HEADER_LEN, 0);
+                b.extend_from_slice(&payload);
+            }
+            FooterPayload::Later(fill) => {
+                b.resize(format::FOOTER_HEADER_LEN, 0);
+                fill(&mut b);
+            }
+        }
+        format::frame_footer(seq, first_lsn, last_lsn, b)
+    }
+}
+
+/// A segment to seal after a chunk is written.
+struct PendingSeal {
+    first_lsn: u64,
+    last_lsn: u64,
+    payload: FooterPayload,
 }
 
 /// An effect of a batch, applied once the batch is durable.
@@ -84,8 +132,8 @@ impl Sequencer for () {
     fn checkpoint(&mut self, _segment: u64, _since: u64) -> Option<Vec<u8>> {
         Some(Vec::new())
     }
-    fn seal(&mut self, _segment: u64) -> (Vec<u8>, Option<()>) {
-        (Vec::new(), None)
+    fn seal(&mut self, _segment: u64) -> (FooterPayload, Option<()>) {
+        (Vec::new().into(), None)
     }
 }
 
@@ -214,8 +262,8 @@ struct Chunk {
     create: bool,
     /// The segment opens with a checkpoint (replay can start there).
     opens_checkpoint: bool,
-    /// Seal the segment after this chunk: the encoded footer.
-    seal: Option<Vec<u8>>,
+    /// Seal the segment after this chunk, with this footer.
+    seal: Option<PendingSeal>,
 }
 
 /// The largest batch a task awaiting its ticket writes itself, without a
@@ -608,18 +656,13 @@ impl<S: Sequencer> Locked<S> {
     /// checkpoint or a link.
     fn rotate_to(&mut self, next: u64, stats: &WalStats) {
         let seq = self.seg_seq;
-        let (footer, effect) = self.state.seal(seq);
-        let last_lsn = self.next_lsn - 1;
-        match format::encode_footer(seq, self.seg_first_lsn, last_lsn, &footer) {
-            Ok(encoded) => self.current_chunk().seal = Some(encoded),
-            // A footer this size cannot come from a segment of at most
-            // 1 GiB; sealed without one, the segment would be refused by
-            // recovery, so stop writing instead.
-            Err(e) => {
-                self.broken = Some(format!("segment {seq}'s footer: {e}"));
-                return;
-            }
-        }
+        let (payload, effect) = self.state.seal(seq);
+        let seal = PendingSeal {
+            first_lsn: self.seg_first_lsn,
+            last_lsn: self.next_lsn - 1,
+            payload,
+        };
+        self.current_chunk().seal = Some(seal);
         self.pending.effects.extend(effect);
         self.start_segment(next, stats);
     }
@@ -1815,8 +1858,25 @@ impl<S: Sequencer> Shared<S> {
                 }
                 unsynced = Some(Arc::clone(&file));
             }
-            if let Some(footer) = &chunk.seal {
-                self.seal(&seg, &file, chunk.pos + chunk.buf.len() as u64, footer)?;
+            if let Some(seal) = chunk.seal.take() {
+                // Framed here, off the log's lock. A footer this size
+                // cannot come from a segment of at most 1 GiB; sealed
+                // without one, the segment would be refused by recovery,
+                // so the log stops instead.
+                let footer = seal
+                    .payload
+                    .frame(chunk.seq, seal.first_lsn, seal.last_lsn)
+                    .map_err(|e| {
+                        io::Error::other(format!("segment {}'s footer: {e}", chunk.seq))
+                    })?;
+                let lsns = (seal.first_lsn, seal.last_lsn);
+                self.seal(
+                    &seg,
+                    &file,
+                    chunk.pos + chunk.buf.len() as u64,
+                    footer,
+                    lsns,
+                )?;
                 unsynced = None;
             }
         }
@@ -1884,15 +1944,18 @@ impl<S: Sequencer> Shared<S> {
 
     /// Writes the footer, syncs, then writes the trailer that points at it
     /// and syncs again: a valid trailer always means a durable footer.
+    /// `footer` is framed (header and payload) for entries
+    /// `first_lsn..=last_lsn`.
     fn seal(
         &self,
         seg: &Arc<SegmentHandle>,
         file: &Arc<dyn StorageFile>,
         entries_end: u64,
-        footer: &[u8],
+        footer: Vec<u8>,
+        (first_lsn, last_lsn): (u64, u64),
     ) -> io::Result<()> {
         let footer_pos = format::align_up(entries_end);
-        file.write_all_at(footer, footer_pos)
+        file.write_all_at(&footer, footer_pos)
             .map_err(|e| annotate(e, "write footer", &seg.path))?;
         file.sync_data()
             .map_err(|e| annotate(e, "fdatasync", &seg.path))?;
@@ -1901,13 +1964,11 @@ impl<S: Sequencer> Shared<S> {
         let trailer_pos = format::align_up(footer_end).max(len.saturating_sub(TRAILER_LEN));
         let footer_len = u32::try_from(footer.len())
             .map_err(|_| io::Error::other("a footer of 4 GiB or more"))?;
-        let trailer = format::encode_trailer(
-            seg.seq,
-            Trailer {
-                footer_pos,
-                footer_len,
-            },
-        );
+        let written = Trailer {
+            footer_pos,
+            footer_len,
+        };
+        let trailer = format::encode_trailer(seg.seq, written);
         file.write_all_at(&trailer, trailer_pos)
             .map_err(|e| annotate(e, "write trailer", &seg.path))?;
         file.sync_data()
@@ -1917,21 +1978,29 @@ impl<S: Sequencer> Shared<S> {
             .bytes_written
             .fetch_add(footer.len() as u64 + TRAILER_LEN, Ordering::Relaxed);
         stats.segments_sealed.fetch_add(1, Ordering::Relaxed);
-        let len = trailer_pos + TRAILER_LEN;
-        match segment::load_sealed(file.as_ref(), &seg.path, seg.seq, len) {
-            Ok(Some((info, payload))) => {
-                seg.set_sealed(info);
-                self.footers.put(seg.seq, payload);
-                if self.opts.uncache_sealed {
-                    self.uncache(file);
-                }
-            }
-            Ok(None) => {
-                return Err(io::Error::other(
-                    "a freshly written trailer does not read back",
-                ));
-            }
-            Err(e) => return Err(io::Error::other(e.to_string())),
+        // The trailer reads back as the one recovery will find. The footer
+        // is not read back: it is in hand, and reading and checking
+        // megabytes here held every writer of the next batch.
+        let mut back = [0u8; TRAILER_LEN as usize];
+        file.read_exact_at(&mut back, trailer_pos)
+            .map_err(|e| annotate(e, "read trailer", &seg.path))?;
+        if format::decode_trailer(&back, seg.seq) != Some(written) {
+            return Err(io::Error::other(
+                "a freshly written trailer does not read back",
+            ));
+        }
+        seg.set_sealed(SealedInfo {
+            footer_pos,
+            footer_payload_len: footer_len - format::FOOTER_HEADER_LEN as u32,
+            first_lsn,
+            last_lsn,
+        });
+        self.footers.put(
+            seg.seq,
+            Bytes::from(footer).slice(format::FOOTER_HEADER_LEN..),
+        );
+        if self.opts.uncache_sealed {
+            self.uncache(file);
         }
         Ok(())
     }

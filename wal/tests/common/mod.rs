@@ -24,10 +24,14 @@ impl Sequencer for Counter {
         (segment % 3 == 1).then(|| self.records.to_le_bytes().to_vec())
     }
 
-    fn seal(&mut self, segment: u64) -> (Vec<u8>, Option<()>) {
+    fn seal(&mut self, segment: u64) -> (fencelog_wal::FooterPayload, Option<()>) {
         self.sealed.push(segment);
         let footer = format!("segment {segment} sealed after {} records", self.records);
-        (footer.into_bytes(), None)
+        // Made later, by the sync thread, as the engine's footer is.
+        let payload = fencelog_wal::FooterPayload::Later(Box::new(move |b: &mut Vec<u8>| {
+            b.extend_from_slice(footer.as_bytes())
+        }));
+        (payload, None)
     }
 }
 
