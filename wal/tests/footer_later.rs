@@ -7,14 +7,15 @@
 //! lock every writer takes: 8–15 ms of every writer waiting, three times a
 //! second at pipeline 16.
 
+mod common;
+
 use std::path::Path;
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fencelog_wal::{
-    EntryKind, FooterPayload, FsStorage, Replay, Sequencer, Storage, Ticket, Wal, WalError,
-    WalOptions,
+    FooterPayload, FsStorage, Replay, Sequencer, Storage, Ticket, Wal, WalError, WalOptions,
 };
 
 /// Seals with a footer made later, which waits for the test's word before
@@ -62,21 +63,8 @@ fn open(
         ..WalOptions::default()
     };
     let build = move |replay: Replay<'_>| -> Result<Gated, WalError> {
-        let mut records = 0;
-        for e in replay.entries() {
-            match e.kind {
-                EntryKind::Checkpoint => {
-                    let b: [u8; 8] = e.payload[..]
-                        .try_into()
-                        .map_err(|_| e.corrupt("a checkpoint of the wrong length"))?;
-                    records = u64::from_le_bytes(b);
-                }
-                EntryKind::Record => records += 1,
-                EntryKind::Link => {}
-            }
-        }
         Ok(Gated {
-            records,
+            records: common::count_records(replay)?,
             started,
             gate,
         })

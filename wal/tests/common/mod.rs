@@ -36,23 +36,29 @@ impl Sequencer for Counter {
 }
 
 pub fn build(replay: Replay<'_>) -> Result<Counter, WalError> {
-    let mut c = Counter {
-        records: 0,
+    Ok(Counter {
+        records: count_records(replay)?,
         sealed: Vec::new(),
-    };
+    })
+}
+
+/// The records a log holds, from its newest checkpoint (a count) and the
+/// records replayed after it.
+pub fn count_records(replay: Replay<'_>) -> Result<u64, WalError> {
+    let mut records = 0;
     for e in replay.entries() {
         match e.kind {
             EntryKind::Checkpoint => {
                 let b: [u8; 8] = e.payload[..]
                     .try_into()
                     .map_err(|_| e.corrupt("a checkpoint of the wrong length"))?;
-                c.records = u64::from_le_bytes(b);
+                records = u64::from_le_bytes(b);
             }
-            EntryKind::Record => c.records += 1,
+            EntryKind::Record => records += 1,
             EntryKind::Link => {}
         }
     }
-    Ok(c)
+    Ok(records)
 }
 
 pub fn open(
