@@ -96,19 +96,16 @@ impl From<Vec<u8>> for FooterPayload {
 impl FooterPayload {
     /// The footer of segment `seq` (entries `first_lsn..=last_lsn`), framed.
     fn frame(self, seq: u64, first_lsn: u64, last_lsn: u64) -> Result<Vec<u8>, WalError> {
-        let mut b = Vec::new();
         match self {
             FooterPayload::Bytes(payload) => {
-                b.reserve_exact(format::FOOTER_HEADER_LEN + payload.len());
-                b.resize(format::FOOTER_HEADER_LEN, 0);
-                b.extend_from_slice(&payload);
+                format::encode_footer(seq, first_lsn, last_lsn, &payload)
             }
             FooterPayload::Later(fill) => {
-                b.resize(format::FOOTER_HEADER_LEN, 0);
+                let mut b = vec![0; format::FOOTER_HEADER_LEN];
                 fill(&mut b);
+                format::frame_footer(seq, first_lsn, last_lsn, b)
             }
         }
-        format::frame_footer(seq, first_lsn, last_lsn, b)
     }
 }
 
@@ -1859,24 +1856,7 @@ impl<S: Sequencer> Shared<S> {
                 unsynced = Some(Arc::clone(&file));
             }
             if let Some(seal) = chunk.seal.take() {
-                // Framed here, off the log's lock. A footer this size
-                // cannot come from a segment of at most 1 GiB; sealed
-                // without one, the segment would be refused by recovery,
-                // so the log stops instead.
-                let footer = seal
-                    .payload
-                    .frame(chunk.seq, seal.first_lsn, seal.last_lsn)
-                    .map_err(|e| {
-                        io::Error::other(format!("segment {}'s footer: {e}", chunk.seq))
-                    })?;
-                let lsns = (seal.first_lsn, seal.last_lsn);
-                self.seal(
-                    &seg,
-                    &file,
-                    chunk.pos + chunk.buf.len() as u64,
-                    footer,
-                    lsns,
-                )?;
+                self.seal(&seg, &file, chunk.pos + chunk.buf.len() as u64, seal)?;
                 unsynced = None;
             }
         }
@@ -1942,18 +1922,27 @@ impl<S: Sequencer> Shared<S> {
         })
     }
 
-    /// Writes the footer, syncs, then writes the trailer that points at it
-    /// and syncs again: a valid trailer always means a durable footer.
-    /// `footer` is framed (header and payload) for entries
-    /// `first_lsn..=last_lsn`.
+    /// Frames the footer (here, off the log's lock), writes it, syncs, then
+    /// writes the trailer that points at it and syncs again: a valid
+    /// trailer always means a durable footer.
     fn seal(
         &self,
         seg: &Arc<SegmentHandle>,
         file: &Arc<dyn StorageFile>,
         entries_end: u64,
-        footer: Vec<u8>,
-        (first_lsn, last_lsn): (u64, u64),
+        seal: PendingSeal,
     ) -> io::Result<()> {
+        let PendingSeal {
+            first_lsn,
+            last_lsn,
+            payload,
+        } = seal;
+        // A footer too large for its length field cannot come from a
+        // segment of at most 1 GiB; sealed without one, the segment would
+        // be refused by recovery, so the log stops instead.
+        let footer = payload
+            .frame(seg.seq, first_lsn, last_lsn)
+            .map_err(|e| io::Error::other(format!("segment {}'s footer: {e}", seg.seq)))?;
         let footer_pos = format::align_up(entries_end);
         file.write_all_at(&footer, footer_pos)
             .map_err(|e| annotate(e, "write footer", &seg.path))?;
