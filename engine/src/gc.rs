@@ -320,8 +320,7 @@ impl Collector {
     fn trimmed(&mut self, trims: Vec<(Arc<StreamView>, u64)>) {
         // Per stream, the span its start moved over (a stream trimmed twice
         // here moves once, from its first old start to its last new one).
-        let mut moved: HashMap<u64, Walk> = HashMap::new();
-        let mut views: Vec<Arc<StreamView>> = Vec::new();
+        let mut moved: HashMap<u64, (Arc<StreamView>, Walk)> = HashMap::new();
         for (view, start) in trims {
             let id = view.id;
             let old = self.starts.get(&id).copied().unwrap_or(0);
@@ -329,28 +328,20 @@ impl Collector {
                 continue;
             }
             self.starts.insert(id, start);
-            match moved.get_mut(&id) {
-                Some(walk) => walk.start = start,
-                None => {
-                    moved.insert(id, Walk { id, old, start });
-                    views.push(view);
-                }
-            }
+            moved
+                .entry(id)
+                .and_modify(|(_, walk)| walk.start = start)
+                .or_insert((view, Walk { id, old, start }));
         }
         // Segment → the walks that visit it next.
         let mut due: BTreeMap<u64, Vec<Walk>> = BTreeMap::new();
-        for view in views {
-            let Some(&walk) = moved.get(&view.id) else {
-                continue;
-            };
+        for (view, walk) in moved.into_values() {
             let (sealed_end, last_sealed) = {
                 let ix = view.index.read();
                 (ix.sealed_end, ix.last_sealed)
             };
-            // The newest sealed segment the trim reaches into: the
-            // stream's last sealed one when the trim takes all it has
-            // there (a delete: no search of the footers for it).
-            let from = if walk.start >= sealed_end {
+            // The newest sealed segment the trim reaches into.
+            let from = if walk.start > sealed_end {
                 last_sealed
             } else {
                 match self.locator.locate(&self.wal, &view, walk.start - 1) {

@@ -190,7 +190,18 @@ impl Locator {
 
     /// The sealed segment holding record `offset` of `view`, with its index.
     pub(crate) fn locate(&self, wal: &Wal<Core>, view: &StreamView, offset: u64) -> Result<Found> {
-        let last_sealed = view.index.read().last_sealed;
+        let (sealed_end, last_sealed) = {
+            let ix = view.index.read();
+            (ix.sealed_end, ix.last_sealed)
+        };
+        // The stream's last sealed record is in its last sealed segment
+        // (a delete's trim follows the stream from there): no search.
+        if last_sealed != 0
+            && offset.checked_add(1) == Some(sealed_end)
+            && let Some(found) = self.found_in(wal, last_sealed, view.id, offset)?
+        {
+            return Ok(found);
+        }
         let hint = *view.hint.lock();
         if hint.segment != 0
             && hint.first_offset <= offset
