@@ -32,6 +32,7 @@ mod comeback;
 mod error;
 mod files;
 pub mod format;
+mod lock;
 pub mod marks;
 mod options;
 mod read_ahead;

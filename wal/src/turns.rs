@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use crate::lock::{Condvar, Mutex};
 
 /// The passes of a fixed set of event-loop threads (members), shared by
 /// them and the write-ahead logs they submit to (through

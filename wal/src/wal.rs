@@ -24,7 +24,9 @@ use std::{io, mem};
 
 use bytes::Bytes;
 use event_listener::{Event, Listener};
-use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
+use parking_lot::RwLock;
+
+use crate::lock::{Condvar, Mutex, MutexGuard};
 
 use crate::comeback::{self, Answered, Comeback};
 use crate::error::WalError;
