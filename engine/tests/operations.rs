@@ -213,6 +213,46 @@ fn blocking_read_wakes_on_a_new_record() {
     );
 }
 
+/// A record made durable as a reader begins to wait still wakes it: a
+/// durable record notifies only once some reader has waited on the stream
+/// (a notification costs a lock), and the reader says so before it looks
+/// again. Each round starts the reader and the append together on a
+/// stream first written in that round; a missed wake-up would leave the
+/// reader to its 20 s limit and an empty answer.
+#[test]
+fn a_reader_starting_to_wait_as_the_record_lands_is_woken() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), small()).unwrap();
+    for round in 0..200u64 {
+        let stream = format!("race-{round}");
+        // Half the streams have records already: their first reader waits
+        // for the next one.
+        let from = round % 2;
+        if from == 1 {
+            log.append(&stream, t(1), &[b"before"]).unwrap();
+        }
+        let reader = {
+            let (log, stream) = (log.clone(), stream.clone());
+            std::thread::spawn(move || {
+                log.read_wait(&stream, from, 10, Duration::from_secs(20))
+                    .unwrap()
+            })
+        };
+        if round % 3 == 0 {
+            std::thread::yield_now();
+        }
+        log.append(&stream, t(1), &[b"now"]).unwrap();
+        let started = std::time::Instant::now();
+        let recs = reader.join().unwrap();
+        assert_eq!(
+            recs.first().map(|r| &r.payload[..]),
+            Some(&b"now"[..]),
+            "round {round}: the reader missed the record ({:?} after the append)",
+            started.elapsed()
+        );
+    }
+}
+
 #[test]
 fn bad_arguments_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();

@@ -129,13 +129,23 @@ pub trait Store: Send + Sync {
     /// A write's refusal known at once, without deciding it: a token below
     /// a highest that only grows. `None`: the write must be decided. A
     /// plain append is not asked again here: `LOG.APPEND` met
-    /// [`Store::refuse_append`] before it was built into an op.
+    /// [`Store::append_now`] before it was built into an op.
     fn refuse_now(&self, op: &TxOp) -> Option<Error>;
 
-    /// [`Store::refuse_now`] for an append still in its arguments: a stale
-    /// append, the most frequent refusal there is, is answered before any
-    /// op is built from it (no copy of its payloads, no future).
-    fn refuse_append(&self, stream: &[u8], token: Token, payloads: &[ArgRef<'_>]) -> Option<Error>;
+    /// An append still in its arguments, before any op is built from it
+    /// (no copy of its payloads, no future): `Some(Err)` refused at once
+    /// (a stale token, the most frequent refusal there is, as
+    /// [`Store::refuse_now`] would); `Some(Ok)` taken now, answered once
+    /// durable (a single node with room in its batch decides it here);
+    /// `None` when it must go the way of every write, built into an op
+    /// and given to [`Store::write`] (which also reports any other error
+    /// it has).
+    fn append_now(
+        &self,
+        stream: &[u8],
+        token: Token,
+        payloads: &[ArgRef<'_>],
+    ) -> Option<Result<Later, Error>>;
 
     /// Takes a write now, in the caller's order.
     fn write(&self, op: TxOp) -> BoxFuture<'_, Result<Written, Failure>>;
@@ -230,16 +240,25 @@ impl Store for Log {
     }
 
     fn refuse_now(&self, _op: &TxOp) -> Option<Error> {
-        // A stale append was refused from its arguments (`refuse_append`);
+        // A stale append was refused from its arguments (`append_now`);
         // every other write meets the same check in its decision, in the
         // serialized section, at no extra cost.
         None
     }
 
-    fn refuse_append(&self, stream: &[u8], token: Token, payloads: &[ArgRef<'_>]) -> Option<Error> {
-        match self.check_append(stream, token, payloads) {
-            Err(e @ Error::Stale { .. }) => Some(e),
-            _ => None,
+    fn append_now(
+        &self,
+        stream: &[u8],
+        token: Token,
+        payloads: &[ArgRef<'_>],
+    ) -> Option<Result<Later, Error>> {
+        match Log::append_now(self, stream, token, payloads) {
+            Ok(Some(answer)) => Some(Ok(Later(answer))),
+            // A full batch: the write waits for room, as an op.
+            Ok(None) => None,
+            Err(e @ Error::Stale { .. }) => Some(Err(e)),
+            // Any other error is the write's to report, as for every op.
+            Err(_) => None,
         }
     }
 

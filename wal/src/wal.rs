@@ -971,6 +971,23 @@ impl<S: Sequencer> Wal<S> {
         }
     }
 
+    /// As [`Wal::submit`] when there is room now; `None` (without running
+    /// `f`) when the pending batch is over `max_batch_bytes`, the batch
+    /// then started. For a caller with a cheaper path when nothing waits
+    /// (no future to keep), and [`Wal::submit_async`] for the rest.
+    pub fn try_submit<R>(
+        &self,
+        f: impl FnOnce(&mut Writer<'_, S>) -> R,
+    ) -> Result<Option<R>, WalError> {
+        let mut locked = self.shared.locked.lock();
+        self.shared.check_usable(&locked)?;
+        if locked.pending.bytes < self.shared.opts.max_batch_bytes {
+            return Ok(Some(self.shared.run(locked, f)));
+        }
+        self.shared.wake_sync_thread(&mut locked);
+        Ok(None)
+    }
+
     /// As [`Wal::submit`], but never waits for room: for small bookkeeping
     /// entries that must not block (a release from a destructor, say). The
     /// batch may pass `max_batch_bytes` by what `f` appends.

@@ -34,7 +34,8 @@ use super::Cluster;
 use super::slots::key_slot;
 use crate::protocol::{ArgRef, Reply};
 use crate::store::{
-    Barrier, BoxFuture, Failure, Granted, LeaseArgs, LeaseState, Pending, Store, Ticket, Written,
+    Barrier, BoxFuture, Failure, Granted, Later, LeaseArgs, LeaseState, Pending, Store, Ticket,
+    Written,
 };
 
 /// How long a proposed write may wait for its answer: longer means the
@@ -224,19 +225,20 @@ impl Store for Group {
     /// the original offset even after a newer token.
     fn refuse_now(&self, op: &TxOp) -> Option<Error> {
         match op {
-            // Asked from its arguments already (`refuse_append`).
+            // Asked from its arguments already (`append_now`).
             TxOp::Append { .. } | TxOp::AppendAt { .. } => None,
             _ => self.stale(op.stream(), op.token()),
         }
     }
 
-    fn refuse_append(
+    fn append_now(
         &self,
         stream: &[u8],
         token: Token,
         _payloads: &[ArgRef<'_>],
-    ) -> Option<Error> {
-        self.stale(stream, token)
+    ) -> Option<Result<Later, Error>> {
+        // Refused if stale; else proposed as every write is.
+        self.stale(stream, token).map(Err)
     }
 
     fn write(&self, op: TxOp) -> BoxFuture<'_, Result<Written, Failure>> {

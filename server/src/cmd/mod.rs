@@ -133,9 +133,9 @@ async fn run_named(
     cmd: &str,
 ) -> Outcome {
     if cmd == "LOG.APPEND"
-        && let Some(refused) = streams::refuse_stale_append(ctx, session, args.from(1))
+        && let Some(outcome) = streams::append_now(ctx, session, args.from(1))
     {
-        return refused;
+        return outcome;
     }
     if let Some(parsed) = streams::parse_write(cmd, args.from(1)) {
         return match parsed {

@@ -181,27 +181,33 @@ pub fn parse_write(cmd: &str, a: Args<'_>) -> Option<Result<TxOp, Reply>> {
     }))
 }
 
-/// A stale `LOG.APPEND` refused from its arguments, before it is built
-/// into an op; `None` for anything else (it runs as parsed).
-pub fn refuse_stale_append(ctx: &Context, session: &Session, a: Args<'_>) -> Option<Outcome> {
+/// A `LOG.APPEND` from its arguments, before it is built into an op:
+/// refused if stale, or taken now where the store can ([`Store::
+/// append_now`]); `None` for anything else (it runs as parsed).
+pub fn append_now(ctx: &Context, session: &Session, a: Args<'_>) -> Option<Outcome> {
     if a.len() < 3 {
         return None;
     }
     let (stream, token) = (&a[0], &a[1]);
     let token = parse_u64(token).and_then(|t| fencelog::Token::new(t).ok())?;
     // Most appends carry one payload: that one needs no vector.
-    let e = match a.get(2) {
+    let taken = match a.get(2) {
         Some(one) if a.len() == 3 => {
             ctx.store
-                .refuse_append(stream, token, std::slice::from_ref(&one))
+                .append_now(stream, token, std::slice::from_ref(&one))
         }
-        _ => ctx.store.refuse_append(stream, token, &a.from(2).refs()),
+        _ => ctx.store.append_now(stream, token, &a.from(2).refs()),
     }?;
-    note_error(ctx, &session.tag(), stream, &e);
-    Some(Outcome::Reply(match e {
-        fencelog::Error::Stale { presented, highest } => stale_reply(presented, highest),
-        e => error_reply(&e),
-    }))
+    match taken {
+        Ok(later) => Some(Outcome::Later(later)),
+        Err(e) => {
+            note_error(ctx, &session.tag(), stream, &e);
+            Some(Outcome::Reply(match e {
+                fencelog::Error::Stale { presented, highest } => stale_reply(presented, highest),
+                e => error_reply(&e),
+            }))
+        }
+    }
 }
 
 /// A parsed write the connection takes with the pipelined writes next to
