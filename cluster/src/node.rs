@@ -912,8 +912,9 @@ impl Node {
         // As the batcher fills an entry: half the largest entry, so that
         // such a group shares its entry with other writes.
         let room = self.max_request / 2;
-        let mut parts = Vec::new();
-        let mut chunk = Vec::new();
+        // Mostly one part holding them all: made that large at once.
+        let mut parts = Vec::with_capacity(1);
+        let mut chunk = Vec::with_capacity(cmds.len().min(crate::batcher::MAX_WRITES));
         let mut chunk_bytes = 0;
         let queue = |chunk: Vec<Command>, bytes: u64, parts: &mut Vec<Part>| {
             if chunk.is_empty() {
