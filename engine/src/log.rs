@@ -63,6 +63,9 @@ enum DeferredInner<T> {
         ticket: Ticket,
         then: std::result::Result<u64, Box<Error>>,
         size: AppendSize,
+        /// An append answers an offset: `T` is `u64` wherever this is
+        /// made and this the identity (a function, so that the enum needs
+        /// no bound on `T`).
         to_t: fn(u64) -> T,
     },
 }
@@ -116,9 +119,8 @@ impl<T> std::future::Future for Deferred<T> {
                 size,
                 to_t,
             } => {
-                if log.is_none() {
-                    return Poll::Ready(Err(internal("an answer polled again".into())));
-                }
+                // A ticket answers again once done: a second poll after
+                // the answer finds the log taken.
                 let synced = std::task::ready!(std::pin::Pin::new(ticket).poll(cx));
                 let Some(log) = log.take() else {
                     return Poll::Ready(Err(internal("an answer polled again".into())));
