@@ -1,5 +1,5 @@
 //! The server as a process: killed with SIGKILL under pipelined load it
-//! loses no acknowledged write; SIGTERM finishes the work in flight and
+//! loses no acknowledged write and no accepted token; SIGTERM finishes the work in flight and
 //! exits 0; a data directory in use is refused; an unsafe bind is refused;
 //! the metrics endpoint answers.
 
@@ -11,13 +11,18 @@ use std::time::Duration;
 
 use common::*;
 
-/// Clients pipelining appends until told to stop or the server goes away;
-/// answers every (stream, offset, payload) acknowledged.
+/// A write acknowledged: stream, offset, token, payload.
+type Acked = (String, i64, u64, Vec<u8>);
+
+/// Clients pipelining appends until told to stop or the server goes away,
+/// each burst with a token one above the burst before (from `base`);
+/// answers every write acknowledged.
 fn load(
     addr: std::net::SocketAddr,
     clients: usize,
     stop: Arc<AtomicBool>,
-) -> Vec<(String, i64, Vec<u8>)> {
+    base: u64,
+) -> Vec<Acked> {
     let acked = Arc::new(Mutex::new(Vec::new()));
     let handles: Vec<_> = (0..clients)
         .map(|c| {
@@ -33,8 +38,15 @@ fn load(
                     let payloads: Vec<Vec<u8>> = (0..16)
                         .map(|i| format!("c{c} n{} i{i}", n).into_bytes())
                         .collect();
+                    let token = base + n + 1;
+                    let token_arg = token.to_string();
                     for p in &payloads {
-                        burst.extend(Client::encode(&[b"LOG.APPEND", name.as_bytes(), b"1", p]));
+                        burst.extend(Client::encode(&[
+                            b"LOG.APPEND",
+                            name.as_bytes(),
+                            token_arg.as_bytes(),
+                            p,
+                        ]));
                     }
                     n += 1;
                     if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -47,7 +59,7 @@ fn load(
                     for p in payloads {
                         match client.read() {
                             Some(Value::Int(offset)) => {
-                                acked.lock().unwrap().push((name.clone(), offset, p))
+                                acked.lock().unwrap().push((name.clone(), offset, token, p))
                             }
                             _ => return,
                         }
@@ -62,12 +74,17 @@ fn load(
     Arc::try_unwrap(acked).unwrap().into_inner().unwrap()
 }
 
-fn check_acked(server: &ServerProcess, acked: &[(String, i64, Vec<u8>)]) {
+fn check_acked(server: &ServerProcess, acked: &[Acked]) {
     let mut c = server.client();
-    for (name, offset, payload) in acked {
+    for (name, offset, token, payload) in acked {
         let got = c.cmd(&["LOG.READ", name, &offset.to_string(), "COUNT", "1"]);
         let rec = &got.array()[0];
         assert_eq!(rec.array()[0].int(), *offset);
+        assert_eq!(
+            rec.array()[1].int(),
+            *token as i64,
+            "{name} offset {offset}"
+        );
         assert_eq!(
             rec.array()[2].bulk(),
             &payload[..],
@@ -87,7 +104,8 @@ fn sigkill_under_pipelined_load_loses_no_acknowledged_write() {
         let addr = server.addr;
         let loader = {
             let stop = stop.clone();
-            std::thread::spawn(move || load(addr, 8, stop))
+            // Each round's tokens above the last round's.
+            std::thread::spawn(move || load(addr, 8, stop, round * 1_000_000))
         };
         std::thread::sleep(Duration::from_millis(300 + round * 100));
         server.signal("KILL");
@@ -106,11 +124,28 @@ fn sigkill_under_pipelined_load_loses_no_acknowledged_write() {
     check_acked(&server, &all);
     // Offsets were never handed out twice.
     let mut seen = std::collections::HashSet::new();
-    for (name, offset, _) in &all {
+    for (name, offset, _, _) in &all {
         assert!(
             seen.insert((name.clone(), *offset)),
             "{name} offset {offset} acknowledged twice"
         );
+    }
+    // Every stream keeps the highest token it acknowledged, through three
+    // kills, and refuses one below it.
+    let mut highest = std::collections::HashMap::new();
+    for (name, _, token, _) in &all {
+        let h = highest.entry(name.clone()).or_insert(0u64);
+        *h = (*h).max(*token);
+    }
+    let mut c = server.client();
+    for (name, token) in highest {
+        let kept = c.cmd(&["LOG.STAT", &name]).array()[1].int();
+        assert!(
+            kept >= token as i64,
+            "{name}: highest {kept} after acknowledging {token}"
+        );
+        let late = c.cmd(&["LOG.APPEND", &name, &(kept - 1).to_string(), "late"]);
+        assert!(late.err().starts_with("STALE"), "{name}: {late:?}");
     }
 }
 
@@ -122,7 +157,7 @@ fn sigterm_finishes_in_flight_work_and_exits_0() {
     let addr = server.addr;
     let loader = {
         let stop = stop.clone();
-        std::thread::spawn(move || load(addr, 4, stop))
+        std::thread::spawn(move || load(addr, 4, stop, 0))
     };
     std::thread::sleep(Duration::from_millis(300));
     server.signal("TERM");
