@@ -1,50 +1,14 @@
 //! `Log::append_now`, the way a server takes an append still in its
-//! request's arguments: decided at once when the pending batch has room,
-//! with no allocation of its own; left untouched when the batch is full,
-//! for the waiting form to take in order.
+//! request's arguments: decided at once when the pending batch has room
+//! (what it allocates: `allocations.rs`); left untouched when the batch is
+//! full, for the waiting form to take in order.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use fencelog::wal::SimStorage;
 use fencelog::{Error, Log, MonotonicClock, Options, Token};
-
-struct Counting;
-
-thread_local! {
-    /// Allocations made by this thread (the sync thread's, the
-    /// collector's and the runtime's are theirs).
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-// SAFETY: forwards to the system allocator unchanged; only counts, in a
-// thread-local `Cell` that needs no allocation and no destructor.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
-        // SAFETY: the caller upholds `alloc`'s contract.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: the caller upholds `dealloc`'s contract.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
-        // SAFETY: the caller upholds `realloc`'s contract.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
-
-fn allocations() -> u64 {
-    ALLOCATIONS.with(Cell::get)
-}
 
 fn t(n: u64) -> Token {
     Token::new(n).unwrap()
@@ -63,46 +27,6 @@ fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap()
-}
-
-/// The answer of an append taken now is its decision and ticket, kept in
-/// place: the appending thread allocates nothing per append (the batch's
-/// buffers and the stream's index grow now and then). Before, each
-/// answer was a boxed future: one allocation per append at least.
-#[test]
-fn an_append_taken_now_allocates_nothing_of_its_own() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = Log::open(dir.path(), small()).unwrap();
-    runtime().block_on(async {
-        let payload: [&[u8]; 1] = [b"a hundred bytes, more or less, as the benchmark sends them"];
-        // Warm up: the stream exists, the counters' stripes are set.
-        for _ in 0..100 {
-            log.append_now(b"s", t(1), &payload)
-                .unwrap()
-                .unwrap()
-                .await
-                .unwrap();
-        }
-        let mut answers = Vec::with_capacity(1000);
-        let mut allocated = 0;
-        for round in 0..10u64 {
-            let before = allocations();
-            for _ in 0..1000 {
-                match log.append_now(b"s", t(1), &payload).unwrap() {
-                    Some(answer) => answers.push(answer),
-                    None => panic!("a batch of 100 KiB was full"),
-                }
-            }
-            allocated += allocations() - before;
-            for (i, answer) in answers.drain(..).enumerate() {
-                assert_eq!(answer.await.unwrap(), 100 + round * 1000 + i as u64);
-            }
-        }
-        assert!(
-            allocated < 1000,
-            "10 000 appends taken now allocated {allocated} times on the appending thread"
-        );
-    });
 }
 
 /// A full batch leaves the append untouched (`None`, nothing decided);
