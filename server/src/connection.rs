@@ -680,9 +680,9 @@ impl Connection {
             }
             None => {
                 self.push_pending(Answer::Together(None, Vec::new()), 0, false);
-                // At most what the pipeline allows: the hint is a count of
-                // writes this connection really sent.
-                let mut ops = Vec::with_capacity(self.together_last.clamp(1, 1024));
+                // A count of writes this connection really sent, so within
+                // `--max-pipeline`: no bound of its own.
+                let mut ops = Vec::with_capacity(self.together_last.max(1));
                 ops.push(op);
                 self.together = Some(ops);
             }
