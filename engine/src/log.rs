@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use event_listener::{Event, Listener};
+use event_listener::{Event, EventListener, Listener};
 use fencelog_wal::{
     Appended, FsStorage, RecoveryReport, SegmentReader, Storage, Ticket, Wal, Writer,
 };
@@ -542,7 +542,7 @@ enum ReadNow {
     /// Records to answer (none when the read may not wait).
     Records(Vec<Record>),
     /// Nothing yet: wakes when records may have come.
-    Wait(event_listener::EventListener),
+    Wait(EventListener),
 }
 
 /// What an accepted append counts.
@@ -1338,10 +1338,7 @@ impl Log {
             if !records.is_empty() || opts.wait.is_zero() {
                 return Ok(ReadNow::Records(records));
             }
-            // Listening first, then looking again: a record appended in
-            // between still wakes the listener.
-            let listener = self.listen_for_records(stream);
-            if !self.has_records_at(stream, from) {
+            if let Some(listener) = self.listen_unless_grown(stream, from) {
                 return Ok(ReadNow::Wait(listener));
             }
         }
@@ -1360,25 +1357,30 @@ impl Log {
         Ok(records)
     }
 
-    fn listen_for_records(&self, stream: &[u8]) -> event_listener::EventListener {
-        match self.inner.views.get(stream) {
+    /// A listener for records of `stream` at `from`, registered before
+    /// looking again; `None` when they came meanwhile (or the stream did:
+    /// its records are waited for on the stream itself).
+    fn listen_unless_grown(&self, stream: &[u8], from: u64) -> Option<EventListener> {
+        let views = &self.inner.views;
+        match views.get(stream) {
             Some(view) => {
-                // Before listening: a record made durable from here on
-                // notifies (see `StreamView::watched`).
-                view.watched.store(true, Ordering::Relaxed);
+                // Listening first, then the flag: a writer that sees the
+                // flag notifies a listener already registered (see
+                // `StreamView::watched`). Set the other way round, a
+                // notification could come between the two and be missed.
+                let listener = view.grown.listen();
+                view.watched.store(true, Ordering::Release);
                 std::sync::atomic::fence(Ordering::SeqCst);
-                view.grown.listen()
+                (view.next.load(Ordering::Acquire) <= from).then_some(listener)
             }
-            // Not created yet: wake on any creation, then look again.
-            None => self.inner.views.created.listen(),
+            None => {
+                // Created after the look above: its creation's notice may
+                // have come before this listener, and its records notify
+                // only its own listeners. Look again.
+                let listener = views.created.listen();
+                views.get(stream).is_none().then_some(listener)
+            }
         }
-    }
-
-    fn has_records_at(&self, stream: &[u8], from: u64) -> bool {
-        self.inner
-            .views
-            .get(stream)
-            .is_some_and(|v| v.next.load(Ordering::Acquire) > from)
     }
 
     fn read_view(&self, view: &StreamView, from: u64, opts: &ReadOptions) -> Result<Vec<Record>> {

@@ -85,9 +85,11 @@ pub(crate) struct StreamView {
     /// record does not notify: `event_listener` takes a lock (and a
     /// `SeqCst` fence) on every notification, listeners or not, and a
     /// notification per record cost a single node 2-3 % of its
-    /// instructions per append. Set before the reader listens and looks
-    /// again, and read after `next` moves, each behind a `SeqCst` fence:
-    /// either the writer sees it set, or the reader sees the new `next`.
+    /// instructions per append. A reader listens, then sets it (release)
+    /// and looks again; a writer moves `next`, then reads it (acquire),
+    /// with a `SeqCst` fence on each side between the two: either the
+    /// reader sees the new `next`, or the writer sees the flag, and then
+    /// the listener was registered before its notification.
     pub watched: AtomicBool,
 }
 
@@ -309,7 +311,7 @@ impl Durable for Effect {
                 let old_next = view.next.fetch_max(next, Ordering::AcqRel);
                 if next > old_next {
                     std::sync::atomic::fence(Ordering::SeqCst);
-                    if view.watched.load(Ordering::Relaxed) {
+                    if view.watched.load(Ordering::Acquire) {
                         view.grown.notify(usize::MAX);
                     }
                 }
