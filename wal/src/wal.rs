@@ -17,7 +17,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use std::{io, mem};
@@ -291,8 +291,9 @@ struct Pending<E> {
 }
 
 impl<E> Pending<E> {
-    fn new() -> Self {
-        Self::sized(0, 0)
+    /// An empty batch of the log `flush`.
+    fn new(flush: Weak<dyn InlineFlush>) -> Self {
+        Self::sized(0, 0, flush)
     }
 
     /// The batch after `self`, with room for as many chunks and effects
@@ -302,14 +303,18 @@ impl<E> Pending<E> {
     /// (3 % of an append's instructions at pipeline 1).
     fn next(&self) -> Self {
         const MOST: usize = 1024;
-        Self::sized(self.chunks.len().min(MOST), self.effects.len().min(MOST))
+        Self::sized(
+            self.chunks.len().min(MOST),
+            self.effects.len().min(MOST),
+            self.batch.log(),
+        )
     }
 
-    fn sized(chunks: usize, effects: usize) -> Self {
+    fn sized(chunks: usize, effects: usize, flush: Weak<dyn InlineFlush>) -> Self {
         Pending {
             chunks: Vec::with_capacity(chunks),
             effects: Vec::with_capacity(effects),
-            batch: Batch::new(),
+            batch: Batch::new(flush),
             first_lsn: None,
             bytes: 0,
             entries: 0,
@@ -748,7 +753,8 @@ impl<S: Sequencer> Locked<S> {
                 .map(|e| format::entry_len(e.len as usize))
                 .sum(),
             epoch_first_lsn: None,
-            pending: Pending::new(),
+            // Of no log yet: `open` gives it its log's handle.
+            pending: Pending::new(Weak::<Shared<S>>::new()),
             inflight: None,
             spare: Vec::new(),
             sync_thread_waiting: false,
@@ -851,31 +857,39 @@ impl<S: Sequencer> Wal<S> {
         for (&seq, (_, footer)) in &recovered.sealed {
             footers.put(seq, footer.clone());
         }
-        let shared = Arc::new(Shared {
-            dir: dir.to_path_buf(),
-            storage,
-            work: Condvar::new(),
-            space: Event::new(),
-            durable_lsn: AtomicU64::new(recovered.next_lsn - 1),
-            // Replay started at the newest checkpoint: its segment is needed.
-            durable_checkpoint_seq: AtomicU64::new(recovered.entries.first().map_or(0, |e| e.seq)),
-            active_seq: AtomicU64::new(active_seq),
-            failed: AtomicBool::new(false),
-            waiting_for_writers: AtomicBool::new(false),
-            failure: OnceLock::new(),
-            segments: RwLock::new(handles.into_iter().map(|h| (h.seq, h)).collect()),
-            alloc: Mutex::new(Alloc::default()),
-            alloc_ready: Condvar::new(),
-            flush: Mutex::new(flush),
-            locked: Mutex::new(locked),
-            files: FileCache::new(opts.max_open_segments),
-            footers,
-            read_size: segment::ReadSize::new(),
-            ceiling: AtomicU64::new(marks.get().ceiling),
-            marks: Mutex::new(marks),
-            opts,
-            stats,
-            _lock: lock,
+        let shared = Arc::new_cyclic(|me: &Weak<Shared<S>>| {
+            // Its batches flush through the log (see `Ticket::wait`); the
+            // first holds what resuming wrote, and no ticket yet.
+            debug_assert_eq!(Arc::strong_count(&locked.pending.batch), 1);
+            locked.pending.batch = Batch::new(Weak::clone(me) as Weak<dyn InlineFlush>);
+            Shared {
+                dir: dir.to_path_buf(),
+                storage,
+                work: Condvar::new(),
+                space: Event::new(),
+                durable_lsn: AtomicU64::new(recovered.next_lsn - 1),
+                // Replay started at the newest checkpoint: its segment is needed.
+                durable_checkpoint_seq: AtomicU64::new(
+                    recovered.entries.first().map_or(0, |e| e.seq),
+                ),
+                active_seq: AtomicU64::new(active_seq),
+                failed: AtomicBool::new(false),
+                waiting_for_writers: AtomicBool::new(false),
+                failure: OnceLock::new(),
+                segments: RwLock::new(handles.into_iter().map(|h| (h.seq, h)).collect()),
+                alloc: Mutex::new(Alloc::default()),
+                alloc_ready: Condvar::new(),
+                flush: Mutex::new(flush),
+                locked: Mutex::new(locked),
+                files: FileCache::new(opts.max_open_segments),
+                footers,
+                read_size: segment::ReadSize::new(),
+                ceiling: AtomicU64::new(marks.get().ceiling),
+                marks: Mutex::new(marks),
+                opts,
+                stats,
+                _lock: lock,
+            }
         });
         let wal = Wal::start(shared, dir)?;
         wal.flush_recovered()?;
@@ -1350,12 +1364,11 @@ fn locked_ticket<S: Sequencer>(
     if lsn <= shared.durable_lsn.load(Ordering::Acquire) {
         return Ticket::ready();
     }
-    let flush: Arc<dyn InlineFlush> = Arc::clone(shared) as Arc<dyn InlineFlush>;
     match (pending.first_lsn, inflight) {
-        (Some(first), _) if lsn >= first => Ticket::on(Arc::clone(&pending.batch), Some(flush)),
-        (_, Some(inflight)) => Ticket::on(Arc::clone(inflight), Some(flush)),
+        (Some(first), _) if lsn >= first => Ticket::on(Arc::clone(&pending.batch)),
+        (_, Some(inflight)) => Ticket::on(Arc::clone(inflight)),
         // Not durable, not in flight: it can only be in the pending batch.
-        _ => Ticket::on(Arc::clone(&pending.batch), Some(flush)),
+        _ => Ticket::on(Arc::clone(&pending.batch)),
     }
 }
 
@@ -1830,7 +1843,8 @@ impl<S: Sequencer> Shared<S> {
         // is taken here nothing joins it any more.
         let pending = {
             let mut locked = self.locked.lock();
-            mem::replace(&mut locked.pending, Pending::new())
+            let next = Pending::new(locked.pending.batch.log());
+            mem::replace(&mut locked.pending, next)
         };
         pending.batch.fail(cause);
         self.space.notify(usize::MAX);
