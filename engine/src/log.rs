@@ -1629,12 +1629,11 @@ impl Log {
     pub fn highest_token(&self, stream: impl AsRef<[u8]>) -> Result<u64> {
         let stream = stream.as_ref();
         check_stream_name(stream)?;
-        let floor = self.inner.views.floor.load(Ordering::Acquire);
-        Ok(self
-            .inner
-            .views
-            .get(stream)
-            .map_or(floor, |v| v.highest.load(Ordering::Acquire).max(floor)))
+        // Read in place: a group's leader asks on every write, and taking
+        // the view would count it up and down, on a line its apply thread
+        // writes too.
+        let views = &self.inner.views;
+        Ok(views.durable_highest(views.key(stream)))
     }
 
     /// The stream's durable state. A stream never written to is all zeros
