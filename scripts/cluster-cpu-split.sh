@@ -65,7 +65,7 @@ for run in $(seq 1 "$runs"); do
     used=$(($(cpu_ticks "$single") - before))
     stop "$single"
     awk -v r="$rate" -v n="$requests" -v u="$used" -v t="$tck" -v s="$secs" -v l="$loadgen" \
-        'BEGIN { printf "%-7s %-10s %-12.1f %-40s %-14.2f %.2f\n", "single", r,
+        'BEGIN { printf "%-7s %-10s %-12.2f %-40s %-14.2f %.2f\n", "single", r,
                  u / t / n * 1e6, "", u / t / s, l / s }'
 
     start_group 7611 "$work/cluster"
@@ -97,8 +97,8 @@ for run in $(seq 1 "$runs"); do
     awk -v r="$rate" -v n="$requests" -v u="$total" -v per="$per" -v t="$tck" -v s="$secs" \
         -v l="$loadgen" \
         'BEGIN { k = split(per, q, " "); o = "";
-                 for (i = 1; i <= k; i++) o = o sprintf("%s%.1f", i > 1 ? " / " : "", q[i] / t / n * 1e6);
-                 printf "%-7s %-10s %-12.1f %-40s %-14.2f %.2f\n", "cluster", r,
+                 for (i = 1; i <= k; i++) o = o sprintf("%s%.2f", i > 1 ? " / " : "", q[i] / t / n * 1e6);
+                 printf "%-7s %-10s %-12.2f %-40s %-14.2f %.2f\n", "cluster", r,
                  u / t / n * 1e6, o, u / t / s, l / s }'
     # By kind of thread, CPU s per M (the followers' together).
     for who in leader followers; do
