@@ -35,8 +35,8 @@ pub(crate) struct Batch {
     /// The log, to flush the batch from a waiting thread when no flush is
     /// under way. Held here, once per batch, not in each ticket: a ticket
     /// per write cloned and dropped the log's own reference count, a
-    /// cache line every writing thread shared (an eighth of a replica's
-    /// apply thread under `perf`).
+    /// cache line every writing thread shares (dropping tickets was 8 % of
+    /// a replica's apply thread under `perf`).
     flush: Weak<dyn InlineFlush>,
 }
 
