@@ -157,7 +157,8 @@ pub struct StreamStat {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReadOptions {
     /// Most records answered (also capped by
-    /// [`Options::max_read_records`]). Default 100.
+    /// [`Options::max_read_records`]). Default 100. Zero answers none,
+    /// at once (it does not wait).
     pub max_records: u32,
     /// Most payload bytes answered; one record is answered whatever its
     /// size. Default: no limit.
@@ -1335,7 +1336,9 @@ impl Log {
     fn read_or_listen(&self, stream: &[u8], from: Offset, opts: &ReadOptions) -> Result<ReadNow> {
         loop {
             let records = self.read_now(stream, from, opts)?;
-            if !records.is_empty() || opts.wait.is_zero() {
+            // A read of no records answers none at once: waiting for one
+            // would find it and read none again, round and round.
+            if !records.is_empty() || opts.wait.is_zero() || opts.max_records == 0 {
                 return Ok(ReadNow::Records(records));
             }
             if let Some(listener) = self.listen_unless_grown(stream, from) {

@@ -213,6 +213,26 @@ fn blocking_read_wakes_on_a_new_record() {
     );
 }
 
+/// A waiting read of no records answers at once, empty: it used to find
+/// the stream's records, read none, and look again without end.
+#[test]
+fn a_waiting_read_of_no_records_answers_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path(), small()).unwrap();
+    log.append("z", t(1), &[b"one"]).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    {
+        let log = log.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(log.read_wait("z", 0, 0, Duration::from_secs(3600)));
+        });
+    }
+    let answer = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("a read of no records kept looking");
+    assert!(answer.unwrap().is_empty());
+}
+
 /// A record made durable as a reader begins to wait still wakes it: a
 /// durable record notifies only once some reader has waited on the stream
 /// (a notification costs a lock), and the reader says so before it looks
