@@ -323,9 +323,7 @@ impl Drop for Abandon<'_> {
             // await: the release joins the batch without waiting for room
             // (it is a few bytes), so it never blocks a runtime thread.
             let released = self.log.inner().wal.submit_now(|w| {
-                let r = decide_release(w, self.name, self.owner, self.token);
-                crate::log::reserve(w);
-                r
+                crate::log::reserving(w, |w| decide_release(w, self.name, self.owner, self.token))
             });
             if let Ok(Ok(released)) = released {
                 self.log.freed(released);

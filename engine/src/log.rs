@@ -396,9 +396,19 @@ pub(crate) fn internal(why: String) -> Error {
 /// Every token an entry carries is covered by the token marks' ceiling
 /// before the entry is acknowledged, so that a later cut can never lower
 /// what was promised (see `fencelog_wal::marks`).
-pub(crate) fn reserve(w: &mut Writer<'_, Core>) {
+fn reserve(w: &mut Writer<'_, Core>) {
     let t = w.state().max_token;
     w.reserve(t, ceiling_for(t));
+}
+
+/// Runs the decision `f`, then [`reserve`]s the ceiling for what it took.
+pub(crate) fn reserving<R>(
+    w: &mut Writer<'_, Core>,
+    f: impl FnOnce(&mut Writer<'_, Core>) -> R,
+) -> R {
+    let r = f(w);
+    reserve(w);
+    r
 }
 
 pub(crate) fn decide_append<P: AsRef<[u8]>>(
@@ -693,11 +703,7 @@ impl Log {
         f: impl FnOnce(&mut Writer<'_, Core>) -> Result<R>,
     ) -> Result<R> {
         self.standalone()?;
-        self.inner.wal.submit(|w| {
-            let r = f(w);
-            reserve(w);
-            r
-        })?
+        self.inner.wal.submit(|w| reserving(w, f))?
     }
 
     /// As [`Log::decide`], waiting for room asynchronously.
@@ -706,14 +712,17 @@ impl Log {
         f: impl FnOnce(&mut Writer<'_, Core>) -> Result<R>,
     ) -> Result<R> {
         self.standalone()?;
-        self.inner
-            .wal
-            .submit_async(|w| {
-                let r = f(w);
-                reserve(w);
-                r
-            })
-            .await?
+        self.inner.wal.submit_async(|w| reserving(w, f)).await?
+    }
+
+    /// As [`Log::decide`] when the log has room now; `Ok(None)` (without
+    /// running `f`) when the pending batch is full.
+    fn try_decide<R>(
+        &self,
+        f: impl FnOnce(&mut Writer<'_, Core>) -> Result<R>,
+    ) -> Result<Option<R>> {
+        self.standalone()?;
+        self.inner.wal.try_submit(|w| reserving(w, f))?.transpose()
     }
 
     /// Writes on a single node only: a replica's writes come through the
@@ -860,16 +869,8 @@ impl Log {
         payloads: &[P],
     ) -> Result<Option<Deferred<Offset>>> {
         let (size, key) = self.precheck_append(stream, Some(token), payloads)?;
-        self.standalone()?;
-        let decided = self.inner.wal.try_submit(|w| {
-            let r = decide_append(w, key, token.get(), payloads, None);
-            reserve(w);
-            r
-        })?;
-        match decided {
-            Some(d) => Ok(Some(Deferred::append(self.clone(), d?, size))),
-            None => Ok(None),
-        }
+        let decided = self.try_decide(|w| decide_append(w, key, token.get(), payloads, None))?;
+        Ok(decided.map(|d| Deferred::append(self.clone(), d, size)))
     }
 
     /// The checks an [`append`](Log::append) meets before it is decided:
