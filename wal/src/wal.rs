@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use std::{io, mem};
 
 use bytes::Bytes;
-use event_listener::{Event, Listener};
+use event_listener::{Event, EventListener, Listener};
 use parking_lot::RwLock;
 
 use crate::lock::{Condvar, Mutex, MutexGuard};
@@ -274,6 +274,14 @@ struct Chunk {
 /// fresh pages (the replica's apply measured slower with no bound: a
 /// 60 KiB entry at pipeline 16).
 const INLINE_WRITE_BYTES: u64 = 16 << 10;
+
+/// Whether a submit may append now ([`Shared::with_room`]).
+enum Room<'a, S: Sequencer> {
+    /// The log's lock, with room in the pending batch.
+    Now(MutexGuard<'a, Locked<S>>),
+    /// No room: what wakes once the batch is written, if asked for.
+    Later(Option<EventListener>),
+}
 
 /// Everything to be made durable by the next sync.
 struct Pending<E> {
@@ -952,16 +960,11 @@ impl<S: Sequencer> Wal<S> {
     /// log has failed.
     pub fn submit<R>(&self, f: impl FnOnce(&mut Writer<'_, S>) -> R) -> Result<R, WalError> {
         loop {
-            let mut locked = self.shared.locked.lock();
-            self.shared.check_usable(&locked)?;
-            if locked.pending.bytes < self.shared.opts.max_batch_bytes {
-                return Ok(self.shared.run(locked, f));
+            match self.shared.with_room(true)? {
+                Room::Now(locked) => return Ok(self.shared.run(locked, f)),
+                Room::Later(Some(listener)) => listener.wait(),
+                Room::Later(None) => {}
             }
-            // Room comes once the batch is written: start it now.
-            self.shared.wake_sync_thread(&mut locked);
-            let listener = self.shared.space.listen();
-            drop(locked);
-            listener.wait();
         }
     }
 
@@ -971,17 +974,15 @@ impl<S: Sequencer> Wal<S> {
         f: impl FnOnce(&mut Writer<'_, S>) -> R,
     ) -> Result<R, WalError> {
         loop {
-            let listener = {
-                let mut locked = self.shared.locked.lock();
-                self.shared.check_usable(&locked)?;
-                if locked.pending.bytes < self.shared.opts.max_batch_bytes {
-                    return Ok(self.shared.run(locked, f));
-                }
-                // Room comes once the batch is written: start it now.
-                self.shared.wake_sync_thread(&mut locked);
-                self.shared.space.listen()
+            // Out of the match before the await: the guard is never held
+            // across it (and the future stays `Send`).
+            let listener = match self.shared.with_room(true)? {
+                Room::Now(locked) => return Ok(self.shared.run(locked, f)),
+                Room::Later(listener) => listener,
             };
-            listener.await;
+            if let Some(listener) = listener {
+                listener.await;
+            }
         }
     }
 
@@ -993,13 +994,10 @@ impl<S: Sequencer> Wal<S> {
         &self,
         f: impl FnOnce(&mut Writer<'_, S>) -> R,
     ) -> Result<Option<R>, WalError> {
-        let mut locked = self.shared.locked.lock();
-        self.shared.check_usable(&locked)?;
-        if locked.pending.bytes < self.shared.opts.max_batch_bytes {
-            return Ok(Some(self.shared.run(locked, f)));
-        }
-        self.shared.wake_sync_thread(&mut locked);
-        Ok(None)
+        Ok(match self.shared.with_room(false)? {
+            Room::Now(locked) => Some(self.shared.run(locked, f)),
+            Room::Later(_) => None,
+        })
     }
 
     /// As [`Wal::submit`], but never waits for room: for small bookkeeping
@@ -1381,6 +1379,20 @@ impl<S: Sequencer> Shared<S> {
             return Err(WalError::Closed);
         }
         Ok(())
+    }
+
+    /// The log's lock if the pending batch has room (under
+    /// `max_batch_bytes`); else the batch is started, and, if `listen`, a
+    /// listener registered under the lock for the room its write makes.
+    fn with_room(&self, listen: bool) -> Result<Room<'_, S>, WalError> {
+        let mut locked = self.locked.lock();
+        self.check_usable(&locked)?;
+        if locked.pending.bytes < self.opts.max_batch_bytes {
+            return Ok(Room::Now(locked));
+        }
+        // Room comes once the batch is written: start it now.
+        self.wake_sync_thread(&mut locked);
+        Ok(Room::Later(listen.then(|| self.space.listen())))
     }
 
     fn run<R>(
