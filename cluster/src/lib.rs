@@ -37,6 +37,7 @@ pub mod network;
 pub mod node;
 mod reads;
 mod request_v1;
+mod slices;
 mod snapshot;
 pub mod state_machine;
 mod timings;

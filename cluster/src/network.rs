@@ -35,6 +35,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use hmac::{Hmac, Mac};
 use openraft::error::{
     InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
@@ -715,13 +716,17 @@ async fn write_frame<S: AsyncWrite + Unpin, T: Serialize>(
         .map_err(PeerError::io("sending a frame"))
 }
 
-/// The first bytes of a body buffer; it grows from there as bytes arrive
-/// (a peer that claims 256 MiB and sends 10 bytes costs 64 KiB).
-const FIRST_READ: usize = 64 << 10;
+/// The first bytes of a frame's buffer; it grows from there as bytes
+/// arrive (a peer that claims 256 MiB and sends 10 bytes costs 1 MiB).
+/// An entry's frame at pipeline 16 (about 100 KiB) fits at once: no
+/// buffer grown, and copied, on the way.
+const FIRST_READ: usize = 1 << 20;
 
 /// Reads the next frame of `key`'s direction: its length checked before
-/// anything is allocated, its body read as it arrives, its MAC checked
-/// before it is decoded.
+/// anything is allocated, its body and MAC read as they arrive (as few
+/// reads as the socket allows), its MAC checked before it is decoded.
+/// What it decodes to may hold slices of the frame (`slices.rs`): an
+/// entry's commands are not copied out of it.
 async fn read_frame<S: AsyncRead + Unpin, T: for<'de> Deserialize<'de>>(
     s: &mut S,
     key: &mut FrameKey,
@@ -739,30 +744,45 @@ async fn read_frame<S: AsyncRead + Unpin, T: for<'de> Deserialize<'de>>(
             max: MAX_FRAME,
         });
     }
-    let mut body = Vec::with_capacity(len.min(FIRST_READ));
-    let got = (&mut *s)
-        .take(len as u64)
-        .read_to_end(&mut body)
-        .await
-        .map_err(PeerError::io("reading a frame body"))?;
-    if got < len {
-        return Err(PeerError::Io {
-            what: "reading a frame body",
-            source: std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                format!("the peer closed after {got} of {len} bytes"),
-            ),
-        });
+    // The body and its MAC, into one buffer.
+    let want = len + MAC_LEN;
+    let mut buf = Vec::with_capacity(want.min(FIRST_READ));
+    while buf.len() < want {
+        if buf.len() == buf.capacity() {
+            // Doubled, never past the frame: what arrived pays for what
+            // is asked next.
+            buf.reserve((want - buf.len()).min(buf.capacity()));
+        }
+        let room = (want - buf.len()) as u64;
+        let got = (&mut *s)
+            .take(room)
+            .read_buf(&mut buf)
+            .await
+            .map_err(PeerError::io("reading a frame body"))?;
+        if got == 0 {
+            let body = buf.len().min(len);
+            return Err(PeerError::Io {
+                what: "reading a frame body",
+                source: std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "the peer closed after {body} of {len} bytes of a frame and {} of its {MAC_LEN}-byte MAC",
+                        buf.len() - body
+                    ),
+                ),
+            });
+        }
     }
-    let mac: [u8; MAC_LEN] = read_array(s, "reading a frame MAC").await?;
+    let (body, mac) = buf.split_at(len);
     // `blake3::Hash`'s comparison takes constant time.
-    if key.mac(&header, &body) != mac {
+    if key.mac(&header, body) != *mac {
         return Err(PeerError::BadMac { seq: key.seq });
     }
     key.seq += 1;
+    buf.truncate(len);
+    let body = Bytes::from(buf);
     use bincode::Options;
-    codec()
-        .deserialize(&body)
+    crate::slices::decode_from(&body, |b| codec().deserialize(b))
         .map_err(|source| PeerError::Decode { len, source })
 }
 
@@ -1840,6 +1860,67 @@ mod tests {
         let mut s = &short[..];
         let e = read_frame::<_, u64>(&mut s, &mut a.recv).await.unwrap_err();
         assert_eq!(e.reason(), "io", "{e}");
+    }
+
+    /// An entry's commands come out of a frame as slices of it, not
+    /// copied out, whatever pieces the frame arrives in; a frame cut in its
+    /// body or in its MAC is an error, not a shorter frame.
+    #[tokio::test]
+    async fn entries_are_read_as_slices_of_their_frame_in_any_pieces() {
+        use tokio::io::AsyncWriteExt;
+        let (d, a) = pair(auth(1, Some(b"k")), auth(2, Some(b"k")), 2).await;
+        let (mut d, _) = d.unwrap();
+        let (mut a, _) = a.unwrap();
+        let sent = request(vec![entry(1, 3000), entry(2, 5000)]);
+        let frame = seal(&mut d.send, &Rpc::Append(sent.clone())).unwrap();
+
+        let (mut w, mut r) = tokio::io::duplex(64);
+        let pieces = frame.clone();
+        let writer = tokio::spawn(async move {
+            for piece in pieces.chunks(7) {
+                w.write_all(piece).await.unwrap();
+            }
+            w
+        });
+        let got: Rpc = read_frame(&mut r, &mut a.recv).await.unwrap();
+        drop(writer.await.unwrap());
+        let Rpc::Append(got) = got else {
+            panic!("an append was sent")
+        };
+        assert_eq!(got.entries, sent.entries);
+
+        let payload = |e: &Entry<TypeConfig>| match &e.payload {
+            EntryPayload::Normal(req) => match &req.cmds()[0] {
+                fencelog::Command::Write(fencelog::TxOp::Append { payloads, .. }) => {
+                    payloads[0].clone()
+                }
+                other => panic!("{other:?}"),
+            },
+            _ => panic!("a normal entry was sent"),
+        };
+        let (p1, p2) = (payload(&got.entries[0]), payload(&got.entries[1]));
+        let at = |p: &[u8]| frame.windows(p.len()).position(|w| w == p).unwrap();
+        assert_eq!(
+            (p2.as_ptr() as usize).wrapping_sub(p1.as_ptr() as usize),
+            at(&p2) - at(&p1),
+            "the two entries' payloads lie in one buffer as they lie in the frame"
+        );
+
+        for cut in [
+            FRAME_HEADER_LEN + 100,
+            frame.len() - MAC_LEN,
+            frame.len() - 1,
+        ] {
+            let mut key = FrameKey {
+                key: a.recv.key,
+                seq: 0,
+            };
+            let mut s = &frame[..cut];
+            match read_frame::<_, Rpc>(&mut s, &mut key).await {
+                Err(e) => assert_eq!(e.reason(), "io", "cut at {cut}: {e}"),
+                Ok(_) => panic!("a frame cut at {cut} of {} was read", frame.len()),
+            }
+        }
     }
 
     /// Arbitrary bytes from a stranger, and arbitrary frames on an

@@ -332,8 +332,10 @@ impl<'de> Deserialize<'de> for Request {
                         .ok_or_else(missing)?;
                     return Ok(Request::new(time_ms, cmds));
                 }
-                let b: serde_bytes::ByteBuf = a.next_element()?.ok_or_else(missing)?;
-                Request::read_from(time_ms, Bytes::from(b.into_vec())).map_err(A::Error::custom)
+                // A slice of the frame it arrived in, where it came from one
+                // (`slices.rs`): not copied out of it.
+                let b: crate::slices::SharedBytes = a.next_element()?.ok_or_else(missing)?;
+                Request::read_from(time_ms, b.0).map_err(A::Error::custom)
             }
         }
         d.deserialize_tuple(3, V)
