@@ -11,8 +11,20 @@
 //! walks back through the segments the stream leaves, following the links
 //! its footers keep, and lowers each one's count. Counts use the
 //! collector's own copy of each stream's start, moved only as it handles
-//! trims, in log order: a segment is never counted against a start the
-//! collector has not seen, nor lowered twice for the same stream.
+//! trims: a segment is never counted against a start the collector has
+//! not seen, nor lowered twice for the same stream.
+//!
+//! **Bounded.** Trims do not queue one message each: they wait merged
+//! per stream (its highest start), with one message to say that some
+//! wait, so what the collector has to catch up on is at most one entry
+//! per stream however many trims come while it reads footers. So a trim
+//! may be followed before a seal that came before it in the log (never
+//! after one that came after it: its message, or the one it merged into,
+//! is sent first). That is safe: a trim's walk lowers only segments
+//! already counted, and a segment counted later is counted against the
+//! newer start, so the stream is left out of its count from the start
+//! instead of being taken out by the walk; each segment a stream leaves
+//! is still lowered once (`tests::a_trim_before_the_seal_of_a_segment_it_empties`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -23,6 +35,7 @@ use std::time::{Duration, Instant};
 
 use fencelog_wal::{Removal, Wal};
 use hashbrown::HashMap;
+use parking_lot::Mutex;
 
 use crate::core::Core;
 use crate::locate::Locator;
@@ -36,11 +49,8 @@ enum Msg {
         segment: u64,
         ends: Vec<(u64, u64)>,
     },
-    /// A stream's start moved (durably) to `start`.
-    Trimmed {
-        view: Arc<StreamView>,
-        start: u64,
-    },
+    /// Trims wait in [`Trims`] (sent when the first of them came).
+    Trims,
     /// Count these segments (older than the last open) from their footers.
     Count(Vec<u64>),
     /// Answer once everything before is handled, every segment counted,
@@ -53,9 +63,6 @@ enum Msg {
 /// it follows them (see `Collector::trimmed`).
 const TRIM_GATHER: Duration = Duration::from_millis(10);
 
-/// At most this many trims are followed in one walk.
-const MAX_TRIMS_GATHERED: usize = 1 << 16;
-
 /// One stream's trim being followed through its segments: its records
 /// below `start` are gone, those below `old` were gone before.
 #[derive(Clone, Copy)]
@@ -65,11 +72,25 @@ struct Walk {
     start: u64,
 }
 
+/// A stream and the highest start it moved to (durably).
+type Trim = (Arc<StreamView>, u64);
+
+/// Trims not followed yet, by stream id.
+#[derive(Clone, Default)]
+struct Trims(Arc<Mutex<HashMap<u64, Trim>>>);
+
+impl Trims {
+    fn take(&self) -> Vec<Trim> {
+        self.0.lock().drain().map(|(_, t)| t).collect()
+    }
+}
+
 /// Where the engine's effects reach the collector. Messages sent before
 /// the collector starts (during recovery) wait for it.
 #[derive(Clone)]
 pub(crate) struct GcHandle {
     tx: Sender<Msg>,
+    trims: Trims,
 }
 
 impl GcHandle {
@@ -77,8 +98,19 @@ impl GcHandle {
         let _ = self.tx.send(Msg::Sealed { segment, ends });
     }
 
+    /// A stream's start moved (durably) to `start`.
     pub(crate) fn trimmed(&self, view: Arc<StreamView>, start: u64) {
-        let _ = self.tx.send(Msg::Trimmed { view, start });
+        let mut trims = self.trims.0.lock();
+        let first = trims.is_empty();
+        let at = trims.entry(view.id).or_insert((view, start));
+        at.1 = at.1.max(start);
+        // Sent under the lock: the collector takes the trims only after
+        // this message, or takes them with trims whose message it has not
+        // handled yet.
+        if first && self.tx.send(Msg::Trims).is_err() {
+            // No collector (a log with inline I/O): nothing to keep.
+            trims.clear();
+        }
     }
 }
 
@@ -104,12 +136,20 @@ pub(crate) struct Gc {
 /// replay produces are queued for it.
 pub(crate) fn channel_for_gc() -> (GcHandle, GcInbox) {
     let (tx, rx) = channel();
-    (GcHandle { tx }, GcInbox { rx })
+    let trims = Trims::default();
+    (
+        GcHandle {
+            tx,
+            trims: trims.clone(),
+        },
+        GcInbox { rx, trims },
+    )
 }
 
 /// The receiving end, until the collector starts.
 pub(crate) struct GcInbox {
     rx: Receiver<Msg>,
+    trims: Trims,
 }
 
 impl Gc {
@@ -131,6 +171,7 @@ impl Gc {
         let _ = handle.tx.send(Msg::Count(uncounted));
         let inline_io = wal.options().inline_io;
         let mut collector = Collector {
+            trims: inbox.trims.clone(),
             wal,
             locator,
             starts,
@@ -190,6 +231,8 @@ impl Drop for Gc {
 }
 
 struct Collector {
+    /// Trims waiting to be followed.
+    trims: Trims,
     wal: Arc<Wal<Core>>,
     locator: Arc<Locator>,
     /// The collector's copy of every stream's start offset, by id.
@@ -235,19 +278,21 @@ impl Collector {
                     self.count_from(segment, ends.into_iter());
                     self.remove_dead();
                 }
-                Some(Msg::Trimmed { view, start }) => {
-                    // The trims that follow within `TRIM_GATHER` are
-                    // followed with this one, in one walk that reads each
-                    // footer once: a client that deletes fifty streams
-                    // spread over every segment would otherwise have every
-                    // footer read fifty times (each is about a tenth of its
-                    // segment). Collection is never in a hurry.
-                    let mut trims = vec![(view, start)];
+                Some(Msg::Trims) => {
+                    // The trims that come within `TRIM_GATHER` (or until
+                    // another message) are followed with these, in one walk
+                    // that reads each footer once: a client that deletes
+                    // fifty streams spread over every segment would
+                    // otherwise have every footer read fifty times (each is
+                    // about a tenth of its segment). Collection is never in
+                    // a hurry.
                     let until = Instant::now() + TRIM_GATHER;
-                    while trims.len() < MAX_TRIMS_GATHERED {
+                    loop {
                         let wait = until.saturating_duration_since(Instant::now());
                         match rx.recv_timeout(wait) {
-                            Ok(Msg::Trimmed { view, start }) => trims.push((view, start)),
+                            // Trims taken by a barrier since: these wait
+                            // with the rest.
+                            Ok(Msg::Trims) => {}
                             Ok(other) => {
                                 next = Some(other);
                                 break;
@@ -255,11 +300,12 @@ impl Collector {
                             Err(_) => break,
                         }
                     }
-                    self.trimmed(trims);
+                    self.follow_trims();
                     self.remove_dead();
                 }
                 Some(Msg::Count(segments)) => self.uncounted.extend(segments),
                 Some(Msg::Barrier(done)) => {
+                    self.follow_trims();
                     while self.count_next() {}
                     self.remove_dead();
                     let _ = done.send(());
@@ -311,13 +357,21 @@ impl Collector {
         }
     }
 
+    /// Follows the trims waiting.
+    fn follow_trims(&mut self) {
+        let trims = self.trims.take();
+        if !trims.is_empty() {
+            self.trimmed(trims);
+        }
+    }
+
     /// Streams' starts moved: every counted segment whose records of a
     /// stream all lie between the stream's old start and its new one loses
     /// it. Each stream's segments are linked newest to oldest by their
     /// footers; the links of every stream trimmed here are followed
     /// together, newest segment first, so that each footer is read once
     /// however many streams pass through it.
-    fn trimmed(&mut self, trims: Vec<(Arc<StreamView>, u64)>) {
+    fn trimmed(&mut self, trims: Vec<Trim>) {
         // Per stream, the span its start moved over (a stream trimmed twice
         // here moves once, from its first old start to its last new one).
         let mut moved: HashMap<u64, (Arc<StreamView>, Walk)> = HashMap::new();
@@ -410,5 +464,220 @@ impl Collector {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Log, Options, Token};
+    use bytes::Bytes;
+
+    const STREAMS: usize = 6;
+
+    /// A sealed segment, with where each stream's records there end.
+    type Sealed = (u64, Vec<(u64, u64)>);
+
+    /// A log whose streams have records spread unevenly over dozens of
+    /// sealed segments; each sealed segment with its streams' ends.
+    fn written(dir: &std::path::Path) -> (Log, Vec<Arc<StreamView>>, Vec<Sealed>) {
+        let mut o = Options::default();
+        o.wal.segment_bytes = 64 << 10;
+        o.wal.max_entry_bytes = 16 << 10;
+        o.max_payload_bytes = 8 << 10;
+        let log = Log::open(dir, o).unwrap();
+        let t = Token::new(1).unwrap();
+        for round in 0..600usize {
+            for i in 0..STREAMS {
+                if round % (i + 1) == 0 {
+                    let name = format!("s{i}");
+                    log.append(name.as_bytes(), t, &[Bytes::from(vec![i as u8; 1500])])
+                        .unwrap();
+                }
+            }
+        }
+        let views = (0..STREAMS)
+            .map(|i| log.inner().views.get(format!("s{i}").as_bytes()).unwrap())
+            .collect();
+        let inner = log.inner();
+        let sealed = log
+            .segments()
+            .into_iter()
+            .filter_map(|seg| {
+                let ix = inner.locator.footer(&inner.wal, seg).unwrap()?;
+                Some((seg, ix.dirs().map(|(id, d)| (id, d.end_offset)).collect()))
+            })
+            .collect();
+        (log, views, sealed)
+    }
+
+    fn collector(log: &Log) -> Collector {
+        Collector {
+            trims: Trims::default(),
+            wal: Arc::clone(&log.inner().wal),
+            locator: Arc::clone(&log.inner().locator),
+            starts: HashMap::new(),
+            live: BTreeMap::new(),
+            uncounted: BTreeSet::new(),
+            dead: BTreeSet::new(),
+            stats: Arc::default(),
+        }
+    }
+
+    enum Event {
+        Seal(u64, Vec<(u64, u64)>),
+        Trim(usize, u64),
+    }
+
+    /// Trims wait merged per stream and may be followed before seals that
+    /// came before them in the log (never after later ones): for any such
+    /// order, every sealed segment ends up counted with exactly the
+    /// streams that still have records in it (a segment lowered twice, or
+    /// counted against a start it should not have been, would differ), as
+    /// when every message is handled in log order.
+    #[test]
+    fn a_trim_before_the_seal_of_a_segment_it_empties() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, views, sealed) = written(dir.path());
+        assert!(sealed.len() >= 30, "{} sealed segments", sealed.len());
+        let ends: Vec<u64> = views
+            .iter()
+            .map(|v| v.next.load(Ordering::Acquire))
+            .collect();
+
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut rand = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n.max(1)
+        };
+        for seed in 0..100 {
+            // The log's order: seals, with trims of every stream between
+            // them, each stream's starts rising to anywhere in its records.
+            let mut events = Vec::new();
+            let mut start = [0u64; STREAMS];
+            for (seg, e) in &sealed {
+                for (i, s) in start.iter_mut().enumerate() {
+                    if rand(3) == 0 && *s < ends[i] {
+                        *s += 1 + rand((ends[i] - *s).min(40));
+                        events.push(Event::Trim(i, *s));
+                    }
+                }
+                events.push(Event::Seal(*seg, e.clone()));
+            }
+            // What the counts must come to.
+            let want: BTreeMap<u64, u32> = sealed
+                .iter()
+                .map(|(seg, e)| {
+                    let live = e
+                        .iter()
+                        .filter(|&&(id, end)| {
+                            let i = views.iter().position(|v| v.id == id).unwrap();
+                            end > start[i]
+                        })
+                        .count() as u32;
+                    (*seg, live)
+                })
+                .collect();
+
+            // In log order, one message each.
+            let mut c = collector(&log);
+            for ev in &events {
+                match ev {
+                    Event::Seal(seg, e) => c.count_from(*seg, e.iter().copied()),
+                    Event::Trim(i, s) => c.trimmed(vec![(Arc::clone(&views[*i]), *s)]),
+                }
+            }
+            assert_eq!(counts(&c, &sealed), want, "seed {seed}, log order");
+
+            // As the handle and the collector run them: trims merged while
+            // they wait, one message for them, the collector behind by a
+            // random number of messages.
+            let mut c = collector(&log);
+            let (tx, rx) = channel();
+            let handle = GcHandle {
+                tx,
+                trims: c.trims.clone(),
+            };
+            for ev in &events {
+                match ev {
+                    Event::Seal(seg, e) => handle.sealed(*seg, e.clone()),
+                    Event::Trim(i, s) => handle.trimmed(Arc::clone(&views[*i]), *s),
+                }
+                for _ in 0..rand(3) {
+                    match rx.try_recv() {
+                        Ok(Msg::Sealed { segment, ends }) => {
+                            c.count_from(segment, ends.into_iter())
+                        }
+                        Ok(Msg::Trims) => c.follow_trims(),
+                        Ok(_) => unreachable!("only seals and trims are sent"),
+                        Err(_) => break,
+                    }
+                }
+                let waiting = handle.trims.0.lock().len();
+                assert!(
+                    waiting <= STREAMS,
+                    "{waiting} trims wait for {STREAMS} streams"
+                );
+            }
+            while let Ok(msg) = rx.try_recv() {
+                match msg {
+                    Msg::Sealed { segment, ends } => c.count_from(segment, ends.into_iter()),
+                    Msg::Trims => c.follow_trims(),
+                    _ => unreachable!("only seals and trims are sent"),
+                }
+            }
+            assert_eq!(
+                counts(&c, &sealed),
+                want,
+                "seed {seed}, trims merged and early"
+            );
+        }
+    }
+
+    /// However many trims come while the collector is behind (here: not
+    /// started), what waits for it is one message and one trim per stream,
+    /// at the highest start.
+    #[test]
+    fn trims_waiting_for_a_collector_behind_are_one_per_stream() {
+        let (handle, inbox) = channel_for_gc();
+        let views: Vec<Arc<StreamView>> = (0..4u64)
+            .map(|id| Arc::new(StreamView::new(id, Bytes::from(format!("s{id}")))))
+            .collect();
+        for n in 1..=100_000u64 {
+            let v = &views[(n % 4) as usize];
+            handle.trimmed(Arc::clone(v), n);
+        }
+        handle.sealed(7, vec![(0, 10)]);
+        let msgs: Vec<Msg> = inbox.rx.try_iter().collect();
+        assert_eq!(msgs.len(), 2, "one message for the trims, one for the seal");
+        assert!(matches!(msgs[0], Msg::Trims));
+        let mut waiting: Vec<(u64, u64)> = inbox
+            .trims
+            .take()
+            .into_iter()
+            .map(|(v, start)| (v.id, start))
+            .collect();
+        waiting.sort_unstable();
+        assert_eq!(
+            waiting,
+            [(0, 100_000), (1, 99_997), (2, 99_998), (3, 99_999)]
+        );
+        // Taken: the next trim says so again.
+        handle.trimmed(Arc::clone(&views[1]), 100_001);
+        assert!(matches!(inbox.rx.try_recv(), Ok(Msg::Trims)));
+    }
+
+    /// Every sealed segment's count of streams with records (0: dead).
+    fn counts(c: &Collector, sealed: &[Sealed]) -> BTreeMap<u64, u32> {
+        sealed
+            .iter()
+            .map(|(seg, _)| {
+                let n = c.live.get(seg).copied().unwrap_or(0);
+                assert_eq!(n == 0, c.dead.contains(seg), "segment {seg}: {n} live");
+                (*seg, n)
+            })
+            .collect()
     }
 }
