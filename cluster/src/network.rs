@@ -750,8 +750,9 @@ async fn read_frame<S: AsyncRead + Unpin, T: for<'de> Deserialize<'de>>(
     while buf.len() < want {
         if buf.len() == buf.capacity() {
             // Doubled, never past the frame: what arrived pays for what
-            // is asked next.
-            buf.reserve((want - buf.len()).min(buf.capacity()));
+            // is asked next, and the entries that keep the buffer keep no
+            // room it did not need.
+            buf.reserve_exact((want - buf.len()).min(buf.capacity()));
         }
         let room = (want - buf.len()) as u64;
         let got = (&mut *s)
