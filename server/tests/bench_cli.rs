@@ -101,6 +101,17 @@ fn prints_only_what_it_measured_and_compares_with_redis_in_the_same_run() {
         .unwrap_or_else(|| panic!("{table}"));
     assert!(row.contains('x'), "a ratio: {table}");
     assert!(table.contains("redis CPU s/M"), "{table}");
+    // Where the machine's CPU went, measured in the run: a row per side.
+    let machine: Vec<&str> = table
+        .lines()
+        .skip_while(|l| !l.contains("with every CPU busy"))
+        .filter(|l| l.starts_with("append"))
+        .collect();
+    assert_eq!(machine.len(), 2, "{table}");
+    assert!(
+        machine.iter().all(|l| l.contains('%') && l.ends_with("/s")),
+        "{table}"
+    );
 }
 
 #[test]

@@ -6,6 +6,13 @@
 //! the same shape (`SET` for an append, `GET` for a rejection). Each run reads each server's CPU time from `/proc/PID/stat`
 //! (utime + stime) before and after, so the table shows CPU seconds per
 //! million requests beside the throughput; medians over `--runs`.
+//!
+//! Where the machine's CPU went is measured too: the load generator's
+//! own (this process), and the whole machine's busy time from
+//! `/proc/stat` (every process and the kernel's own threads). From those,
+//! what each side would do with every core busy at the CPU per request
+//! it measured: on a machine the load generator shares, a target above
+//! that needs less CPU per request, not less waiting.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -43,6 +50,12 @@ struct Samples {
     cpu_secs_per_million: Vec<f64>,
     /// The user part of `cpu_secs_per_million`.
     user_secs_per_million: Vec<f64>,
+    /// The load generator's (this process') CPU per million requests.
+    generator_secs_per_million: Vec<f64>,
+    /// The whole machine's busy CPU per million requests.
+    machine_secs_per_million: Vec<f64>,
+    /// The fraction of the machine's CPUs busy during the run.
+    machine_busy: Vec<f64>,
     /// fencelog's group commit, from `INFO` before and after.
     entries_per_sync: Vec<f64>,
     sync_idle: Vec<f64>,
@@ -228,9 +241,51 @@ fn cpu_times(pid: u32) -> Option<(f64, f64)> {
     let fields: Vec<&str> = rest.split_whitespace().collect();
     let utime: f64 = fields.get(11)?.parse().ok()?;
     let stime: f64 = fields.get(12)?.parse().ok()?;
+    let ticks = ticks_per_second()?;
+    Some((utime / ticks, stime / ticks))
+}
+
+/// The unit of `/proc`'s CPU times.
+fn ticks_per_second() -> Option<f64> {
     // SAFETY: sysconf reads a constant of the system; no memory is shared.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    (ticks > 0).then(|| (utime / ticks as f64, stime / ticks as f64))
+    (ticks > 0).then_some(ticks as f64)
+}
+
+/// The whole machine's CPU time: busy seconds summed over its CPUs (all
+/// but idle and I/O wait), and how many CPUs.
+#[derive(Clone, Copy)]
+struct Machine {
+    busy: f64,
+    cpus: usize,
+}
+
+/// Reads `/proc/stat`.
+fn machine_busy() -> Option<Machine> {
+    parse_proc_stat(&std::fs::read_to_string("/proc/stat").ok()?)
+}
+
+fn parse_proc_stat(stat: &str) -> Option<Machine> {
+    let mut lines = stat.lines();
+    // cpu  user nice system idle iowait irq softirq steal guest guest_nice
+    // (guest time is counted in user already)
+    let total: Vec<f64> = lines
+        .next()?
+        .strip_prefix("cpu ")?
+        .split_whitespace()
+        .map(|f| f.parse().ok())
+        .collect::<Option<_>>()?;
+    let field = |i: usize| total.get(i).copied().unwrap_or(0.0);
+    let busy = field(0) + field(1) + field(2) + field(5) + field(6) + field(7);
+    let cpus = lines
+        .take_while(|l| l.starts_with("cpu"))
+        .filter(|l| l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
+        .count();
+    let ticks = ticks_per_second()?;
+    (cpus > 0 && total.len() >= 4).then(|| Machine {
+        busy: busy / ticks,
+        cpus,
+    })
 }
 
 fn median(v: &[f64]) -> Option<f64> {
@@ -282,7 +337,13 @@ fn compare(args: &BenchArgs) -> Result<String, String> {
                     plan.pipeline
                 );
                 let before = side.pid.and_then(cpu_times);
+                let generator_before = cpu_times(std::process::id());
+                let machine_before = machine_busy();
+                let started = Instant::now();
                 let result = runtime.block_on(run_workload(&side.target, Arc::clone(&plan)))?;
+                let elapsed = started.elapsed().as_secs_f64();
+                let machine_after = machine_busy();
+                let generator_after = cpu_times(std::process::id());
                 let after = side.pid.and_then(cpu_times);
                 if args.cleanup
                     && let Err(e) = runtime.block_on(cleanup(&side.target, &plan))
@@ -303,6 +364,20 @@ fn compare(args: &BenchArgs) -> Result<String, String> {
                     }
                 }
                 s.unexpected += result.unexpected;
+                if result.requests > 0 {
+                    let per_m = |secs: f64| secs / result.requests as f64 * 1e6;
+                    if let (Some(b), Some(a)) = (generator_before, generator_after) {
+                        s.generator_secs_per_million
+                            .push(per_m(a.0 + a.1 - b.0 - b.1));
+                    }
+                    if let (Some(b), Some(a)) = (machine_before, machine_after) {
+                        s.machine_secs_per_million.push(per_m(a.busy - b.busy));
+                        if elapsed > 0.0 {
+                            s.machine_busy
+                                .push((a.busy - b.busy) / (elapsed * a.cpus as f64));
+                        }
+                    }
+                }
                 if let (Some(b), Some(a)) = (before, after)
                     && result.requests > 0
                 {
@@ -402,6 +477,51 @@ fn compare(args: &BenchArgs) -> Result<String, String> {
     }
     s.push('\n');
     super::write_columns(&mut s, &rows);
+    let cpus = machine_busy().map_or(0, |m| m.cpus);
+    if cpus > 0 {
+        let _ = writeln!(
+            s,
+            "\nwhere the machine's {cpus} CPUs went (the load generator: this process; the \
+             machine: every CPU's busy time in /proc/stat, the kernel's own threads and \
+             anything else running included), and the throughput at the machine CPU per \
+             request measured with every CPU busy\n"
+        );
+        let mut rows = vec![
+            [
+                "workload",
+                "server",
+                "machine busy",
+                "load generator CPU s/M",
+                "machine CPU s/M",
+                "with every CPU busy",
+            ]
+            .iter()
+            .map(|h| h.to_string())
+            .collect::<Vec<_>>(),
+        ];
+        for (w, workload) in workloads.iter().enumerate() {
+            for (i, side) in sides.iter().enumerate() {
+                let x = &samples[i][w];
+                let per_m =
+                    |v: &[f64]| median(v).map_or_else(|| "-".to_string(), |c| format!("{c:.2}"));
+                rows.push(vec![
+                    workload.name().to_string(),
+                    side.name.to_string(),
+                    median(&x.machine_busy)
+                        .map_or_else(|| "-".into(), |b| format!("{:.0}%", b * 100.0)),
+                    per_m(&x.generator_secs_per_million),
+                    per_m(&x.machine_secs_per_million),
+                    median(&x.machine_secs_per_million)
+                        .filter(|&m| m > 0.0)
+                        .map_or_else(
+                            || "-".into(),
+                            |m| format!("{}/s", fmt_count(cpus as f64 * 1e6 / m)),
+                        ),
+                ]);
+            }
+        }
+        super::write_columns(&mut s, &rows);
+    }
     for (w, workload) in workloads.iter().enumerate() {
         let f = &samples[0][w];
         if let Some(per_sync) = median(&f.entries_per_sync) {
@@ -435,5 +555,20 @@ mod tests {
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
         assert_eq!(median(&[]), None);
         assert!(cpu_times(std::process::id()).is_some());
+    }
+
+    #[test]
+    fn the_machine_s_busy_time_leaves_out_idle_and_waiting() {
+        let ticks = ticks_per_second().unwrap();
+        let stat = "cpu  100 5 50 1000 40 3 2 1 7 0\n\
+                    cpu0 50 2 25 500 20 1 1 0 3 0\n\
+                    cpu1 50 3 25 500 20 2 1 1 4 0\n\
+                    intr 12345\n";
+        let m = parse_proc_stat(stat).unwrap();
+        assert_eq!(m.cpus, 2);
+        assert!((m.busy - 161.0 / ticks).abs() < 1e-9, "{}", m.busy);
+        assert!(parse_proc_stat("intr 1\n").is_none());
+        assert!(parse_proc_stat("cpu  x y\ncpu0 1 2 3 4\n").is_none());
+        assert!(machine_busy().is_some_and(|m| m.cpus >= 1 && m.busy > 0.0));
     }
 }
