@@ -6,8 +6,11 @@
 # (the leader's, then each follower's, as `cluster status` names them), the
 # cores the servers kept busy and the load generator's own CPU (from
 # /usr/bin/time), so that a ratio to the single node can be read against
-# what the machine had left; then the leader's and the followers' CPU by
-# kind of thread (connections, Raft runtime, logs' threads).
+# what the machine had left, the whole machine's busy share (/proc/stat:
+# the kernel's own threads, writing the logs back, count too) and the
+# rate the machine's CPU per append would allow with every core busy;
+# then the leader's and the followers' CPU by kind of thread
+# (connections, Raft runtime, logs' threads).
 #
 #   scripts/cluster-cpu-split.sh [FENCELOG_BINARY] [PIPELINE] [SECONDS] [RUNS]
 #
@@ -30,15 +33,20 @@ workload="${WORKLOAD:-append}"
 # shellcheck source=scripts/local-group.sh
 . "$(dirname "$0")/local-group.sh"
 tck=$(getconf CLK_TCK)
+cpus=$(grep -c '^cpu[0-9]' /proc/stat)
 
-# bench ADDR: runs the load; prints "APPENDS_PER_S REQUESTS LOADGEN_CPU_S".
+# bench ADDR: runs the load; prints "APPENDS_PER_S REQUESTS LOADGEN_CPU_S
+# MACHINE_BUSY_TICKS".
 bench() {
+    local m0
+    m0=$(machine_ticks)
     /usr/bin/time -f "%U %S" -o "$work/time" \
         "$bin" bench --addr "$1" --workload "$workload" --pipeline "$pipeline" \
         --duration "$secs" >"$work/bench" 2>&1
     awk -v w="$workload" '$1 == w && $2 ~ /^[0-9]+$/ { print $6, $4 }' "$work/bench" | head -n 1 |
         tr '\n' ' '
-    awk '{ print $1 + $2 }' "$work/time"
+    awk '{ printf "%s ", $1 + $2 }' "$work/time"
+    echo $(($(machine_ticks) - m0))
 }
 
 # stop PID: ends one setup (its children with it) before the next starts.
@@ -47,8 +55,9 @@ stop() {
     wait "$1" 2>/dev/null || true
 }
 
-printf '%-7s %-10s %-12s %-40s %-14s %s\n' setup "$workload/s" "CPU s/M" \
-    "per node: leader, followers (CPU s/M)" "server cores" "load generator cores"
+printf '%-7s %-10s %-12s %-40s %-14s %-22s %-14s %s\n' setup "$workload/s" "CPU s/M" \
+    "per node: leader, followers (CPU s/M)" "server cores" "load generator cores" \
+    "machine busy" "with every core busy"
 for run in $(seq 1 "$runs"); do
     rm -rf "$work/single" "$work/cluster"
     "$bin" serve --dir "$work/single" --addr 127.0.0.1:7601 --log-level warn \
@@ -61,12 +70,14 @@ for run in $(seq 1 "$runs"); do
         sleep 0.1
     done
     before=$(cpu_ticks "$single")
-    read -r rate requests loadgen <<<"$(bench 127.0.0.1:7601)"
+    read -r rate requests loadgen machine <<<"$(bench 127.0.0.1:7601)"
     used=$(($(cpu_ticks "$single") - before))
     stop "$single"
     awk -v r="$rate" -v n="$requests" -v u="$used" -v t="$tck" -v s="$secs" -v l="$loadgen" \
-        'BEGIN { printf "%-7s %-10s %-12.2f %-40s %-14.2f %.2f\n", "single", r,
-                 u / t / n * 1e6, "", u / t / s, l / s }'
+        -v m="$machine" -v c="$cpus" \
+        'BEGIN { printf "%-7s %-10s %-12.2f %-40s %-14.2f %-22.2f %-14s %.1fk/s\n", "single", r,
+                 u / t / n * 1e6, "", u / t / s, l / s, sprintf("%.0f%%", m / t / s / c * 100),
+                 c / (m / t / n) / 1e3 }'
 
     start_group 7611 "$work/cluster"
     # Each node's process, leader first, by the client port it serves.
@@ -83,7 +94,7 @@ for run in $(seq 1 "$runs"); do
     for p in "${nodes[@]}"; do start[$p]=$(cpu_ticks "$p"); done
     thread_kind_ticks "${nodes[0]}" >"$work/leader.before"
     thread_kind_ticks "${nodes[@]:1}" >"$work/followers.before"
-    read -r rate requests loadgen <<<"$(bench 127.0.0.1:7611)"
+    read -r rate requests loadgen machine <<<"$(bench 127.0.0.1:7611)"
     thread_kind_ticks "${nodes[0]}" >"$work/leader.after"
     thread_kind_ticks "${nodes[@]:1}" >"$work/followers.after"
     per=""
@@ -95,11 +106,12 @@ for run in $(seq 1 "$runs"); do
     done
     stop "$group"
     awk -v r="$rate" -v n="$requests" -v u="$total" -v per="$per" -v t="$tck" -v s="$secs" \
-        -v l="$loadgen" \
+        -v l="$loadgen" -v m="$machine" -v c="$cpus" \
         'BEGIN { k = split(per, q, " "); o = "";
                  for (i = 1; i <= k; i++) o = o sprintf("%s%.2f", i > 1 ? " / " : "", q[i] / t / n * 1e6);
-                 printf "%-7s %-10s %-12.2f %-40s %-14.2f %.2f\n", "cluster", r,
-                 u / t / n * 1e6, o, u / t / s, l / s }'
+                 printf "%-7s %-10s %-12.2f %-40s %-14.2f %-22.2f %-14s %.1fk/s\n", "cluster", r,
+                 u / t / n * 1e6, o, u / t / s, l / s, sprintf("%.0f%%", m / t / s / c * 100),
+                 c / (m / t / n) / 1e3 }'
     # By kind of thread, CPU s per M (the followers' together).
     for who in leader followers; do
         join "$work/$who.before" "$work/$who.after" |

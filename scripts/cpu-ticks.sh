@@ -59,3 +59,11 @@ thread_kind_ticks() {
         done
     done | awk '{ n[$1] += $2 } END { for (k in n) print k, n[k] }' | sort
 }
+
+# machine_ticks prints the whole machine's busy CPU time in clock ticks,
+# summed over its CPUs, from /proc/stat's first line: user, nice, system,
+# irq, softirq and steal (idle and I/O wait left out; guest time is in
+# user already). Every process and the kernel's own threads count.
+machine_ticks() {
+    awk '$1 == "cpu" { print $2 + $3 + $4 + $7 + $8 + $9; exit }' /proc/stat
+}
