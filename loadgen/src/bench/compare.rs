@@ -367,8 +367,15 @@ fn compare(args: &BenchArgs) -> Result<String, String> {
                 if result.requests > 0 {
                     let per_m = |secs: f64| secs / result.requests as f64 * 1e6;
                     if let (Some(b), Some(a)) = (generator_before, generator_after) {
-                        s.generator_secs_per_million
-                            .push(per_m(a.0 + a.1 - b.0 - b.1));
+                        let (user, system) = (per_m(a.0 - b.0), per_m(a.1 - b.1));
+                        eprintln!(
+                            "bench: {} {}: load generator CPU {:.2} s/M (user {user:.2}, \
+                             system {system:.2})",
+                            side.name,
+                            workload.name(),
+                            user + system
+                        );
+                        s.generator_secs_per_million.push(user + system);
                     }
                     if let (Some(b), Some(a)) = (machine_before, machine_after) {
                         s.machine_secs_per_million.push(per_m(a.busy - b.busy));
