@@ -6,7 +6,10 @@
 # bench`) in alternating runs; prints every run and the medians (the ratio
 # column is cluster / single node), with the servers' CPU seconds per
 # million requests and their threads' context switches per request (both
-# summed over every node of the setup).
+# summed over every node of the setup), and the whole machine's busy share
+# during each run (/proc/stat: every process and the kernel's own threads,
+# over both the run and its warmup) with the rate that share would scale to
+# with every core busy.
 #
 #   scripts/bench-cluster.sh [FENCELOG_BINARY] [RUNS] [SECONDS]
 #
@@ -44,6 +47,7 @@ cluster_pids="$(pgrep -P "${pids[1]}" | tr '\n' ' ')"
 # shellcheck source=scripts/cpu-ticks.sh
 . "$(dirname "$0")/cpu-ticks.sh"
 tck=$(getconf CLK_TCK)
+cpus=$(grep -c '^cpu[0-9]' /proc/stat)
 
 results="$work/results.jsonl"
 for run in $(seq 1 "$runs"); do
@@ -57,6 +61,8 @@ for run in $(seq 1 "$runs"); do
                 before=$(cpu_ticks $procs)
                 # shellcheck disable=SC2086
                 switches_before=$(ctx_switches $procs)
+                machine_before=$(machine_ticks)
+                started=$(date +%s.%N)
                 # The bench follows the cluster's leader (CLUSTER SLOTS).
                 if ! "$bin" bench --addr "$addr" --clients 50 --pipeline "$pipeline" \
                     --workload "$workload" --duration "$secs" --warmup 1 --json \
@@ -65,13 +71,14 @@ for run in $(seq 1 "$runs"); do
                     cat "$work/run.err" "$work/single.log" "$work/cluster.log" >&2
                     exit 1
                 fi
+                busy=$(python3 -c "print(($(machine_ticks) - $machine_before) / $tck / (($(date +%s.%N) - $started) * $cpus))")
                 # shellcheck disable=SC2086
                 after=$(cpu_ticks $procs)
                 # shellcheck disable=SC2086
                 switches=$(($(ctx_switches $procs) - switches_before))
                 # CPU over the whole run (warmup included) per measured request:
                 # an upper bound, the same for both setups.
-                sed "s/^{/{\"node\":\"$name\",\"run\":$run,\"server_cpu_s\":$(python3 -c "print(($after - $before) / $tck)"),\"switches\":$switches,/" \
+                sed "s/^{/{\"node\":\"$name\",\"run\":$run,\"server_cpu_s\":$(python3 -c "print(($after - $before) / $tck)"),\"switches\":$switches,\"machine_busy\":$busy,/" \
                     "$work/run.json" >>"$results"
             done
         done
@@ -87,22 +94,28 @@ def cpu_per_m(r):
 def switches(r):
     # Context switches of the setup's threads per request.
     return r["switches"] / max(r["requests"], 1)
-print(f"{'run':>3} {'setup':8} {'workload':8} {'P':>3} {'ops/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'cpu s/M':>8} {'csw/req':>8}")
+print(f"{'run':>3} {'setup':8} {'workload':8} {'P':>3} {'ops/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'cpu s/M':>8} {'csw/req':>8} {'busy':>6}")
 for r in rows:
     l = r["latency_us"]
     print(f"{r['run']:>3} {r['node']:8} {r['workload']:8} {r['pipeline']:>3} {r['ops_per_sec']:>10.0f}"
-          f" {l['p50']/1000:>8.2f} {l['p99']/1000:>8.2f} {cpu_per_m(r):>8.1f} {switches(r):>8.2f}")
+          f" {l['p50']/1000:>8.2f} {l['p99']/1000:>8.2f} {cpu_per_m(r):>8.1f} {switches(r):>8.2f}"
+          f" {r['machine_busy']*100:>5.0f}%")
 print("\nmedians (ops/s; server CPU seconds per million requests and context switches per request, warmup included, all nodes):")
 print(f"{'workload':8} {'P':>3} {'single':>10} {'3 nodes':>10} {'ratio':>6} {'cpu single':>11} {'cpu 3 nodes':>12}"
-      f" {'csw single':>11} {'csw 3 nodes':>12}")
+      f" {'csw single':>11} {'csw 3 nodes':>12} {'busy single':>12} {'busy 3 nodes':>13} {'3 nodes, every core busy':>25}")
 keys = sorted({(r["workload"], r["pipeline"]) for r in rows})
 for w, p in keys:
     sel = lambda n: [r for r in rows if r["workload"] == w and r["pipeline"] == p and r["node"] == n]
     m = {n: statistics.median(r["ops_per_sec"] for r in sel(n)) for n in ("single", "cluster")}
     c = {n: statistics.median(cpu_per_m(r) for r in sel(n)) for n in ("single", "cluster")}
     s = {n: statistics.median(switches(r) for r in sel(n)) for n in ("single", "cluster")}
+    b = {n: statistics.median(r["machine_busy"] for r in sel(n)) for n in ("single", "cluster")}
+    # The group's rate scaled to every core busy at its measured share,
+    # as a fraction of the single node's measured rate.
+    full = statistics.median(r["ops_per_sec"] / max(r["machine_busy"], 1e-9) for r in sel("cluster"))
     print(f"{w:8} {p:>3} {m['single']:>10.0f} {m['cluster']:>10.0f} {m['cluster']/m['single']:>6.2f}"
-          f" {c['single']:>11.1f} {c['cluster']:>12.1f} {s['single']:>11.2f} {s['cluster']:>12.2f}")
+          f" {c['single']:>11.1f} {c['cluster']:>12.1f} {s['single']:>11.2f} {s['cluster']:>12.2f}"
+          f" {b['single']*100:>11.0f}% {b['cluster']*100:>12.0f}% {full:>12.0f} ({full/m['single']:.2f} of single)")
 bad = [r for r in rows if r["unexpected_errors"]]
 if bad:
     print(f"\n{len(bad)} runs had unexpected answers: {[r['unexpected_samples'] for r in bad]}")
