@@ -288,6 +288,11 @@ fn parse_proc_stat(stat: &str) -> Option<Machine> {
     })
 }
 
+/// The median with two decimals, or "-" without samples.
+fn median_2dp(v: &[f64]) -> String {
+    median(v).map_or_else(|| "-".to_string(), |c| format!("{c:.2}"))
+}
+
 fn median(v: &[f64]) -> Option<f64> {
     if v.is_empty() {
         return None;
@@ -366,13 +371,25 @@ fn compare(args: &BenchArgs) -> Result<String, String> {
                 s.unexpected += result.unexpected;
                 if result.requests > 0 {
                     let per_m = |secs: f64| secs / result.requests as f64 * 1e6;
-                    if let (Some(b), Some(a)) = (generator_before, generator_after) {
-                        let (user, system) = (per_m(a.0 - b.0), per_m(a.1 - b.1));
+                    // A process' (user, system) CPU per million requests.
+                    let split = |b: (f64, f64), a: (f64, f64)| (per_m(a.0 - b.0), per_m(a.1 - b.1));
+                    let name = format!("{} {}", side.name, workload.name());
+                    if let (Some(b), Some(a)) = (before, after) {
+                        let (user, system) = split(b, a);
                         eprintln!(
-                            "bench: {} {}: load generator CPU {:.2} s/M (user {user:.2}, \
+                            "bench: {name}: {:.0} ops/s, CPU {:.2} s/M (user {user:.2}, system \
+                             {system:.2})",
+                            result.ops_per_sec(),
+                            user + system
+                        );
+                        s.cpu_secs_per_million.push(user + system);
+                        s.user_secs_per_million.push(user);
+                    }
+                    if let (Some(b), Some(a)) = (generator_before, generator_after) {
+                        let (user, system) = split(b, a);
+                        eprintln!(
+                            "bench: {name}: load generator CPU {:.2} s/M (user {user:.2}, \
                              system {system:.2})",
-                            side.name,
-                            workload.name(),
                             user + system
                         );
                         s.generator_secs_per_million.push(user + system);
@@ -384,22 +401,6 @@ fn compare(args: &BenchArgs) -> Result<String, String> {
                                 .push((a.busy - b.busy) / (elapsed * a.cpus as f64));
                         }
                     }
-                }
-                if let (Some(b), Some(a)) = (before, after)
-                    && result.requests > 0
-                {
-                    let per_m = |secs: f64| secs / result.requests as f64 * 1e6;
-                    let (user, system) = (per_m(a.0 - b.0), per_m(a.1 - b.1));
-                    eprintln!(
-                        "bench: {} {}: {:.0} ops/s, CPU {:.2} s/M (user {user:.2}, system \
-                         {system:.2})",
-                        side.name,
-                        workload.name(),
-                        result.ops_per_sec(),
-                        user + system
-                    );
-                    s.cpu_secs_per_million.push(user + system);
-                    s.user_secs_per_million.push(user);
                 }
                 if result.unexpected > 0 {
                     eprintln!(
@@ -457,9 +458,8 @@ fn compare(args: &BenchArgs) -> Result<String, String> {
         let (f, r) = (&samples[0][w], &samples[1][w]);
         failed += f.unexpected + r.unexpected;
         let ops = |x: &Samples| median(&x.ops_per_sec).unwrap_or(0.0);
-        let per_m = |v: &[f64]| median(v).map_or_else(|| "-".to_string(), |c| format!("{c:.2}"));
-        let cpu = |x: &Samples| per_m(&x.cpu_secs_per_million);
-        let user = |x: &Samples| per_m(&x.user_secs_per_million);
+        let cpu = |x: &Samples| median_2dp(&x.cpu_secs_per_million);
+        let user = |x: &Samples| median_2dp(&x.user_secs_per_million);
         let p50 = |x: &Samples| fmt_ns(median(&x.p50_ns).unwrap_or(0.0) as u64);
         let p99 = |x: &Samples| fmt_ns(median(&x.p99_ns).unwrap_or(0.0) as u64);
         let ratio = if ops(r) > 0.0 {
@@ -509,15 +509,13 @@ fn compare(args: &BenchArgs) -> Result<String, String> {
         for (w, workload) in workloads.iter().enumerate() {
             for (i, side) in sides.iter().enumerate() {
                 let x = &samples[i][w];
-                let per_m =
-                    |v: &[f64]| median(v).map_or_else(|| "-".to_string(), |c| format!("{c:.2}"));
                 rows.push(vec![
                     workload.name().to_string(),
                     side.name.to_string(),
                     median(&x.machine_busy)
                         .map_or_else(|| "-".into(), |b| format!("{:.0}%", b * 100.0)),
-                    per_m(&x.generator_secs_per_million),
-                    per_m(&x.machine_secs_per_million),
+                    median_2dp(&x.generator_secs_per_million),
+                    median_2dp(&x.machine_secs_per_million),
                     median(&x.machine_secs_per_million)
                         .filter(|&m| m > 0.0)
                         .map_or_else(
