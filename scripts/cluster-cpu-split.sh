@@ -36,17 +36,19 @@ tck=$(getconf CLK_TCK)
 cpus=$(grep -c '^cpu[0-9]' /proc/stat)
 
 # bench ADDR: runs the load; prints "APPENDS_PER_S REQUESTS LOADGEN_CPU_S
-# MACHINE_BUSY_TICKS".
+# MACHINE_BUSY_TICKS WALL_S" (the machine's ticks over the whole command,
+# against its whole time, as bench-cluster.sh takes them).
 bench() {
-    local m0
+    local m0 t0
     m0=$(machine_ticks)
+    t0=$(date +%s.%N)
     /usr/bin/time -f "%U %S" -o "$work/time" \
         "$bin" bench --addr "$1" --workload "$workload" --pipeline "$pipeline" \
         --duration "$secs" >"$work/bench" 2>&1
     awk -v w="$workload" '$1 == w && $2 ~ /^[0-9]+$/ { print $6, $4 }' "$work/bench" | head -n 1 |
         tr '\n' ' '
     awk '{ printf "%s ", $1 + $2 }' "$work/time"
-    echo $(($(machine_ticks) - m0))
+    echo "$(($(machine_ticks) - m0)) $(python3 -c "print($(date +%s.%N) - $t0)")"
 }
 
 # stop PID: ends one setup (its children with it) before the next starts.
@@ -70,13 +72,13 @@ for run in $(seq 1 "$runs"); do
         sleep 0.1
     done
     before=$(cpu_ticks "$single")
-    read -r rate requests loadgen machine <<<"$(bench 127.0.0.1:7601)"
+    read -r rate requests loadgen machine wall <<<"$(bench 127.0.0.1:7601)"
     used=$(($(cpu_ticks "$single") - before))
     stop "$single"
     awk -v r="$rate" -v n="$requests" -v u="$used" -v t="$tck" -v s="$secs" -v l="$loadgen" \
-        -v m="$machine" -v c="$cpus" \
+        -v m="$machine" -v c="$cpus" -v w="$wall" \
         'BEGIN { printf "%-7s %-10s %-12.2f %-40s %-14.2f %-22.2f %-14s %.1fk/s\n", "single", r,
-                 u / t / n * 1e6, "", u / t / s, l / s, sprintf("%.0f%%", m / t / s / c * 100),
+                 u / t / n * 1e6, "", u / t / s, l / s, sprintf("%.0f%%", m / t / w / c * 100),
                  c / (m / t / n) / 1e3 }'
 
     start_group 7611 "$work/cluster"
@@ -94,7 +96,7 @@ for run in $(seq 1 "$runs"); do
     for p in "${nodes[@]}"; do start[$p]=$(cpu_ticks "$p"); done
     thread_kind_ticks "${nodes[0]}" >"$work/leader.before"
     thread_kind_ticks "${nodes[@]:1}" >"$work/followers.before"
-    read -r rate requests loadgen machine <<<"$(bench 127.0.0.1:7611)"
+    read -r rate requests loadgen machine wall <<<"$(bench 127.0.0.1:7611)"
     thread_kind_ticks "${nodes[0]}" >"$work/leader.after"
     thread_kind_ticks "${nodes[@]:1}" >"$work/followers.after"
     per=""
@@ -106,11 +108,11 @@ for run in $(seq 1 "$runs"); do
     done
     stop "$group"
     awk -v r="$rate" -v n="$requests" -v u="$total" -v per="$per" -v t="$tck" -v s="$secs" \
-        -v l="$loadgen" -v m="$machine" -v c="$cpus" \
+        -v l="$loadgen" -v m="$machine" -v c="$cpus" -v w="$wall" \
         'BEGIN { k = split(per, q, " "); o = "";
                  for (i = 1; i <= k; i++) o = o sprintf("%s%.2f", i > 1 ? " / " : "", q[i] / t / n * 1e6);
                  printf "%-7s %-10s %-12.2f %-40s %-14.2f %-22.2f %-14s %.1fk/s\n", "cluster", r,
-                 u / t / n * 1e6, o, u / t / s, l / s, sprintf("%.0f%%", m / t / s / c * 100),
+                 u / t / n * 1e6, o, u / t / s, l / s, sprintf("%.0f%%", m / t / w / c * 100),
                  c / (m / t / n) / 1e3 }'
     # By kind of thread, CPU s per M (the followers' together).
     for who in leader followers; do
