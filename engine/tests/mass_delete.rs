@@ -105,7 +105,8 @@ fn deleting_every_stream_at_once_reads_each_footer_about_once() {
 /// merged (one waiting trim per stream, followed before or after the
 /// seals around them), remove no segment with a live record: every record
 /// at or past its stream's start reads back byte for byte, before and
-/// after a reopen, and none below it does.
+/// after a reopen, and none below it does; and the segments with none are
+/// removed.
 #[test]
 fn merged_trims_remove_only_segments_without_live_records() {
     const N: usize = 40;
@@ -149,6 +150,14 @@ fn merged_trims_remove_only_segments_without_live_records() {
         }
     });
     log.collect_garbage();
+    // The first third of the segments written hold no live record (every
+    // stream's start is at least a third of the way): they are gone.
+    let left = log.segments();
+    let (first, last) = (left[0], left[left.len() - 1]);
+    assert!(
+        first * 4 > last,
+        "segments {first}..={last} left: the dead first third was not removed"
+    );
     let check = |log: &Log| {
         for i in 0..N {
             let mut from = end(i);
