@@ -255,16 +255,22 @@ impl Views {
     }
 }
 
+/// The open-segment index entries of one advance: one inline (an append's),
+/// more on the heap once advances are folded.
+pub(crate) type OpenEntries = smallvec::SmallVec<[OpenEntry; 1]>;
+
 /// What becomes visible once a batch is durable.
 pub(crate) enum Effect {
-    /// A stream's new durable state, and the entry an append added.
+    /// A stream's new durable state, and the entries its appends added
+    /// (one per append; several once advances of one batch are folded,
+    /// see `absorb`).
     Advance {
         view: Arc<StreamView>,
         highest: u64,
         next: u64,
         start: u64,
         total_bytes: u64,
-        entry: Option<OpenEntry>,
+        entries: OpenEntries,
     },
     /// A segment's footer is durable: these streams find their records
     /// there now, up to the given end offsets. Garbage collection counts
@@ -294,16 +300,14 @@ impl Durable for Effect {
                 next,
                 start,
                 total_bytes,
-                entry,
+                entries,
             } => {
                 view.highest.fetch_max(highest, Ordering::AcqRel);
                 view.total_bytes.fetch_max(total_bytes, Ordering::AcqRel);
                 let old_start = view.start.fetch_max(start, Ordering::AcqRel);
-                if entry.is_some() || start > old_start {
+                if !entries.is_empty() || start > old_start {
                     let mut ix = view.index.write();
-                    if let Some(e) = entry {
-                        ix.open.push_back(e);
-                    }
+                    ix.open.extend(entries);
                     if start > old_start {
                         ix.drop_below(start);
                     }
@@ -340,5 +344,170 @@ impl Durable for Effect {
                 }
             }
         }
+    }
+
+    /// An append's advance takes in the next advance of the same stream
+    /// with the same start: every field of the stream's view only rises
+    /// (`fetch_max`), so the higher of each is what the two in turn leave,
+    /// and the later one's entries go after the earlier one's, as they
+    /// would. One lock of the stream's index and one lock-prefixed update of
+    /// each field then serve a run of appends to one stream, not each
+    /// append. A trim's advance (no entries) takes nothing in: it may drop
+    /// entries below its start, which must happen before later entries
+    /// come (an entry that starts at the start would drop one more).
+    fn absorb(&mut self, next: Effect) -> Option<Effect> {
+        match (self, next) {
+            (
+                Effect::Advance {
+                    view,
+                    highest,
+                    next,
+                    start,
+                    total_bytes,
+                    entries,
+                },
+                Effect::Advance {
+                    view: later_view,
+                    highest: later_highest,
+                    next: later_next,
+                    start: later_start,
+                    total_bytes: later_total_bytes,
+                    entries: later_entries,
+                },
+            ) if !entries.is_empty() && Arc::ptr_eq(view, &later_view) && *start == later_start => {
+                *highest = (*highest).max(later_highest);
+                *next = (*next).max(later_next);
+                *total_bytes = (*total_bytes).max(later_total_bytes);
+                entries.extend(later_entries);
+                None
+            }
+            (_, later) => Some(later),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// One stream's durable state as readers see it.
+    fn state(v: &StreamView) -> (u64, u64, u64, u64, Vec<OpenEntry>) {
+        (
+            v.highest.load(Ordering::Acquire),
+            v.next.load(Ordering::Acquire),
+            v.start.load(Ordering::Acquire),
+            v.total_bytes.load(Ordering::Acquire),
+            v.index.read().open.iter().copied().collect(),
+        )
+    }
+
+    /// What a stream's serialized state would hand the sync thread: the
+    /// advances of a run of appends and trims, with the numbers each one
+    /// leaves (`Core::advance`).
+    fn advances(views: &[Arc<StreamView>], steps: &[(usize, bool, u8, u8)]) -> Vec<Effect> {
+        let mut s = vec![(0u64, 0u64, 0u64, 0u64); views.len()];
+        let mut position = 0;
+        steps
+            .iter()
+            .map(|&(which, append, n, segment)| {
+                let (highest, next, start, total) = &mut s[which];
+                *highest += u64::from(n % 3);
+                let mut entries = OpenEntries::new();
+                if append {
+                    position += 100;
+                    entries.push(OpenEntry {
+                        segment: u64::from(segment % 2),
+                        entry: IndexEntry {
+                            first_offset: *next,
+                            cum_bytes: *total,
+                            position,
+                        },
+                    });
+                    *next += u64::from(n % 4) + 1;
+                    *total += u64::from(n);
+                } else {
+                    // A trim: to anywhere up to the end, the end included.
+                    *start = (*start).max(*next - u64::from(n) % (*next + 1 - *start));
+                }
+                Effect::Advance {
+                    view: Arc::clone(&views[which]),
+                    highest: *highest,
+                    next: *next,
+                    start: *start,
+                    total_bytes: *total,
+                    entries,
+                }
+            })
+            .collect()
+    }
+
+    fn fresh(n: usize) -> Vec<Arc<StreamView>> {
+        (0..n as u64)
+            .map(|id| Arc::new(StreamView::new(id, Bytes::from(format!("s{id}")))))
+            .collect()
+    }
+
+    proptest! {
+        /// Advances folded as a batch queues them (each offered to the one
+        /// queued last, `Writer::on_durable`) leave every stream as running
+        /// them one by one does: the same numbers and the same open
+        /// entries, in order. Runs of appends to one stream do fold.
+        #[test]
+        fn folded_advances_leave_what_they_leave_one_by_one(
+            steps in proptest::collection::vec((0usize..2, proptest::bool::weighted(0.8), any::<u8>(), any::<u8>()), 1..60),
+            cut in 0usize..60,
+        ) {
+            let (one_by_one, folded) = (fresh(2), fresh(2));
+            // Part of the run made durable first: the views then have
+            // entries and a start of their own when the rest runs.
+            let cut = cut.min(steps.len());
+            for e in advances(&one_by_one, &steps) {
+                e.durable();
+            }
+            let effects = advances(&folded, &steps);
+            let mut batches: [Vec<Effect>; 2] = [Vec::new(), Vec::new()];
+            for (i, e) in effects.into_iter().enumerate() {
+                let queue = &mut batches[usize::from(i >= cut)];
+                let left = match queue.last_mut() {
+                    Some(last) => last.absorb(e),
+                    None => Some(e),
+                };
+                queue.extend(left);
+            }
+            let appends_in_a_row = steps.windows(2).filter(|w| w[0].0 == w[1].0 && w[0].1 && w[1].1).count();
+            prop_assert!(batches[0].len() + batches[1].len() <= steps.len() - appends_in_a_row + 1);
+            for batch in batches {
+                for e in batch {
+                    e.durable();
+                }
+            }
+            for (a, b) in one_by_one.iter().zip(&folded) {
+                prop_assert_eq!(state(a), state(b));
+            }
+        }
+    }
+
+    /// A trim's advance takes in nothing, and nothing of another stream is
+    /// taken in.
+    #[test]
+    fn a_trim_and_another_stream_stay_apart() {
+        let views = fresh(2);
+        // stream 0: append, trim to the end, append at the start; then
+        // stream 1's append, then stream 0's again.
+        let mut e = advances(&views, &[(0, true, 1, 0), (0, false, 0, 0)]);
+        let trim = e.pop().expect("two advances");
+        let mut append = e.pop().expect("two advances");
+        assert!(append.absorb(trim).is_some(), "a trim's start moved");
+        let views = fresh(2);
+        let e = advances(
+            &views,
+            &[(0, false, 0, 0), (0, true, 1, 0), (1, true, 1, 0)],
+        );
+        let mut e = e.into_iter();
+        let (mut trim, append, other) = (e.next().unwrap(), e.next().unwrap(), e.next().unwrap());
+        assert!(trim.absorb(append).is_some(), "a trim takes nothing in");
+        let mut first = advances(&views, &[(0, true, 1, 0)]).pop().unwrap();
+        assert!(first.absorb(other).is_some(), "another stream's");
     }
 }

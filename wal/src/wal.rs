@@ -122,6 +122,19 @@ struct PendingSeal {
 pub trait Durable: Send + 'static {
     /// Called exactly once, on the sync thread, after the sync returned.
     fn durable(self);
+
+    /// Folds `next`, queued for the same batch right after `self`, into
+    /// `self` when running the one effect is the same as running the two in
+    /// turn (both run after the same sync, with nothing between them), and
+    /// gives `None`; otherwise hands `next` back, to run after `self`. A
+    /// batch of many small appends to one stream then runs one effect, not
+    /// one each. Default: never folds.
+    fn absorb(&mut self, next: Self) -> Option<Self>
+    where
+        Self: Sized,
+    {
+        Some(next)
+    }
 }
 
 /// A log that keeps no state of its own: no checkpoints, no footers (raw
@@ -587,7 +600,12 @@ impl<S: Sequencer> Writer<'_, S> {
             // the next batch exist, and it completes after the one in flight.
             self.locked.current_chunk();
         }
-        self.locked.pending.effects.push(effect);
+        let effects = &mut self.locked.pending.effects;
+        let left = match effects.last_mut() {
+            Some(last) => last.absorb(effect),
+            None => Some(effect),
+        };
+        effects.extend(left);
     }
 
     /// A ticket that resolves once everything appended so far is durable.
