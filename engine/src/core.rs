@@ -225,7 +225,7 @@ impl Core {
             next: s.next_offset,
             start: s.start_offset,
             total_bytes: s.total_bytes,
-            entries: entry.into_iter().collect(),
+            entry,
         }
     }
 

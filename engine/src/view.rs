@@ -255,22 +255,16 @@ impl Views {
     }
 }
 
-/// The open-segment index entries of one advance: one inline (an append's),
-/// more on the heap once advances are folded.
-pub(crate) type OpenEntries = smallvec::SmallVec<[OpenEntry; 1]>;
-
 /// What becomes visible once a batch is durable.
 pub(crate) enum Effect {
-    /// A stream's new durable state, and the entries its appends added
-    /// (one per append; several once advances of one batch are folded,
-    /// see `absorb`).
+    /// A stream's new durable state, and the entry an append added.
     Advance {
         view: Arc<StreamView>,
         highest: u64,
         next: u64,
         start: u64,
         total_bytes: u64,
-        entries: OpenEntries,
+        entry: Option<OpenEntry>,
     },
     /// A segment's footer is durable: these streams find their records
     /// there now, up to the given end offsets. Garbage collection counts
@@ -300,26 +294,8 @@ impl Durable for Effect {
                 next,
                 start,
                 total_bytes,
-                entries,
-            } => {
-                view.highest.fetch_max(highest, Ordering::AcqRel);
-                view.total_bytes.fetch_max(total_bytes, Ordering::AcqRel);
-                let old_start = view.start.fetch_max(start, Ordering::AcqRel);
-                if !entries.is_empty() || start > old_start {
-                    let mut ix = view.index.write();
-                    ix.open.extend(entries);
-                    if start > old_start {
-                        ix.drop_below(start);
-                    }
-                }
-                let old_next = view.next.fetch_max(next, Ordering::AcqRel);
-                if next > old_next {
-                    std::sync::atomic::fence(Ordering::SeqCst);
-                    if view.watched.load(Ordering::Acquire) {
-                        view.grown.notify(usize::MAX);
-                    }
-                }
-            }
+                entry,
+            } => advance(&view, [highest, next, start, total_bytes], entry, || None),
             Effect::Sealed {
                 segment,
                 streams,
@@ -346,42 +322,96 @@ impl Durable for Effect {
         }
     }
 
-    /// An append's advance takes in the next advance of the same stream
-    /// with the same start: every field of the stream's view only rises
-    /// (`fetch_max`), so the higher of each is what the two in turn leave,
-    /// and the later one's entries go after the earlier one's, as they
-    /// would. One lock of the stream's index and one lock-prefixed update of
-    /// each field then serve a run of appends to one stream, not each
-    /// append. A trim's advance (no entries) takes nothing in: it may drop
-    /// entries below its start, which must happen before later entries
-    /// come (an entry that starts at the start would drop one more).
-    fn absorb(&mut self, next: Effect) -> Option<Effect> {
-        match (self, next) {
-            (
-                Effect::Advance {
-                    view,
-                    highest,
-                    next,
-                    start,
-                    total_bytes,
-                    entries,
+    /// A row of appends' advances of one stream with one start (a client's
+    /// pipeline) runs as one: every number of the stream's view only rises
+    /// (`fetch_max`), so the highest of each is what the row in turn
+    /// leaves, and the row's index entries go in, in order, under one
+    /// lock. One lock of the index and one lock-prefixed update of each
+    /// number serve the row instead of each append. Only appends (an
+    /// entry each) join a row: a trim's advance may drop entries below its
+    /// start, which must happen before later entries come.
+    fn durable_all(effects: Vec<Effect>) {
+        let mut effects = effects.into_iter().peekable();
+        while let Some(effect) = effects.next() {
+            let Effect::Advance {
+                view,
+                highest,
+                next,
+                start,
+                total_bytes,
+                entry: entry @ Some(_),
+            } = effect
+            else {
+                effect.durable();
+                continue;
+            };
+            // The next advance, if it is an append's of this stream with
+            // this start: its numbers and its entry.
+            let more = || match effects.peek() {
+                Some(Effect::Advance {
+                    view: v,
+                    start: s,
+                    entry: Some(_),
+                    ..
+                }) if Arc::ptr_eq(v, &view) && *s == start => match effects.next() {
+                    Some(Effect::Advance {
+                        highest,
+                        next,
+                        total_bytes,
+                        entry: Some(e),
+                        ..
+                    }) => Some(([highest, next, total_bytes], e)),
+                    _ => None,
                 },
-                Effect::Advance {
-                    view: later_view,
-                    highest: later_highest,
-                    next: later_next,
-                    start: later_start,
-                    total_bytes: later_total_bytes,
-                    entries: later_entries,
-                },
-            ) if !entries.is_empty() && Arc::ptr_eq(view, &later_view) && *start == later_start => {
-                *highest = (*highest).max(later_highest);
-                *next = (*next).max(later_next);
-                *total_bytes = (*total_bytes).max(later_total_bytes);
-                entries.extend(later_entries);
-                None
+                _ => None,
+            };
+            advance(&view, [highest, next, start, total_bytes], entry, more);
+        }
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// How often this thread took a stream's index lock to advance it.
+    static INDEX_LOCKS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Makes a stream's new numbers (`[highest, next, start, total_bytes]`)
+/// and index entry visible to readers, with those of the appends `more`
+/// hands out (`[highest, next, total_bytes]` and the entry: a row of
+/// appends at the same start), the entries before `next` moves, since a
+/// reader that sees `next` looks them up.
+fn advance(
+    view: &StreamView,
+    [mut highest, mut next, start, mut total_bytes]: [u64; 4],
+    entry: Option<OpenEntry>,
+    mut more: impl FnMut() -> Option<([u64; 3], OpenEntry)>,
+) {
+    let old_start = view.start.fetch_max(start, Ordering::AcqRel);
+    if entry.is_some() || start > old_start {
+        let mut ix = view.index.write();
+        #[cfg(test)]
+        INDEX_LOCKS.with(|n| n.set(n.get() + 1));
+        if let Some(e) = entry {
+            ix.open.push_back(e);
+            while let Some(([h, n, t], e)) = more() {
+                ix.open.push_back(e);
+                highest = highest.max(h);
+                next = next.max(n);
+                total_bytes = total_bytes.max(t);
             }
-            (_, later) => Some(later),
+        }
+        if start > old_start {
+            ix.drop_below(start);
+        }
+    }
+    view.highest.fetch_max(highest, Ordering::AcqRel);
+    view.total_bytes.fetch_max(total_bytes, Ordering::AcqRel);
+    let old_next = view.next.fetch_max(next, Ordering::AcqRel);
+    if next > old_next {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if view.watched.load(Ordering::Acquire) {
+            view.grown.notify(usize::MAX);
         }
     }
 }
@@ -402,9 +432,11 @@ mod tests {
         )
     }
 
-    /// What a stream's serialized state would hand the sync thread: the
-    /// advances of a run of appends and trims, with the numbers each one
-    /// leaves (`Core::advance`).
+    /// What the serialized section would hand the sync thread for a run
+    /// of appends and trims (`steps`: stream, append or trim, a number
+    /// that picks the token's rise, the records and the trim's place, and
+    /// the segment): the advances, with the numbers each one leaves
+    /// (`Core::advance`).
     fn advances(views: &[Arc<StreamView>], steps: &[(usize, bool, u8, u8)]) -> Vec<Effect> {
         let mut s = vec![(0u64, 0u64, 0u64, 0u64); views.len()];
         let mut position = 0;
@@ -413,10 +445,10 @@ mod tests {
             .map(|&(which, append, n, segment)| {
                 let (highest, next, start, total) = &mut s[which];
                 *highest += u64::from(n % 3);
-                let mut entries = OpenEntries::new();
+                let mut entry = None;
                 if append {
                     position += 100;
-                    entries.push(OpenEntry {
+                    entry = Some(OpenEntry {
                         segment: u64::from(segment % 2),
                         entry: IndexEntry {
                             first_offset: *next,
@@ -436,7 +468,7 @@ mod tests {
                     next: *next,
                     start: *start,
                     total_bytes: *total,
-                    entries,
+                    entry,
                 }
             })
             .collect()
@@ -449,65 +481,83 @@ mod tests {
     }
 
     proptest! {
-        /// Advances folded as a batch queues them (each offered to the one
-        /// queued last, `Writer::on_durable`) leave every stream as running
-        /// them one by one does: the same numbers and the same open
-        /// entries, in order. Runs of appends to one stream do fold.
+        /// A batch's advances run together (`durable_all`) leave every
+        /// stream as running them one by one does: the same numbers and
+        /// the same open entries, in order, whatever the mix of appends
+        /// and trims of two streams and wherever the batches split.
         #[test]
-        fn folded_advances_leave_what_they_leave_one_by_one(
+        fn a_batch_run_together_leaves_what_one_by_one_leaves(
             steps in proptest::collection::vec((0usize..2, proptest::bool::weighted(0.8), any::<u8>(), any::<u8>()), 1..60),
             cut in 0usize..60,
         ) {
-            let (one_by_one, folded) = (fresh(2), fresh(2));
-            // Part of the run made durable first: the views then have
-            // entries and a start of their own when the rest runs.
-            let cut = cut.min(steps.len());
+            let (one_by_one, together) = (fresh(2), fresh(2));
             for e in advances(&one_by_one, &steps) {
                 e.durable();
             }
-            let effects = advances(&folded, &steps);
-            let mut batches: [Vec<Effect>; 2] = [Vec::new(), Vec::new()];
-            for (i, e) in effects.into_iter().enumerate() {
-                let queue = &mut batches[usize::from(i >= cut)];
-                let left = match queue.last_mut() {
-                    Some(last) => last.absorb(e),
-                    None => Some(e),
-                };
-                queue.extend(left);
-            }
-            let appends_in_a_row = steps.windows(2).filter(|w| w[0].0 == w[1].0 && w[0].1 && w[1].1).count();
-            prop_assert!(batches[0].len() + batches[1].len() <= steps.len() - appends_in_a_row + 1);
-            for batch in batches {
-                for e in batch {
-                    e.durable();
-                }
-            }
-            for (a, b) in one_by_one.iter().zip(&folded) {
+            // Two batches: the views have entries and a start of their own
+            // when the second runs.
+            let mut first = advances(&together, &steps);
+            let second = first.split_off(cut.min(steps.len()));
+            Effect::durable_all(first);
+            Effect::durable_all(second);
+            for (a, b) in one_by_one.iter().zip(&together) {
                 prop_assert_eq!(state(a), state(b));
             }
         }
     }
 
-    /// A trim's advance takes in nothing, and nothing of another stream is
-    /// taken in.
+    /// A row of appends to one stream takes its index lock once; a trim
+    /// or another stream ends the row.
     #[test]
-    fn a_trim_and_another_stream_stay_apart() {
+    fn a_row_of_appends_takes_the_index_lock_once() {
         let views = fresh(2);
-        // stream 0: append, trim to the end, append at the start; then
-        // stream 1's append, then stream 0's again.
-        let mut e = advances(&views, &[(0, true, 1, 0), (0, false, 0, 0)]);
-        let trim = e.pop().expect("two advances");
-        let mut append = e.pop().expect("two advances");
-        assert!(append.absorb(trim).is_some(), "a trim's start moved");
-        let views = fresh(2);
-        let e = advances(
-            &views,
-            &[(0, false, 0, 0), (0, true, 1, 0), (1, true, 1, 0)],
-        );
-        let mut e = e.into_iter();
-        let (mut trim, append, other) = (e.next().unwrap(), e.next().unwrap(), e.next().unwrap());
-        assert!(trim.absorb(append).is_some(), "a trim takes nothing in");
-        let mut first = advances(&views, &[(0, true, 1, 0)]).pop().unwrap();
-        assert!(first.absorb(other).is_some(), "another stream's");
+        let steps = [
+            (0, true, 1, 0),
+            (0, true, 1, 0),
+            (0, true, 1, 0),
+            (1, true, 1, 0),
+            (0, false, 0, 0),
+            (0, true, 1, 0),
+            (0, true, 1, 0),
+        ];
+        INDEX_LOCKS.with(|n| n.set(0));
+        Effect::durable_all(advances(&views, &steps));
+        // The row of three, stream 1's append, the trim (its start moved),
+        // the row of two.
+        assert_eq!(INDEX_LOCKS.with(std::cell::Cell::get), 4);
+        // Two records an append; the trim to the end (6) left the last
+        // entry below it, then came entries at 6 and 8.
+        let firsts: Vec<u64> = views[0]
+            .index
+            .read()
+            .open
+            .iter()
+            .map(|e| e.entry.first_offset)
+            .collect();
+        assert_eq!(firsts, [4, 6, 8]);
+        assert_eq!(views[0].next.load(Ordering::Acquire), 10);
+    }
+
+    /// Appends' advances that carry different starts do not run as one
+    /// row (the serialized section makes none without a trim's advance
+    /// between them, but a row that ignored the start would keep entries
+    /// the later start drops).
+    #[test]
+    fn appends_with_another_start_run_apart() {
+        let (one_by_one, together) = (fresh(1), fresh(1));
+        let make = |views: &[Arc<StreamView>]| {
+            let mut e = advances(views, &[(0, true, 1, 0), (0, true, 1, 0)]);
+            if let Some(Effect::Advance { start, .. }) = e.last_mut() {
+                *start = 2;
+            }
+            e
+        };
+        for e in make(&one_by_one) {
+            e.durable();
+        }
+        INDEX_LOCKS.with(|n| n.set(0));
+        Effect::durable_all(make(&together));
+        assert_eq!(INDEX_LOCKS.with(std::cell::Cell::get), 2);
+        assert_eq!(state(&one_by_one[0]), state(&together[0]));
     }
 }

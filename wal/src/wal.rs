@@ -120,20 +120,22 @@ struct PendingSeal {
 
 /// An effect of a batch, applied once the batch is durable.
 pub trait Durable: Send + 'static {
-    /// Called exactly once, on the sync thread, after the sync returned.
+    /// Called exactly once, on the sync thread, after the sync returned
+    /// (or at once, where everything appended is durable already).
     fn durable(self);
 
-    /// Folds `next`, queued for the same batch right after `self`, into
-    /// `self` when running the one effect is the same as running the two in
-    /// turn (both run after the same sync, with nothing between them), and
-    /// gives `None`; otherwise hands `next` back, to run after `self`. A
-    /// batch of many small appends to one stream then runs one effect, not
-    /// one each. Default: never folds.
-    fn absorb(&mut self, next: Self) -> Option<Self>
+    /// Runs the effects of one batch, in the order they were queued, each
+    /// exactly once, on the sync thread after the sync returned. The
+    /// default runs each on its own; a layer may run a row of its effects
+    /// together where that leaves what running them in turn would (the
+    /// engine: a client's pipeline of appends to one stream).
+    fn durable_all(effects: Vec<Self>)
     where
         Self: Sized,
     {
-        Some(next)
+        for effect in effects {
+            effect.durable();
+        }
     }
 }
 
@@ -600,12 +602,7 @@ impl<S: Sequencer> Writer<'_, S> {
             // the next batch exist, and it completes after the one in flight.
             self.locked.current_chunk();
         }
-        let effects = &mut self.locked.pending.effects;
-        let left = match effects.last_mut() {
-            Some(last) => last.absorb(effect),
-            None => Some(effect),
-        };
-        effects.extend(left);
+        self.locked.pending.effects.push(effect);
     }
 
     /// A ticket that resolves once everything appended so far is durable.
@@ -1773,9 +1770,7 @@ impl<S: Sequencer> Shared<S> {
                 } else {
                     0
                 };
-                for effect in effects {
-                    effect.durable();
-                }
+                S::Effect::durable_all(effects);
                 batch.complete();
                 self.recycle(chunks);
                 self.maybe_request_next(fs);

@@ -1,7 +1,6 @@
-//! Effects queued for one batch are offered to the one queued before them
-//! ([`Durable::absorb`]); what is folded runs once, what is handed back runs
-//! after, in the order queued, and nothing is folded across batches or into
-//! an effect that already ran.
+//! A batch's effects reach the layer above together, in the order queued
+//! ([`Durable::durable_all`], which may run a row of them as one); an
+//! effect queued when everything is durable already runs at once, alone.
 
 use std::sync::{Arc, Mutex};
 
@@ -9,92 +8,97 @@ use fencelog_wal::{
     Durable, FooterPayload, FsStorage, Replay, Sequencer, Storage, Wal, WalError, WalOptions,
 };
 
-/// Numbers `from..=to`, run as one effect; the next number folds in.
-struct Run {
-    from: u32,
-    to: u32,
-    ran: Arc<Mutex<Vec<(u32, u32)>>>,
+/// What ran: each call, with the numbers of the effects it ran.
+type Calls = Arc<Mutex<Vec<(&'static str, Vec<u32>)>>>;
+
+struct Numbered {
+    n: u32,
+    calls: Calls,
 }
 
-impl Durable for Run {
+impl Durable for Numbered {
     fn durable(self) {
-        self.ran
+        self.calls
             .lock()
-            .expect("the runs' lock")
-            .push((self.from, self.to));
+            .expect("the calls' lock")
+            .push(("alone", vec![self.n]));
     }
 
-    fn absorb(&mut self, next: Run) -> Option<Run> {
-        if next.from == self.to + 1 {
-            self.to = next.to;
-            None
-        } else {
-            Some(next)
-        }
+    fn durable_all(effects: Vec<Numbered>) {
+        let Some(first) = effects.first() else {
+            return;
+        };
+        let calls = Arc::clone(&first.calls);
+        let numbers = effects.iter().map(|e| e.n).collect();
+        calls
+            .lock()
+            .expect("the calls' lock")
+            .push(("together", numbers));
     }
 }
 
-struct Runs;
+struct Numbers;
 
-impl Sequencer for Runs {
-    type Effect = Run;
+impl Sequencer for Numbers {
+    type Effect = Numbered;
 
     fn checkpoint(&mut self, _segment: u64, _since: u64) -> Option<Vec<u8>> {
         Some(Vec::new())
     }
 
-    fn seal(&mut self, _segment: u64) -> (FooterPayload, Option<Run>) {
+    fn seal(&mut self, _segment: u64) -> (FooterPayload, Option<Numbered>) {
         (Vec::new().into(), None)
     }
 }
 
-fn open(dir: &std::path::Path) -> Wal<Runs> {
-    let storage: Arc<dyn Storage> = Arc::new(FsStorage);
-    let build = |_replay: Replay<'_>| Ok::<_, WalError>(Runs);
-    Wal::open(storage, dir, WalOptions::default(), build)
-        .expect("open")
-        .0
-}
-
 #[test]
-fn effects_of_one_batch_fold_into_the_one_before_and_run_in_order() {
+fn a_batch_s_effects_run_together_in_order_and_a_late_one_alone() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let wal = open(dir.path());
-    let ran = Arc::new(Mutex::new(Vec::new()));
-    let run = |from, to| Run {
-        from,
-        to,
-        ran: Arc::clone(&ran),
+    let storage: Arc<dyn Storage> = Arc::new(FsStorage);
+    let build = |_replay: Replay<'_>| Ok::<_, WalError>(Numbers);
+    let wal = Wal::open(storage, dir.path(), WalOptions::default(), build)
+        .expect("open")
+        .0;
+    let calls: Calls = Arc::default();
+    let effect = |n| Numbered {
+        n,
+        calls: Arc::clone(&calls),
     };
-    // One submit: one batch. 1..=5 fold into one; 7 does not follow 5, so
-    // it runs after, with 8 folded into it.
+    // One submit: one batch, its effects handed over in one call.
     let ticket = wal
         .submit(|w| {
-            for n in [1, 2, 3, 4, 5, 7, 8] {
+            for n in [3, 1, 2] {
                 w.append(1, |b| b[0] = n as u8)?;
-                w.on_durable(run(n, n));
+                w.on_durable(effect(n));
             }
             Ok::<_, WalError>(w.ticket())
         })
         .expect("submit")
         .expect("append");
     ticket.wait().expect("durable");
-    assert_eq!(*ran.lock().expect("lock"), vec![(1, 5), (7, 8)]);
+    assert_eq!(
+        *calls.lock().expect("lock"),
+        vec![("together", vec![3, 1, 2])]
+    );
 
-    // Everything appended is durable: 9 runs at once, and 10 (in the next
-    // batch) finds no effect queued to fold into, though 9 would take it.
+    // Everything appended is durable: 4 runs at once, alone; 5 waits for
+    // its batch.
     let ticket = wal
         .submit(|w| {
-            w.on_durable(run(9, 9));
-            w.append(1, |b| b[0] = 10)?;
-            w.on_durable(run(10, 10));
+            w.on_durable(effect(4));
+            w.append(1, |b| b[0] = 5)?;
+            w.on_durable(effect(5));
             Ok::<_, WalError>(w.ticket())
         })
         .expect("submit")
         .expect("append");
     ticket.wait().expect("durable");
     assert_eq!(
-        *ran.lock().expect("lock"),
-        vec![(1, 5), (7, 8), (9, 9), (10, 10)]
+        *calls.lock().expect("lock"),
+        vec![
+            ("together", vec![3, 1, 2]),
+            ("alone", vec![4]),
+            ("together", vec![5]),
+        ]
     );
 }
