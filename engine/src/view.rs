@@ -347,23 +347,21 @@ impl Durable for Effect {
             };
             // The next advance, if it is an append's of this stream with
             // this start: its numbers and its entry.
-            let more = || match effects.peek() {
-                Some(Effect::Advance {
-                    view: v,
-                    start: s,
-                    entry: Some(_),
-                    ..
-                }) if Arc::ptr_eq(v, &view) && *s == start => match effects.next() {
-                    Some(Effect::Advance {
+            let more = || {
+                let joins = |e: &Effect| {
+                    matches!(e, Effect::Advance { view: v, start: s, entry: Some(_), .. }
+                        if Arc::ptr_eq(v, &view) && *s == start)
+                };
+                match effects.next_if(joins)? {
+                    Effect::Advance {
                         highest,
                         next,
                         total_bytes,
                         entry: Some(e),
                         ..
-                    }) => Some(([highest, next, total_bytes], e)),
+                    } => Some(([highest, next, total_bytes], e)),
                     _ => None,
-                },
-                _ => None,
+                }
             };
             advance(&view, [highest, next, start, total_bytes], entry, more);
         }
