@@ -12,7 +12,7 @@ use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use fencelog::{Command, Log, LogPosition, Options};
+use fencelog::{Command, Log, LogPosition, Options, Proposal};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{
     AnyError, Entry, EntryPayload, LogId, RaftSnapshotBuilder, SnapshotMeta, StorageError,
@@ -21,7 +21,7 @@ use openraft::{
 use parking_lot::RwLock;
 
 use crate::snapshot::{self, SnapshotFile, Store};
-use crate::types::{Commands, Member, NodeId, Response, Responses, TypeConfig};
+use crate::types::{Member, NodeId, Response, Responses, TypeConfig};
 
 /// The current engine, shared with readers (the server reads from it).
 #[derive(Clone)]
@@ -382,53 +382,56 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // applied already (before a crash) is not applied again.
         let done = log.applied().map_or(0, |p| p.index);
         // The commands of an entry are borrowed, not copied: the entry
-        // (a clone of the log's) shares them; a leader's own entry, the
-        // commands it was given.
+        // (a clone of the log's) holds its bytes, and a follower's appends
+        // are read from them in place; a leader's own entry, the commands
+        // it was given (held here while the batch borrows them).
         let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
-        let commands: Vec<Option<Commands<'_>>> = entries
+        let given: Vec<Option<Arc<Vec<Command>>>> = entries
             .iter()
             .map(|e| match &e.payload {
-                EntryPayload::Normal(req) => Some(req.commands()),
+                EntryPayload::Normal(req) => req.given(),
                 _ => None,
             })
             .collect();
-        // Sized once: an entry may hold thousands of writes.
-        let writes = commands
-            .iter()
-            .map(|c| c.as_ref().map_or(1, |c| c.len().max(1)));
-        let mut batch: Vec<(LogPosition, u64, Cow<'_, Command>)> = Vec::with_capacity(writes.sum());
+        // Sized once, and refilled per entry: an entry may hold thousands
+        // of writes.
+        let mut batch: Vec<(LogPosition, u64, Proposal<'_>)> = Vec::new();
+        let mut read: Vec<Proposal<'_>> = Vec::new();
         let mut last_entry: Option<u64> = None;
         // Per entry: per write, its place in `batch` or the answer it has.
         let mut shape: Vec<Vec<Result<usize, Response>>> = Vec::with_capacity(entries.len());
-        for (entry, commands) in entries.iter().zip(&commands) {
+        for (entry, given) in entries.iter().zip(&given) {
             // Entries come in log order, each once.
             debug_assert!(last_entry.is_none_or(|l| l < entry.log_id.index));
             last_entry = Some(entry.log_id.index);
-            // An entry holds its commands (`shared`), or stands for one
-            // made here (`own`).
-            let (time_ms, own, shared): (u64, Option<Command>, &[Command]) = match &entry.payload {
+            read.clear();
+            // An entry holds its commands (`read`), or stands for one made
+            // here (`own`).
+            let (time_ms, own): (u64, Option<Command>) = match &entry.payload {
                 // A new leader's first entry (openraft's): only a position.
                 // The take-over of the leases is the leader's own first
                 // entry (`Command::TakeOver`), stamped with the group's
                 // clock as the leader carries it on.
-                EntryPayload::Blank => (0, Some(Command::Blank), &[]),
+                EntryPayload::Blank => (0, Some(Command::Blank)),
                 // A command the entry could not carry is a
                 // `Command::Refused`: decided alike on every replica.
-                EntryPayload::Normal(req) => match commands.as_deref() {
-                    Some(cmds) if !cmds.is_empty() => (req.time_ms, None, cmds),
-                    _ => (req.time_ms, Some(Command::Blank), &[]),
-                },
+                EntryPayload::Normal(req) => {
+                    req.proposals(given.as_deref().map(Vec::as_slice), &mut read);
+                    let own = read.is_empty().then_some(Command::Blank);
+                    (req.time_ms, own)
+                }
                 EntryPayload::Membership(m) => {
                     let stored = StoredMembership::new(Some(entry.log_id), m.clone());
                     let bytes = crate::codec::MEMBERSHIP.encode(&stored).map_err(sm_err)?;
-                    (0, Some(Command::Membership(bytes.into())), &[])
+                    (0, Some(Command::Membership(bytes.into())))
                 }
             };
-            let count = shared.len() + usize::from(own.is_some());
+            let count = read.len() + usize::from(own.is_some());
+            batch.reserve(count);
             let cmds = own
                 .into_iter()
-                .map(Cow::Owned)
-                .chain(shared.iter().map(Cow::Borrowed));
+                .map(|c| Proposal::Command(Cow::Owned(c)))
+                .chain(read.drain(..));
             let mut answers = Vec::with_capacity(count);
             for (sub, cmd) in cmds.enumerate() {
                 let at = position(&entry.log_id, sub, count);
@@ -446,7 +449,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // Decided in order, written out together: one write for the batch.
         let applied = log.apply_replicated_many(&batch).await.map_err(sm_err)?;
         drop(batch);
-        drop(commands);
+        drop(read);
+        drop(given);
         // A leader's commands as given go now, and the client buffers
         // their payloads are slices of with them.
         for entry in &entries {

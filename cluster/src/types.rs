@@ -2,12 +2,13 @@
 //! the proposing leader's clock), their answers, and the Raft type
 //! configuration.
 
+use std::borrow::Cow;
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
 use bytes::Bytes;
-use fencelog::{Applied, Command, Error};
+use fencelog::{Applied, Command, Error, Proposal};
 use serde::{Deserialize, Serialize};
 
 openraft::declare_raft_types!(
@@ -208,13 +209,16 @@ impl Request {
     }
 
     /// A request read from `encoded` (its commands' encoding), which it
-    /// keeps: its payloads are slices of it, and it is what the request
-    /// writes again.
+    /// keeps: it is what the request writes again, and what its commands
+    /// are read from when applied. Checked here (bytes that do not decode
+    /// are refused, as they always were), decoded only if asked for
+    /// ([`Request::cmds`]): a replica applies its appends in place
+    /// ([`Request::proposals`]).
     fn read_from(time_ms: u64, encoded: Bytes) -> Result<Request, fencelog::CommandDecodeError> {
-        let cmds = Command::decode_all(&encoded)?;
+        Proposal::read_each(&encoded, drop)?;
         Ok(Request {
             time_ms,
-            body: Arc::new(Body::new(OnceLock::from(cmds), OnceLock::from(encoded))),
+            body: Arc::new(Body::new(OnceLock::new(), OnceLock::from(encoded))),
         })
     }
 
@@ -226,6 +230,35 @@ impl Request {
         match given {
             Some(given) => Commands::Given(given),
             None => Commands::Decoded(self.cmds()),
+        }
+    }
+
+    /// The commands its leader was given, while it holds them (what the
+    /// leader decides: [`Request::proposals`]).
+    pub(crate) fn given(&self) -> Option<Arc<Vec<Command>>> {
+        self.body.given.lock().clone()
+    }
+
+    /// Pushes what to decide when the entry is applied onto `out`, in
+    /// order: `given` (this request's [`Request::given`], which the caller
+    /// holds for as long as `out`), else the commands already decoded,
+    /// else each read from the encoding, appends in place. An encoding
+    /// that does not decode (never one read from bytes: those are checked)
+    /// pushes nothing, as [`Request::cmds`] answers none.
+    pub(crate) fn proposals<'a>(
+        &'a self,
+        given: Option<&'a [Command]>,
+        out: &mut Vec<Proposal<'a>>,
+    ) {
+        let held = given.or_else(|| self.body.cmds.get().map(Vec::as_slice));
+        if let Some(cmds) = held {
+            out.extend(cmds.iter().map(|c| Proposal::Command(Cow::Borrowed(c))));
+            return;
+        }
+        let before = out.len();
+        if let Err(e) = Proposal::read_each(self.encoded(), |p| out.push(p)) {
+            tracing::error!(error = %e, "a request does not decode");
+            out.truncate(before);
         }
     }
 
@@ -556,6 +589,73 @@ mod tests {
         let unencoded = Request::new(7, vec![append(1, b"a"), append(2, b"bc")]);
         assert_eq!(unencoded, back);
         assert_ne!(Request::new(8, req.cmds().to_vec()), req);
+    }
+
+    #[test]
+    fn a_request_read_from_bytes_is_checked_and_its_appends_applied_in_place() {
+        let append = |n: u64, payload: &'static [u8]| {
+            Command::Write(fencelog::TxOp::Append {
+                stream: Bytes::from_static(b"s"),
+                token: fencelog::Token::new(n).unwrap(),
+                payloads: vec![Bytes::from_static(payload)],
+            })
+        };
+        let fence = Command::Write(fencelog::TxOp::Fence {
+            stream: Bytes::from_static(b"s"),
+            token: fencelog::Token::new(3).unwrap(),
+        });
+        let cmds = vec![append(1, b"a"), fence.clone(), append(2, b"bc")];
+        let written = bincode::serialize(&Request::new(7, cmds.clone())).unwrap();
+        let back: Request = bincode::deserialize(&written).unwrap();
+        // Checked when read, decoded only when asked.
+        assert!(back.body.cmds.get().is_none());
+        let mut read = Vec::new();
+        back.proposals(None, &mut read);
+        assert!(back.body.cmds.get().is_none());
+        let own = back.encoded().as_ptr_range();
+        let [
+            Proposal::Append(a),
+            Proposal::Command(f),
+            Proposal::Append(b),
+        ] = &read[..]
+        else {
+            panic!("{read:?}")
+        };
+        assert_eq!(**f, fence);
+        for append in [a, b] {
+            assert!(own.contains(&append.stream().as_ptr()));
+            assert!(append.payloads().all(|p| own.contains(&p.as_ptr())));
+        }
+        let as_read: Vec<Command> = read.iter().map(Proposal::to_command).collect();
+        assert_eq!(as_read, cmds);
+        assert_eq!(back.cmds(), cmds);
+        // Once decoded, those are what apply borrows.
+        read.clear();
+        back.proposals(None, &mut read);
+        assert!(matches!(
+            &read[..],
+            [Proposal::Command(Cow::Borrowed(_)), ..]
+        ));
+
+        // Bytes that do not decode are refused when read, as before: here
+        // a count of commands the bytes cannot hold.
+        let mut broken = written.clone();
+        broken[17..21].copy_from_slice(&u32::MAX.to_le_bytes());
+        let refused = bincode::deserialize::<Request>(&broken).unwrap_err();
+        assert!(
+            refused.to_string().contains("commands claimed"),
+            "{refused}"
+        );
+
+        // A leader's own entry: the commands it was given, borrowed.
+        let packed = Request::packed(7, cmds.clone());
+        let given = packed.given().expect("given until applied");
+        read.clear();
+        packed.proposals(Some(&given), &mut read);
+        let Proposal::Command(Cow::Borrowed(first)) = &read[0] else {
+            panic!("{read:?}")
+        };
+        assert!(std::ptr::eq(*first, &given[0]));
     }
 
     #[test]

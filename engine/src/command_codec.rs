@@ -40,7 +40,7 @@ use crate::replicated::{Command, GroupLimits, Refusal};
 use crate::token::{Token, check_stream_name};
 use crate::tx::TxOp;
 
-const APPEND: u8 = 13;
+pub(crate) const APPEND: u8 = 13;
 const APPEND_AT: u8 = 14;
 const ACQUIRE: u8 = 15;
 const CHECK: u8 = 16;
@@ -158,7 +158,7 @@ impl Command {
     /// on the list's shared count (bytes' `shared_drop`, a third of whose
     /// calls were those, was a tenth of a replica's apply thread under
     /// `perf`).
-    fn decode_within(all: &Bytes, b: &[u8]) -> Result<Command, CommandDecodeError> {
+    pub(crate) fn decode_within(all: &Bytes, b: &[u8]) -> Result<Command, CommandDecodeError> {
         let malformed = |reason: String| CommandDecodeError::Malformed {
             len: b.len(),
             reason,
@@ -205,25 +205,11 @@ impl Command {
 
     /// Decodes a list [`Command::encode_all`] wrote, all of `b`.
     pub fn decode_all(b: &Bytes) -> Result<Vec<Command>, CommandDecodeError> {
-        let malformed = |reason: String| CommandDecodeError::Malformed {
-            len: b.len(),
-            reason,
-        };
-        let mut r = Reader::new(b);
-        let count = r.u32().map_err(&malformed)? as usize;
-        // Each command takes at least 5 bytes (its length and code).
-        if count > b.len() / 5 {
-            return Err(malformed(format!("{count} commands claimed")));
+        let list = List::new(b)?;
+        let mut cmds = Vec::with_capacity(list.left);
+        for cmd in list {
+            cmds.push(Command::decode_within(b, cmd?)?);
         }
-        let mut cmds = Vec::with_capacity(count);
-        for _ in 0..count {
-            let len = r.u32().map_err(&malformed)? as usize;
-            cmds.push(Command::decode_within(
-                b,
-                r.bytes(len).map_err(&malformed)?,
-            )?);
-        }
-        whole(&r).map_err(malformed)?;
         Ok(cmds)
     }
 
@@ -412,6 +398,64 @@ fn put_refused(out: &mut Vec<u8>, r: &Refusal) {
     let end = reason_end(&r.reason);
     out.bytes(&(end as u16).to_le_bytes());
     out.bytes(&r.reason.as_bytes()[..end]);
+}
+
+/// The commands of a list, `{ count: u32 | [len: u32 | command]* }`: each
+/// one's bytes in turn, then an error if bytes are left after the last.
+pub(crate) struct List<'b> {
+    b: &'b [u8],
+    r: Reader<'b>,
+    /// Commands not read yet.
+    pub(crate) left: usize,
+    /// Whether an error or the end was reached.
+    done: bool,
+}
+
+impl<'b> List<'b> {
+    /// The list `b`, its count read and checked against its length.
+    pub(crate) fn new(b: &'b [u8]) -> Result<List<'b>, CommandDecodeError> {
+        let mut r = Reader::new(b);
+        let count = r.u32().map_err(|reason| malformed_list(b, reason))? as usize;
+        // Each command takes at least 5 bytes (its length and code).
+        if count > b.len() / 5 {
+            return Err(malformed_list(b, format!("{count} commands claimed")));
+        }
+        Ok(List {
+            b,
+            r,
+            left: count,
+            done: false,
+        })
+    }
+}
+
+impl<'b> Iterator for List<'b> {
+    type Item = Result<&'b [u8], CommandDecodeError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        if self.left == 0 {
+            self.done = true;
+            return whole(&self.r).err().map(|e| Err(malformed_list(self.b, e)));
+        }
+        self.left -= 1;
+        let cmd = self
+            .r
+            .u32()
+            .and_then(|len| self.r.bytes(len as usize))
+            .map_err(|e| malformed_list(self.b, e));
+        self.done = cmd.is_err();
+        Some(cmd)
+    }
+}
+
+fn malformed_list(b: &[u8], reason: String) -> CommandDecodeError {
+    CommandDecodeError::Malformed {
+        len: b.len(),
+        reason,
+    }
 }
 
 /// Every byte read: a command is exactly its bytes.

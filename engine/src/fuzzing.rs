@@ -452,10 +452,10 @@ pub fn engine_model(data: &[u8]) {
 /// (`op/…`, `checkpoint/…`, `footer/…`), for seeds and tests.
 pub fn sample_encodings() -> Vec<(&'static str, Vec<u8>)> {
     let payloads: [&[u8]; 3] = [b"first", b"", b"third record"];
-    let mut append = vec![0u8; op::append_len(b"orders", &payloads)];
-    op::encode_append(&mut append, b"orders", 42, 7, &payloads);
-    let mut one = vec![0u8; op::append_len(b"s", &[b"x"])];
-    op::encode_append(&mut one, b"s", 1, 0, &[b"x"]);
+    let mut append = vec![0u8; op::append_len(b"orders", &payloads[..])];
+    op::encode_append(&mut append, b"orders", 42, 7, &payloads[..]);
+    let mut one = vec![0u8; op::append_len(b"s", &[b"x"][..])];
+    op::encode_append(&mut one, b"s", 1, 0, &[b"x"][..]);
     let batch_ops = [
         append.clone(),
         op::encode(&Op::Fence {

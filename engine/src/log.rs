@@ -25,6 +25,7 @@ use crate::locate::Locator;
 use crate::metrics::{Counters, Metrics};
 use crate::op::{self, Op};
 use crate::options::Options;
+use crate::records::Records;
 use crate::replicated::write_op;
 use crate::token::{Offset, Token, check_stream_name};
 use crate::view::{Effect, Key, StreamView, Views};
@@ -315,26 +316,26 @@ pub(crate) fn check_payloads<P: AsRef<[u8]>>(opts: &Options, payloads: &[P]) -> 
 
 /// As [`check_payloads`], with the limits given (a replica's are the
 /// group's).
-pub(crate) fn check_payloads_within<P: AsRef<[u8]>>(
+pub(crate) fn check_payloads_within<R: Records + ?Sized>(
     max_records_per_append: u32,
     max_payload_bytes: u32,
-    payloads: &[P],
+    payloads: &R,
 ) -> Result<()> {
-    if payloads.is_empty() {
+    let count = payloads.count();
+    if count == 0 {
         return Err(Error::invalid(
             "payloads",
             "an append needs at least one record",
         ));
     }
-    if payloads.len() > max_records_per_append as usize {
+    if count > max_records_per_append as usize {
         return Err(Error::TooLarge {
             what: "records per append",
-            len: payloads.len() as u64,
+            len: count as u64,
             max: u64::from(max_records_per_append),
         });
     }
-    for p in payloads {
-        let len = p.as_ref().len();
+    for len in payloads.lens() {
         if len > max_payload_bytes as usize {
             return Err(Error::TooLarge {
                 what: "payload bytes",
@@ -411,11 +412,11 @@ pub(crate) fn reserving<R>(
     r
 }
 
-pub(crate) fn decide_append<P: AsRef<[u8]>>(
+pub(crate) fn decide_append<R: Records + ?Sized>(
     w: &mut Writer<'_, Core>,
     key: Key<'_>,
     token: u64,
-    payloads: &[P],
+    payloads: &R,
     expected: Option<u64>,
 ) -> Result<Decision> {
     let (highest, highest_lsn, next, _, last_lsn) = stream_state(w, key);
@@ -451,10 +452,10 @@ pub(crate) fn decide_append<P: AsRef<[u8]>>(
     let at = write_op(w, len, |buf| {
         op::encode_append(buf, key.name, token, next, payloads)
     })?;
-    let bytes = payloads.iter().map(|p| p.as_ref().len() as u64).sum();
+    let bytes = payloads.lens().map(|len| len as u64).sum();
     let effect = w
         .state()
-        .apply_append(key, token, next, payloads.len() as u32, bytes, at)
+        .apply_append(key, token, next, payloads.count() as u32, bytes, at)
         .map_err(internal)?;
     w.on_durable(effect);
     Ok(Decision::accepted(next, w.ticket()))

@@ -31,6 +31,8 @@
 //! A release is written but not waited for; a renewal is written (and
 //! waited for) only when it lengthens the ttl the log holds.
 
+use crate::records::Records;
+
 pub(crate) const APPEND: u8 = 1;
 pub(crate) const FENCE: u8 = 2;
 pub(crate) const TRIM: u8 = 3;
@@ -310,30 +312,26 @@ impl std::fmt::Debug for Op<'_> {
 }
 
 /// Bytes of an append op with these payloads.
-pub(crate) fn append_len<P: AsRef<[u8]>>(stream: &[u8], payloads: &[P]) -> usize {
-    1 + 1 + stream.len() + 8 + 8 + 4 + payloads.iter().map(|p| 4 + p.as_ref().len()).sum::<usize>()
+pub(crate) fn append_len<R: Records + ?Sized>(stream: &[u8], payloads: &R) -> usize {
+    1 + 1 + stream.len() + 8 + 8 + 4 + payloads.laid_len()
 }
 
 /// Writes an append op into `out`, which is exactly `append_len` long.
-pub(crate) fn encode_append<P: AsRef<[u8]>>(
+pub(crate) fn encode_append<R: Records + ?Sized>(
     out: &mut [u8],
     stream: &[u8],
     token: u64,
     first_offset: u64,
-    payloads: &[P],
+    payloads: &R,
 ) {
     let mut w = Cursor { out, at: 0 };
     w.u8(APPEND);
     w.name(stream);
     w.u64(token);
     w.u64(first_offset);
-    w.u32(payloads.len() as u32);
-    for p in payloads {
-        let p = p.as_ref();
-        w.u32(p.len() as u32);
-        w.bytes(p);
-    }
-    debug_assert_eq!(w.at, w.out.len());
+    w.u32(payloads.count() as u32);
+    let at = w.at;
+    payloads.lay(&mut w.out[at..]);
 }
 
 /// Encodes any op but an append into a new buffer (they are small).

@@ -530,9 +530,11 @@ impl Log {
     /// [`Log::apply_replicated`] one by one would, answering alike; their
     /// writes go out together, so a batch costs one write, not one per
     /// entry. A command may be given owned or borrowed (`&Command`, a
-    /// `Cow`): a replica applies entries it holds shared without copying
-    /// their commands.
-    pub async fn apply_replicated_many<C: std::borrow::Borrow<Command> + Sync>(
+    /// `Cow`), or as a [`Proposal`](crate::Proposal) read from its entry's
+    /// bytes ([`Proposal::read_each`](crate::Proposal::read_each), which
+    /// reads appends in place): a replica applies entries it holds shared
+    /// without copying or decoding their appends.
+    pub async fn apply_replicated_many<C: crate::Proposed + Sync>(
         &self,
         entries: &[(LogPosition, u64, C)],
     ) -> Result<Vec<Applied>> {

@@ -11,6 +11,8 @@ use crate::log::{
     Decided, Decision, Log, check_payloads_within, decide_append, decide_fence, decide_trim,
 };
 use crate::op::{self, Op};
+use crate::proposal::{Proposal, Proposed};
+use crate::records::Records;
 use crate::replicated::{Applied, Command, GroupLimits, LogPosition, write_op, write_position};
 use crate::token::{Token, check_stream_name};
 use crate::tx::{self, TxDecision, TxOp};
@@ -30,13 +32,6 @@ enum Pending {
 /// group's limits (replicated state, never this node's options); a failure
 /// is a refusal every replica reaches alike.
 fn precheck(limits: &GroupLimits, cmd: &Command) -> Result<()> {
-    let payloads_ok = |payloads: &[bytes::Bytes]| {
-        check_payloads_within(
-            limits.max_records_per_append,
-            limits.max_payload_bytes,
-            payloads,
-        )
-    };
     let ttl_ok = |ttl_ms: u64| {
         if ttl_ms < limits.lease_ttl_min_ms || ttl_ms > limits.lease_ttl_max_ms {
             return Err(Error::invalid(
@@ -50,13 +45,15 @@ fn precheck(limits: &GroupLimits, cmd: &Command) -> Result<()> {
         Ok(())
     };
     // A stream op's name, then an append's records.
-    let op_ok = |op: &TxOp| {
-        check_stream_name(op.stream())?;
-        match op {
-            TxOp::Append { payloads, .. } | TxOp::AppendAt { payloads, .. } => {
-                payloads_ok(payloads)
-            }
-            TxOp::Fence { .. } | TxOp::Trim { .. } | TxOp::Delete { .. } => Ok(()),
+    let op_ok = |op: &TxOp| match op {
+        TxOp::Append {
+            stream, payloads, ..
+        }
+        | TxOp::AppendAt {
+            stream, payloads, ..
+        } => append_ok(limits, stream, payloads),
+        TxOp::Fence { .. } | TxOp::Trim { .. } | TxOp::Delete { .. } => {
+            check_stream_name(op.stream())
         }
     };
     match cmd {
@@ -99,6 +96,30 @@ fn precheck(limits: &GroupLimits, cmd: &Command) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// An append's checks before its decision: its stream's name, then its
+/// records against the group's limits (for an append decoded and one read
+/// in place alike).
+fn append_ok<R: Records + ?Sized>(limits: &GroupLimits, stream: &[u8], records: &R) -> Result<()> {
+    check_stream_name(stream)?;
+    check_payloads_within(
+        limits.max_records_per_append,
+        limits.max_payload_bytes,
+        records,
+    )
+}
+
+/// Decides an append without an expected offset (for an append decoded and
+/// one read in place alike).
+fn decide_plain_append<R: Records + ?Sized>(
+    w: &mut Writer<'_, Core>,
+    stream: &[u8],
+    token: Token,
+    records: &R,
+) -> Result<Decision> {
+    let key = w.state().key(stream);
+    decide_append(w, key, token.get(), records, None)
 }
 
 fn decide_command(
@@ -188,10 +209,7 @@ fn decide_write(w: &mut Writer<'_, Core>, op: &TxOp) -> Result<Decision> {
             stream,
             token,
             payloads,
-        } => {
-            let key = w.state().key(stream);
-            decide_append(w, key, token.get(), payloads, None)
-        }
+        } => decide_plain_append(w, stream, *token, payloads),
         TxOp::AppendAt {
             stream,
             token,
@@ -217,7 +235,7 @@ fn decide_write(w: &mut Writer<'_, Core>, op: &TxOp) -> Result<Decision> {
 /// committed entry must never stop the group.
 fn decide_wrapped(
     w: &mut Writer<'_, Core>,
-    cmd: &Command,
+    proposal: &Proposal<'_>,
     header: [u8; op::REPLICATED_HEADER],
 ) -> Result<Pending> {
     let limits = w
@@ -226,11 +244,20 @@ fn decide_wrapped(
         .as_ref()
         .map(|r| r.limits)
         .unwrap_or_default();
-    if let Err(e) = precheck(&limits, cmd) {
+    let checked = match proposal {
+        Proposal::Command(cmd) => precheck(&limits, cmd),
+        Proposal::Append(a) => append_ok(&limits, a.stream, &a.records),
+    };
+    if let Err(e) = checked {
         return Ok(Pending::Rejected(e));
     }
     w.state().wrap = Some(header);
-    let decided = decide_command(w, &limits, cmd);
+    let decided = match proposal {
+        Proposal::Command(cmd) => decide_command(w, &limits, cmd),
+        Proposal::Append(a) => {
+            decide_plain_append(w, a.stream, a.token, &a.records).map(Pending::Op)
+        }
+    };
     w.state().wrap = None;
     match decided {
         Ok(p) => Ok(p),
@@ -245,14 +272,15 @@ pub(crate) async fn apply(
     time_ms: u64,
     cmd: &Command,
 ) -> Result<Applied> {
-    let pending = decide(log, at, time_ms, cmd).await?;
-    finish(log, cmd, pending).await
+    let proposal = cmd.proposal();
+    let pending = decide(log, at, time_ms, &proposal).await?;
+    finish(log, &proposal, pending).await
 }
 
 /// Decides every entry in order, then waits for their answers: a batch of
 /// entries is written out together instead of one write (and one wake-up
 /// of the sync thread) per entry.
-pub(crate) async fn apply_many<C: std::borrow::Borrow<Command> + Sync>(
+pub(crate) async fn apply_many<C: Proposed + Sync>(
     log: &Log,
     entries: &[(LogPosition, u64, C)],
 ) -> Result<Vec<Applied>> {
@@ -262,15 +290,19 @@ pub(crate) async fn apply_many<C: std::borrow::Borrow<Command> + Sync>(
     let mut out = Vec::with_capacity(entries.len());
     let mut pending = Vec::with_capacity(entries.len());
     for (at, time_ms, cmd) in entries {
-        let cmd: &Command = cmd.borrow();
+        let proposal = cmd.proposal();
         // An exact retry's answer reads the stream when it is settled:
         // settled at once, as alone, so it cannot depend on where a
         // replica's batch of entries ends.
-        let alone = matches!(cmd, Command::Write(TxOp::AppendAt { .. }));
+        let alone = matches!(
+            proposal.decoded(),
+            Some(Command::Write(TxOp::AppendAt { .. }))
+        );
         if alone {
             settle(log, &mut pending, &mut out).await?;
         }
-        pending.push((cmd, decide(log, *at, *time_ms, cmd).await?));
+        let decided = decide(log, *at, *time_ms, &proposal).await?;
+        pending.push((proposal, decided));
         if alone {
             settle(log, &mut pending, &mut out).await?;
         }
@@ -281,18 +313,23 @@ pub(crate) async fn apply_many<C: std::borrow::Borrow<Command> + Sync>(
 
 async fn settle(
     log: &Log,
-    pending: &mut Vec<(&Command, Pending)>,
+    pending: &mut Vec<(Proposal<'_>, Pending)>,
     out: &mut Vec<Applied>,
 ) -> Result<()> {
-    for (cmd, p) in pending.drain(..) {
-        out.push(finish(log, cmd, p).await?);
+    for (proposal, p) in pending.drain(..) {
+        out.push(finish(log, &proposal, p).await?);
     }
     Ok(())
 }
 
 /// Decides one entry in the serialized section; its answer may wait for
 /// the batch to be written ([`finish`]).
-async fn decide(log: &Log, at: LogPosition, time_ms: u64, cmd: &Command) -> Result<Pending> {
+async fn decide(
+    log: &Log,
+    at: LogPosition,
+    time_ms: u64,
+    proposal: &Proposal<'_>,
+) -> Result<Pending> {
     log.inner()
         .wal
         .submit_async(|w| {
@@ -303,7 +340,7 @@ async fn decide(log: &Log, at: LogPosition, time_ms: u64, cmd: &Command) -> Resu
             repl.enter(at, time_ms);
             let header = op::replicated_header(at.term, at.node, at.index, time_ms);
             let before = w.next_lsn();
-            let pending = decide_wrapped(w, cmd, header);
+            let pending = decide_wrapped(w, proposal, header);
             // Every entry applied leaves an entry on disk, even one that
             // changed nothing (a blank, a rejection): a snapshot of this
             // engine then holds exactly the position and clock the replicas
@@ -320,7 +357,8 @@ async fn decide(log: &Log, at: LogPosition, time_ms: u64, cmd: &Command) -> Resu
 }
 
 /// The answer of an entry [`decide`]d.
-async fn finish(log: &Log, cmd: &Command, pending: Pending) -> Result<Applied> {
+async fn finish(log: &Log, proposal: &Proposal<'_>, pending: Pending) -> Result<Applied> {
+    let cmd = proposal.decoded();
     Ok(match pending {
         Pending::Rejected(e) => Applied::Rejected(e),
         Pending::Op(d) => {
@@ -332,12 +370,12 @@ async fn finish(log: &Log, cmd: &Command, pending: Pending) -> Result<Applied> {
                         next,
                         highest,
                     },
-                    Command::Write(TxOp::AppendAt {
+                    Some(Command::Write(TxOp::AppendAt {
                         stream,
                         token,
                         payloads,
                         ..
-                    }),
+                    })),
                 ) => log.settle_retry(stream, *token, expected, next, highest, payloads),
                 (other, _) => other.value(),
             };
@@ -391,7 +429,7 @@ async fn finish(log: &Log, cmd: &Command, pending: Pending) -> Result<Applied> {
         Pending::Done(ticket) => {
             ticket.await?;
             // A tick or a take-over may have let leases go.
-            if matches!(cmd, Command::Blank | Command::TakeOver) {
+            if matches!(cmd, Some(Command::Blank | Command::TakeOver)) {
                 log.freed(true);
             }
             Applied::Done
