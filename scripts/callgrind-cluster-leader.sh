@@ -5,9 +5,11 @@
 # so that nodes slowed fifty times keep their leader); once a leader is
 # elected its counters are zeroed after a warm-up of 2000 requests,
 # REQUESTS requests go to it (`fencelog bench`, 50 connections), and its
-# dumped total is divided by REQUESTS. Only the leader's threads count.
+# dumped total is divided by REQUESTS. Only the leader's threads count;
+# with ROLE=follower, only a follower's (the requests still go to the
+# leader).
 #
-#   scripts/callgrind-cluster-leader.sh BINARY PIPELINE WORKLOAD REQUESTS [PORT]
+#   [ROLE=follower] scripts/callgrind-cluster-leader.sh BINARY PIPELINE WORKLOAD REQUESTS [PORT]
 #
 # e.g. scripts/callgrind-cluster-leader.sh target/release/fencelog 16 read 20000
 set -euo pipefail
@@ -27,9 +29,14 @@ for _ in $(seq 1 300); do
     sleep 0.5
 done
 [ -n "$leader" ] || { echo "no leader elected" >&2; exit 1; }
-# The valgrind process that runs the leader's `serve`.
+role="${ROLE:-leader}"
+traced="$leader"
+if [ "$role" = follower ]; then
+    traced=$("$bin" cluster status --addr "$leader" | awk '$3 == "follower" { print $2; exit }')
+fi
+# The valgrind process that runs the traced node's `serve`.
 pid=""
-for p in $(pgrep -f -- "--addr $leader "); do
+for p in $(pgrep -f -- "--addr $traced "); do
     [ "$(cat "/proc/$p/comm")" != bash ] && pid=$p && break
 done
 load() {
@@ -44,4 +51,4 @@ callgrind_control --dump "$pid" >/dev/null 2>&1
 sleep 1
 last="$(ls -v "$work"/cg."$pid"* | tail -n 1)"
 total="$(awk '/^totals:/ { print $2 }' "$last")"
-echo "leader P$pipeline $workload: $((total / requests)) instructions per request; $(grep -o '"ops_per_sec":[0-9.]*' "$work/run.json")"
+echo "$role P$pipeline $workload: $((total / requests)) instructions per request; $(grep -o '"ops_per_sec":[0-9.]*' "$work/run.json")"

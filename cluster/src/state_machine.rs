@@ -8,7 +8,6 @@
 //! one writes them into a new generation, opens it, and switches to it, so
 //! readers of the old one finish undisturbed.
 
-use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -393,8 +392,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 _ => None,
             })
             .collect();
-        // Sized once, and refilled per entry: an entry may hold thousands
-        // of writes.
+        // Grown by each entry's count (an entry may hold thousands of
+        // writes); `read` is refilled for each entry.
         let mut batch: Vec<(LogPosition, u64, Proposal<'_>)> = Vec::new();
         let mut read: Vec<Proposal<'_>> = Vec::new();
         let mut last_entry: Option<u64> = None;
@@ -404,8 +403,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             // Entries come in log order, each once.
             debug_assert!(last_entry.is_none_or(|l| l < entry.log_id.index));
             last_entry = Some(entry.log_id.index);
-            read.clear();
-            // An entry holds its commands (`read`), or stands for one made
+            // An entry holds its commands (as given to this leader,
+            // `given`, else `read` from its bytes), or stands for one made
             // here (`own`).
             let (time_ms, own): (u64, Option<Command>) = match &entry.payload {
                 // A new leader's first entry (openraft's): only a position.
@@ -416,9 +415,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 // A command the entry could not carry is a
                 // `Command::Refused`: decided alike on every replica.
                 EntryPayload::Normal(req) => {
-                    req.proposals(given.as_deref().map(Vec::as_slice), &mut read);
-                    let own = read.is_empty().then_some(Command::Blank);
-                    (req.time_ms, own)
+                    if given.is_none() {
+                        req.proposals(&mut read);
+                    }
+                    let held = given.as_ref().map_or(read.len(), |g| g.len());
+                    (req.time_ms, (held == 0).then_some(Command::Blank))
                 }
                 EntryPayload::Membership(m) => {
                     let stored = StoredMembership::new(Some(entry.log_id), m.clone());
@@ -426,11 +427,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     (0, Some(Command::Membership(bytes.into())))
                 }
             };
-            let count = read.len() + usize::from(own.is_some());
+            let given: &[Command] = given.as_deref().map_or(&[], Vec::as_slice);
+            let count = given.len() + read.len() + usize::from(own.is_some());
             batch.reserve(count);
             let cmds = own
+                .map(|c| Proposal::Decoded(Box::new(c)))
                 .into_iter()
-                .map(|c| Proposal::Command(Cow::Owned(c)))
+                .chain(given.iter().map(Proposal::Command))
                 .chain(read.drain(..));
             let mut answers = Vec::with_capacity(count);
             for (sub, cmd) in cmds.enumerate() {

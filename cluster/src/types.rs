@@ -2,7 +2,6 @@
 //! the proposing leader's clock), their answers, and the Raft type
 //! configuration.
 
-use std::borrow::Cow;
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
@@ -233,26 +232,21 @@ impl Request {
         }
     }
 
-    /// The commands its leader was given, while it holds them (what the
-    /// leader decides: [`Request::proposals`]).
+    /// The commands its leader was given, while it holds them: what the
+    /// leader decides, as given (else [`Request::proposals`]).
     pub(crate) fn given(&self) -> Option<Arc<Vec<Command>>> {
         self.body.given.lock().clone()
     }
 
     /// Pushes what to decide when the entry is applied onto `out`, in
-    /// order: `given` (this request's [`Request::given`], which the caller
-    /// holds for as long as `out`), else the commands already decoded,
-    /// else each read from the encoding, appends in place. An encoding
-    /// that does not decode (never one read from bytes: those are checked)
-    /// pushes nothing, as [`Request::cmds`] answers none.
-    pub(crate) fn proposals<'a>(
-        &'a self,
-        given: Option<&'a [Command]>,
-        out: &mut Vec<Proposal<'a>>,
-    ) {
-        let held = given.or_else(|| self.body.cmds.get().map(Vec::as_slice));
-        if let Some(cmds) = held {
-            out.extend(cmds.iter().map(|c| Proposal::Command(Cow::Borrowed(c))));
+    /// order, for a request whose leader's commands are not held here
+    /// ([`Request::given`]): the commands already decoded, else each read
+    /// from the encoding, appends in place. An encoding that does not
+    /// decode (never one read from bytes: those are checked) pushes
+    /// nothing, as [`Request::cmds`] answers none.
+    pub(crate) fn proposals<'a>(&'a self, out: &mut Vec<Proposal<'a>>) {
+        if let Some(cmds) = self.body.cmds.get() {
+            out.extend(cmds.iter().map(Proposal::Command));
             return;
         }
         let before = out.len();
@@ -610,12 +604,12 @@ mod tests {
         // Checked when read, decoded only when asked.
         assert!(back.body.cmds.get().is_none());
         let mut read = Vec::new();
-        back.proposals(None, &mut read);
+        back.proposals(&mut read);
         assert!(back.body.cmds.get().is_none());
         let own = back.encoded().as_ptr_range();
         let [
             Proposal::Append(a),
-            Proposal::Command(f),
+            Proposal::Decoded(f),
             Proposal::Append(b),
         ] = &read[..]
         else {
@@ -631,11 +625,8 @@ mod tests {
         assert_eq!(back.cmds(), cmds);
         // Once decoded, those are what apply borrows.
         read.clear();
-        back.proposals(None, &mut read);
-        assert!(matches!(
-            &read[..],
-            [Proposal::Command(Cow::Borrowed(_)), ..]
-        ));
+        back.proposals(&mut read);
+        assert!(matches!(&read[..], [Proposal::Command(_), ..]));
 
         // Bytes that do not decode are refused when read, as before: here
         // a count of commands the bytes cannot hold.
@@ -647,15 +638,11 @@ mod tests {
             "{refused}"
         );
 
-        // A leader's own entry: the commands it was given, borrowed.
+        // A leader's own entry holds the commands it was given.
         let packed = Request::packed(7, cmds.clone());
-        let given = packed.given().expect("given until applied");
-        read.clear();
-        packed.proposals(Some(&given), &mut read);
-        let Proposal::Command(Cow::Borrowed(first)) = &read[0] else {
-            panic!("{read:?}")
-        };
-        assert!(std::ptr::eq(*first, &given[0]));
+        assert!(packed.given().is_some_and(|given| *given == cmds));
+        packed.applied();
+        assert!(packed.given().is_none());
     }
 
     #[test]

@@ -441,12 +441,13 @@ impl<'b> Iterator for List<'b> {
             return whole(&self.r).err().map(|e| Err(malformed_list(self.b, e)));
         }
         self.left -= 1;
-        let cmd = self
-            .r
-            .u32()
-            .and_then(|len| self.r.bytes(len as usize))
-            .map_err(|e| malformed_list(self.b, e));
-        self.done = cmd.is_err();
+        let cmd = match self.r.u32().and_then(|len| self.r.bytes(len as usize)) {
+            Ok(cmd) => Ok(cmd),
+            Err(e) => {
+                self.done = true;
+                Err(malformed_list(self.b, e))
+            }
+        };
         Some(cmd)
     }
 }

@@ -14,13 +14,12 @@
 //! range are decoded as before, so a refusal or a malformed entry reads
 //! as it always did.
 
-use std::borrow::{Borrow, Cow};
+use std::borrow::Borrow;
 
 use bytes::Bytes;
 
 use crate::CommandDecodeError;
 use crate::command_codec::{self, List};
-use crate::op::Reader;
 use crate::records::Laid;
 use crate::replicated::Command;
 use crate::token::Token;
@@ -29,11 +28,14 @@ use crate::tx::TxOp;
 /// One command of a replicated entry, as
 /// [`Log::apply_replicated_many`](crate::Log::apply_replicated_many)
 /// applies it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Proposal<'a> {
-    /// A command as decoded, or as the leader was given it.
-    Command(Cow<'a, Command>),
+    /// A command as its leader was given it, or decoded already.
+    Command(&'a Command),
+    /// A command decoded from its entry's bytes: anything but an append
+    /// (boxed: these are rare, and a batch holds thousands of proposals).
+    Decoded(Box<Command>),
     /// An append read in place from its entry's bytes.
     Append(AppendInPlace<'a>),
 }
@@ -52,14 +54,18 @@ impl<'a> AppendInPlace<'a> {
     /// is in range; anything else (another command, a refusal, a broken
     /// layout) is left to [`Command::decode`].
     fn read(b: &'a [u8]) -> Option<AppendInPlace<'a>> {
-        let mut r = Reader::new(b);
-        if r.u8().ok()? != command_codec::APPEND {
+        // Split off field by field: a failure is only a `None` here (the
+        // decode that follows it says what is wrong).
+        let (&code, rest) = b.split_first()?;
+        if code != command_codec::APPEND {
             return None;
         }
-        let stream = r.name().ok()?;
-        let token = Token::new(r.u64().ok()?).ok()?;
-        let count = r.u32().ok()?;
-        let records = Laid::new(count, r.rest())?;
+        let (&name_len, rest) = rest.split_first()?;
+        let (stream, rest) = rest.split_at_checked(usize::from(name_len))?;
+        let (token, rest) = rest.split_first_chunk::<8>()?;
+        let token = Token::new(u64::from_le_bytes(*token)).ok()?;
+        let (count, records) = rest.split_first_chunk::<4>()?;
+        let records = Laid::new(u32::from_le_bytes(*count), records)?;
         Some(AppendInPlace {
             stream,
             token,
@@ -97,7 +103,7 @@ impl<'a> Proposal<'a> {
             let cmd = cmd?;
             each(match AppendInPlace::read(cmd) {
                 Some(append) => Proposal::Append(append),
-                None => Proposal::Command(Cow::Owned(Command::decode_within(b, cmd)?)),
+                None => Proposal::Decoded(Box::new(Command::decode_within(b, cmd)?)),
             });
         }
         Ok(())
@@ -106,7 +112,8 @@ impl<'a> Proposal<'a> {
     /// The command this stands for (an append read in place, copied).
     pub fn to_command(&self) -> Command {
         match self {
-            Proposal::Command(cmd) => cmd.as_ref().clone(),
+            Proposal::Command(cmd) => (*cmd).clone(),
+            Proposal::Decoded(cmd) => cmd.as_ref().clone(),
             Proposal::Append(a) => Command::Write(TxOp::Append {
                 stream: Bytes::copy_from_slice(a.stream),
                 token: a.token,
@@ -119,6 +126,7 @@ impl<'a> Proposal<'a> {
     pub(crate) fn decoded(&self) -> Option<&Command> {
         match self {
             Proposal::Command(cmd) => Some(cmd),
+            Proposal::Decoded(cmd) => Some(cmd),
             Proposal::Append(_) => None,
         }
     }
@@ -134,14 +142,15 @@ pub trait Proposed {
 
 impl<C: Borrow<Command>> Proposed for C {
     fn proposal(&self) -> Proposal<'_> {
-        Proposal::Command(Cow::Borrowed(self.borrow()))
+        Proposal::Command(self.borrow())
     }
 }
 
 impl Proposed for Proposal<'_> {
     fn proposal(&self) -> Proposal<'_> {
         match self {
-            Proposal::Command(cmd) => Proposal::Command(Cow::Borrowed(cmd)),
+            Proposal::Command(cmd) => Proposal::Command(cmd),
+            Proposal::Decoded(cmd) => Proposal::Command(cmd),
             Proposal::Append(a) => Proposal::Append(*a),
         }
     }

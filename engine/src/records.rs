@@ -70,16 +70,12 @@ pub(crate) struct Laid<'a> {
 impl<'a> Laid<'a> {
     /// `bytes` as `count` records, if that is exactly what they hold.
     pub(crate) fn new(count: u32, bytes: &'a [u8]) -> Option<Laid<'a>> {
-        let mut at = 0usize;
+        let mut rest = bytes;
         for _ in 0..count {
-            let len = bytes.get(at..at.checked_add(4)?)?;
-            let len = u32::from_le_bytes(len.try_into().ok()?) as usize;
-            at = at.checked_add(4)?.checked_add(len)?;
-            if at > bytes.len() {
-                return None;
-            }
+            let (len, after) = rest.split_first_chunk::<4>()?;
+            rest = after.get(u32::from_le_bytes(*len) as usize..)?;
         }
-        (at == bytes.len()).then_some(Laid { count, bytes })
+        rest.is_empty().then_some(Laid { count, bytes })
     }
 
     /// Each record's payload, in order.

@@ -246,6 +246,7 @@ fn decide_wrapped(
         .unwrap_or_default();
     let checked = match proposal {
         Proposal::Command(cmd) => precheck(&limits, cmd),
+        Proposal::Decoded(cmd) => precheck(&limits, cmd),
         Proposal::Append(a) => append_ok(&limits, a.stream, &a.records),
     };
     if let Err(e) = checked {
@@ -254,6 +255,7 @@ fn decide_wrapped(
     w.state().wrap = Some(header);
     let decided = match proposal {
         Proposal::Command(cmd) => decide_command(w, &limits, cmd),
+        Proposal::Decoded(cmd) => decide_command(w, &limits, cmd),
         Proposal::Append(a) => {
             decide_plain_append(w, a.stream, a.token, &a.records).map(Pending::Op)
         }
