@@ -555,15 +555,17 @@ mod tests {
         assert_eq!(back, new);
     }
 
+    /// An append of `payload` to stream `s` at token `n`.
+    fn append(n: u64, payload: &'static [u8]) -> Command {
+        Command::Write(fencelog::TxOp::Append {
+            stream: Bytes::from_static(b"s"),
+            token: fencelog::Token::new(n).unwrap(),
+            payloads: vec![Bytes::from_static(payload)],
+        })
+    }
+
     #[test]
     fn a_request_is_encoded_once_and_read_back_as_written() {
-        let append = |n: u64, payload: &'static [u8]| {
-            Command::Write(fencelog::TxOp::Append {
-                stream: Bytes::from_static(b"s"),
-                token: fencelog::Token::new(n).unwrap(),
-                payloads: vec![Bytes::from_static(payload)],
-            })
-        };
         let req = Request::new(7, vec![append(1, b"a"), append(2, b"bc")]);
         let mut fresh = Vec::new();
         Command::encode_all(req.cmds(), &mut fresh);
@@ -587,13 +589,6 @@ mod tests {
 
     #[test]
     fn a_request_read_from_bytes_is_checked_and_its_appends_applied_in_place() {
-        let append = |n: u64, payload: &'static [u8]| {
-            Command::Write(fencelog::TxOp::Append {
-                stream: Bytes::from_static(b"s"),
-                token: fencelog::Token::new(n).unwrap(),
-                payloads: vec![Bytes::from_static(payload)],
-            })
-        };
         let fence = Command::Write(fencelog::TxOp::Fence {
             stream: Bytes::from_static(b"s"),
             token: fencelog::Token::new(3).unwrap(),
