@@ -145,27 +145,6 @@ impl Body {
     }
 }
 
-/// An entry's commands as apply borrows them: the ones its leader was
-/// given, or the ones decoded from its bytes.
-pub(crate) enum Commands<'a> {
-    /// As given to this node, leading (shared with the request until it
-    /// is applied).
-    Given(Arc<Vec<Command>>),
-    /// As decoded (a follower's, or an entry read back from disk).
-    Decoded(&'a [Command]),
-}
-
-impl std::ops::Deref for Commands<'_> {
-    type Target = [Command];
-
-    fn deref(&self) -> &[Command] {
-        match self {
-            Commands::Given(c) => c,
-            Commands::Decoded(c) => c,
-        }
-    }
-}
-
 impl Request {
     /// A request of `cmds`, proposed at `time_ms` on the leader's clock.
     pub fn new(time_ms: u64, cmds: Vec<Command>) -> Request {
@@ -221,14 +200,13 @@ impl Request {
         })
     }
 
-    /// What to decide when the entry is applied, in order: the commands
-    /// its leader was given while it holds them, else as decoded.
-    pub(crate) fn commands(&self) -> Commands<'_> {
+    /// `f` of the commands: as given while the leader holds them (not
+    /// decoding its entry), else as decoded. What equality compares.
+    fn with_commands<T>(&self, f: impl FnOnce(&[Command]) -> T) -> T {
         // The lock is let go before a decode, whose fallback takes it.
-        let given = self.body.given.lock().clone();
-        match given {
-            Some(given) => Commands::Given(given),
-            None => Commands::Decoded(self.cmds()),
+        match self.given() {
+            Some(given) => f(&given),
+            None => f(self.cmds()),
         }
     }
 
@@ -297,7 +275,7 @@ fn encode_cmds(cmds: &[Command]) -> Bytes {
 
 impl PartialEq for Request {
     fn eq(&self, other: &Request) -> bool {
-        self.time_ms == other.time_ms && *self.commands() == *other.commands()
+        self.time_ms == other.time_ms && self.with_commands(|a| other.with_commands(|b| a == b))
     }
 }
 
@@ -307,7 +285,7 @@ impl std::fmt::Debug for Request {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Request")
             .field("time_ms", &self.time_ms)
-            .field("cmds", &self.commands().to_vec())
+            .field("cmds", &self.with_commands(<[Command]>::to_vec))
             .finish()
     }
 }
@@ -666,10 +644,12 @@ mod tests {
         // Until applied, apply gets the commands as given (a clone shares
         // them): the leader does not decode its own entry.
         let clone = packed.clone();
-        assert!(matches!(clone.commands(), Commands::Given(_)));
-        assert_eq!(&*clone.commands(), plain.cmds());
+        assert_eq!(
+            clone.given().as_deref().map(Vec::as_slice),
+            Some(plain.cmds())
+        );
         packed.applied();
-        assert!(matches!(clone.commands(), Commands::Decoded(_)));
+        assert!(clone.given().is_none());
         // Then every payload and name is a slice of the request's own
         // encoding.
         let own = packed.encoded().as_ptr_range();
@@ -703,7 +683,8 @@ mod tests {
         })];
         let packed = Request::packed(7, cmds);
         // As a follower reads it: the refusal the layout carries.
-        let Commands::Decoded([Command::Refused(_)]) = packed.commands() else {
+        assert!(packed.given().is_none());
+        let [Command::Refused(_)] = packed.cmds() else {
             panic!("{:?}", packed.cmds())
         };
     }
