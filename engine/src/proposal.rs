@@ -52,7 +52,7 @@ pub struct AppendInPlace<'a> {
 impl<'a> AppendInPlace<'a> {
     /// `b`, one command's bytes, if it is a well-formed append whose token
     /// is in range; anything else (another command, a refusal, a broken
-    /// layout) is left to [`Command::decode`].
+    /// layout) is left to the decode, which says what it is.
     fn read(b: &'a [u8]) -> Option<AppendInPlace<'a>> {
         // Split off field by field: a failure is only a `None` here (the
         // decode that follows it says what is wrong).
@@ -122,7 +122,7 @@ impl<'a> Proposal<'a> {
         }
     }
 
-    /// The command, when it was decoded (never for an append in place).
+    /// The command, unless this is an append read in place.
     pub(crate) fn decoded(&self) -> Option<&Command> {
         match self {
             Proposal::Command(cmd) => Some(cmd),
