@@ -31,7 +31,7 @@
 //! A release is written but not waited for; a renewal is written (and
 //! waited for) only when it lengthens the ttl the log holds.
 
-use crate::records::Records;
+use crate::records::{Laid, Records};
 
 pub(crate) const APPEND: u8 = 1;
 pub(crate) const FENCE: u8 = 2;
@@ -648,13 +648,11 @@ pub(crate) fn decode_layout(b: &[u8]) -> Result<Op<'_>, String> {
             let count = r.u32()?;
             let records = r.rest();
             // Walk the records once so that readers can trust the layout.
-            let mut walk = Reader::new(records);
-            for _ in 0..count {
-                let len = walk.u32()? as usize;
-                walk.bytes(len)?;
-            }
-            if !walk.is_empty() {
-                return Err("bytes after the last record".into());
+            if Laid::new(count, records).is_none() {
+                return Err(format!(
+                    "{count} records claimed, not what the {} bytes after hold",
+                    records.len()
+                ));
             }
             if count == 0 {
                 return Err("an append with no records".into());
@@ -956,6 +954,19 @@ mod tests {
         let n = buf.len();
         buf[n - 7] = 200;
         assert!(decode(&buf).is_err());
+        // A byte after the last record, and no records at all.
+        let mut buf = append_bytes(b"s", 1, 0, &[b"abc"]);
+        buf.push(0);
+        let err = decode(&buf).unwrap_err();
+        assert!(
+            err.contains("1 records claimed") && err.contains("8 bytes"),
+            "{err}"
+        );
+        let mut none = append_bytes(b"s", 1, 0, &[b"abc"]);
+        none.truncate(none.len() - 7);
+        let count = none.len() - 4;
+        none[count..].copy_from_slice(&0u32.to_le_bytes());
+        assert_eq!(decode(&none).unwrap_err(), "an append with no records");
     }
 
     /// A batch inside a replicated entry inside a batch, and so on: each
