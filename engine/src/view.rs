@@ -295,7 +295,14 @@ impl Durable for Effect {
                 start,
                 total_bytes,
                 entry,
-            } => advance(&view, [highest, next, start, total_bytes], entry, || None),
+            } => {
+                let rise = Rise {
+                    highest,
+                    next,
+                    total_bytes,
+                };
+                advance(&view, rise, start, entry, || None)
+            }
             Effect::Sealed {
                 segment,
                 streams,
@@ -346,7 +353,7 @@ impl Durable for Effect {
                 continue;
             };
             // The next advance, if it is an append's of this stream with
-            // this start: its numbers and its entry.
+            // this start: what it raises and its entry.
             let more = || {
                 let joins = |e: &Effect| {
                     matches!(e, Effect::Advance { view: v, start: s, entry: Some(_), .. }
@@ -359,11 +366,23 @@ impl Durable for Effect {
                         total_bytes,
                         entry: Some(e),
                         ..
-                    } => Some(([highest, next, total_bytes], e)),
+                    } => Some((
+                        Rise {
+                            highest,
+                            next,
+                            total_bytes,
+                        },
+                        e,
+                    )),
                     _ => None,
                 }
             };
-            advance(&view, [highest, next, start, total_bytes], entry, more);
+            let rise = Rise {
+                highest,
+                next,
+                total_bytes,
+            };
+            advance(&view, rise, start, entry, more);
         }
     }
 }
@@ -374,16 +393,35 @@ thread_local! {
     static INDEX_LOCKS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
-/// Makes a stream's new numbers (`[highest, next, start, total_bytes]`)
-/// and index entry visible to readers, with those of the appends `more`
-/// hands out (`[highest, next, total_bytes]` and the entry: a row of
-/// appends at the same start), the entries before `next` moves, since a
-/// reader that sees `next` looks them up.
+/// The numbers of a stream's view an advance raises (each only rises).
+#[derive(Debug, Clone, Copy)]
+struct Rise {
+    highest: u64,
+    next: u64,
+    total_bytes: u64,
+}
+
+impl Rise {
+    /// What raising to `self` and then to `other` leaves.
+    fn max(self, other: Rise) -> Rise {
+        Rise {
+            highest: self.highest.max(other.highest),
+            next: self.next.max(other.next),
+            total_bytes: self.total_bytes.max(other.total_bytes),
+        }
+    }
+}
+
+/// Makes a stream's new numbers (`rise`, and its `start`) and index entry
+/// visible to readers, with those of the appends `more` hands out (a row
+/// of appends at the same start), the entries before `next` moves, since
+/// a reader that sees `next` looks them up.
 fn advance(
     view: &StreamView,
-    [mut highest, mut next, start, mut total_bytes]: [u64; 4],
+    mut rise: Rise,
+    start: u64,
     entry: Option<OpenEntry>,
-    mut more: impl FnMut() -> Option<([u64; 3], OpenEntry)>,
+    mut more: impl FnMut() -> Option<(Rise, OpenEntry)>,
 ) {
     let old_start = view.start.fetch_max(start, Ordering::AcqRel);
     if entry.is_some() || start > old_start {
@@ -392,21 +430,20 @@ fn advance(
         INDEX_LOCKS.with(|n| n.set(n.get() + 1));
         if let Some(e) = entry {
             ix.open.push_back(e);
-            while let Some(([h, n, t], e)) = more() {
+            while let Some((later, e)) = more() {
                 ix.open.push_back(e);
-                highest = highest.max(h);
-                next = next.max(n);
-                total_bytes = total_bytes.max(t);
+                rise = rise.max(later);
             }
         }
         if start > old_start {
             ix.drop_below(start);
         }
     }
-    view.highest.fetch_max(highest, Ordering::AcqRel);
-    view.total_bytes.fetch_max(total_bytes, Ordering::AcqRel);
-    let old_next = view.next.fetch_max(next, Ordering::AcqRel);
-    if next > old_next {
+    view.highest.fetch_max(rise.highest, Ordering::AcqRel);
+    view.total_bytes
+        .fetch_max(rise.total_bytes, Ordering::AcqRel);
+    let old_next = view.next.fetch_max(rise.next, Ordering::AcqRel);
+    if rise.next > old_next {
         std::sync::atomic::fence(Ordering::SeqCst);
         if view.watched.load(Ordering::Acquire) {
             view.grown.notify(usize::MAX);
