@@ -341,7 +341,27 @@ where
                 })
                 .collect()
         };
-        voters.sort_by(|a, b| b.2.cmp(&a.2));
+        // Heard from within two heartbeat intervals: live (a live voter
+        // acknowledges every heartbeat). The live come first in a fixed
+        // order (by id), so that a storm of rounds keeps asking the same
+        // voter rather than whichever acknowledged a heartbeat last; the
+        // others after, the most recently heard first.
+        let live_for = Duration::from_millis(self.config.heartbeat_interval.saturating_mul(2));
+        let now = C::now();
+        let silent_for = |heard: &Option<InstantOf<C>>| match heard {
+            Some(h) if *h < now => now - *h,
+            Some(_) => Duration::ZERO,
+            None => Duration::MAX,
+        };
+        voters.sort_by(|a, b| {
+            let (sa, sb) = (silent_for(&a.2), silent_for(&b.2));
+            match (sa <= live_for, sb <= live_for) {
+                (true, true) => a.0.cmp(&b.0),
+                (true, false) => std::cmp::Ordering::Less,
+                (false, true) => std::cmp::Ordering::Greater,
+                (false, false) => sa.cmp(&sb),
+            }
+        });
         let mut at_once = 0;
         {
             let mut asked = granted.clone();
