@@ -134,7 +134,7 @@ fn sample_request() -> Request {
             Command::Write(fencelog::TxOp::Append {
                 stream: Bytes::from_static(b"orders"),
                 token: token(7),
-                payloads: vec![Bytes::from_static(b"hello")],
+                payloads: vec![Bytes::from_static(b"hello")].into(),
             }),
             Command::Transact(vec![fencelog::TxOp::Trim {
                 stream: Bytes::from_static(b"orders"),

@@ -1604,7 +1604,7 @@ mod tests {
                 vec![fencelog::Command::Write(fencelog::TxOp::Append {
                     stream: bytes::Bytes::from_static(b"s"),
                     token: fencelog::Token::new(1).unwrap(),
-                    payloads: vec![bytes::Bytes::from(vec![7u8; bytes])],
+                    payloads: vec![bytes::Bytes::from(vec![7u8; bytes])].into(),
                 })],
             )),
         }

@@ -95,7 +95,7 @@ fn bytes(b: ByteBuf) -> Bytes {
     Bytes::from(b.into_vec())
 }
 
-fn payloads(p: Vec<ByteBuf>) -> Vec<Bytes> {
+fn payloads(p: Vec<ByteBuf>) -> fencelog::Payloads {
     p.into_iter().map(bytes).collect()
 }
 

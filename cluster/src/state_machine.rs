@@ -615,7 +615,7 @@ mod tests {
         Command::Write(fencelog::TxOp::Append {
             stream: bytes::Bytes::from_static(b"s"),
             token: fencelog::Token::new(1).unwrap(),
-            payloads: vec![bytes::Bytes::copy_from_slice(payload.as_bytes())],
+            payloads: vec![bytes::Bytes::copy_from_slice(payload.as_bytes())].into(),
         })
     }
 

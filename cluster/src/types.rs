@@ -538,7 +538,7 @@ mod tests {
         Command::Write(fencelog::TxOp::Append {
             stream: Bytes::from_static(b"s"),
             token: fencelog::Token::new(n).unwrap(),
-            payloads: vec![Bytes::from_static(payload)],
+            payloads: vec![Bytes::from_static(payload)].into(),
         })
     }
 
@@ -630,7 +630,7 @@ mod tests {
             Command::Write(fencelog::TxOp::Append {
                 stream,
                 token: fencelog::Token::new(n).unwrap(),
-                payloads: vec![payload],
+                payloads: vec![payload].into(),
             })
         };
         let cmds = vec![append(s1, 1, p1.clone()), append(s2, 2, p2)];

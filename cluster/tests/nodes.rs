@@ -43,7 +43,7 @@ fn append(stream: &str, token: u64, payload: &str) -> Command {
     Command::Write(TxOp::Append {
         stream: Bytes::copy_from_slice(stream.as_bytes()),
         token: Token::new(token).unwrap(),
-        payloads: vec![Bytes::copy_from_slice(payload.as_bytes())],
+        payloads: vec![Bytes::copy_from_slice(payload.as_bytes())].into(),
     })
 }
 
@@ -389,7 +389,7 @@ async fn writes_proposed_together_split_at_an_entrys_bytes_and_answer_each() {
         Command::Write(TxOp::Append {
             stream: Bytes::from_static(b"s"),
             token: Token::new(1).unwrap(),
-            payloads: vec![payload.clone(); payloads],
+            payloads: vec![payload.clone(); payloads].into(),
         })
     };
     // 20 writes of 15 KiB, and as the 11th one of 150 KiB (ten records).

@@ -46,7 +46,7 @@ fn append(token: u64) -> Command {
     Command::Write(TxOp::Append {
         stream: Bytes::from_static(b"s"),
         token: Token::new(token).unwrap(),
-        payloads: vec![Bytes::from_static(b"x")],
+        payloads: vec![Bytes::from_static(b"x")].into(),
     })
 }
 

@@ -49,13 +49,13 @@ fn expected() -> Vec<Command> {
         TxOp::Append {
             stream: b("t1"),
             token: t(21),
-            payloads: vec![b("p"), b("")],
+            payloads: vec![b("p"), b("")].into(),
         },
         TxOp::AppendAt {
             stream: b("t2"),
             token: t(22),
             expected_offset: 4,
-            payloads: vec![b("q")],
+            payloads: vec![b("q")].into(),
         },
         TxOp::Fence {
             stream: b("t3"),
@@ -75,13 +75,13 @@ fn expected() -> Vec<Command> {
         Command::Write(TxOp::Append {
             stream: b("s1"),
             token: t(7),
-            payloads: vec![b("a"), b(""), b("ccc")],
+            payloads: vec![b("a"), b(""), b("ccc")].into(),
         }),
         Command::Write(TxOp::AppendAt {
             stream: b("s2"),
             token: t(8),
             expected_offset: 3,
-            payloads: vec![b("x")],
+            payloads: vec![b("x")].into(),
         }),
         Command::Write(TxOp::Fence {
             stream: b("s3"),

@@ -38,7 +38,7 @@ use crate::lease_api::check_owner;
 use crate::op::{self, Op, Put, Reader};
 use crate::replicated::{Command, GroupLimits, Refusal};
 use crate::token::{Token, check_stream_name};
-use crate::tx::TxOp;
+use crate::tx::{Payloads, TxOp};
 
 pub(crate) const APPEND: u8 = 13;
 const APPEND_AT: u8 = 14;
@@ -485,7 +485,7 @@ fn stream_op(all: &Bytes, b: &[u8]) -> Result<Result<TxOp, Refusal>, String> {
     let payloads = if code == APPEND || code == APPEND_AT {
         records(all, &mut r)?
     } else {
-        Vec::new()
+        Payloads::new()
     };
     whole(&r)?;
     let token = match token(raw) {
@@ -517,14 +517,14 @@ fn stream_op(all: &Bytes, b: &[u8]) -> Result<Result<TxOp, Refusal>, String> {
 
 /// `count: u32 | [len: u32 | payload]*`, each a slice of `all` (which
 /// holds what `r` reads).
-fn records(all: &Bytes, r: &mut Reader<'_>) -> Result<Vec<Bytes>, String> {
+fn records(all: &Bytes, r: &mut Reader<'_>) -> Result<Payloads, String> {
     let count = r.u32()? as usize;
     let left = r.rest_len();
     // Each record takes at least its 4-byte length.
     if count > left / 4 {
         return Err(format!("{count} records claimed in {left} bytes"));
     }
-    let mut payloads = Vec::with_capacity(count);
+    let mut payloads = Payloads::with_capacity(count);
     for _ in 0..count {
         let len = r.u32()? as usize;
         payloads.push(all.slice_ref(r.bytes(len)?));

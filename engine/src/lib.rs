@@ -91,4 +91,4 @@ pub use options::Options;
 pub use proposal::{AppendInPlace, Proposal, Proposed};
 pub use replicated::{Applied, Command, GroupLimits, LogPosition, Refusal};
 pub use token::{MAX_STREAM_NAME, MAX_TOKEN, Offset, Token};
-pub use tx::TxOp;
+pub use tx::{Payloads, TxOp};

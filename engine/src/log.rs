@@ -28,6 +28,7 @@ use crate::options::Options;
 use crate::records::Records;
 use crate::replicated::write_op;
 use crate::token::{Offset, Token, check_stream_name};
+use crate::tx::Payloads;
 use crate::view::{Effect, Key, StreamView, Views};
 
 /// One record read back: its offset, the token its append carried, and its
@@ -821,9 +822,9 @@ impl Log {
         &self,
         stream: &[u8],
         token: Token,
-        payloads: Vec<Bytes>,
+        payloads: impl Into<Payloads>,
     ) -> Result<Deferred<Offset>> {
-        self.append_deferred_after(true, stream, token, payloads)
+        self.append_deferred_after(true, stream, token, payloads.into())
             .await
     }
 
@@ -833,7 +834,7 @@ impl Log {
         fast: bool,
         stream: &[u8],
         token: Token,
-        payloads: Vec<Bytes>,
+        payloads: Payloads,
     ) -> Result<Deferred<Offset>> {
         let (size, key) = self.precheck_append(stream, fast.then_some(token), &payloads)?;
         let d = self
@@ -983,8 +984,9 @@ impl Log {
         stream: &[u8],
         token: Token,
         expected_offset: Offset,
-        payloads: Vec<Bytes>,
+        payloads: impl Into<Payloads>,
     ) -> Result<Deferred<Offset>> {
+        let payloads = payloads.into();
         let (size, key) = self.precheck_append(stream, None, &payloads)?;
         let d = self
             .decide_async(|w| decide_append(w, key, token.get(), &payloads, Some(expected_offset)))

@@ -202,7 +202,7 @@ mod tests {
                 stream: Bytes::from_static(b"orders"),
                 token: t(7),
                 expected_offset: 3,
-                payloads: vec![Bytes::from_static(b"x")],
+                payloads: vec![Bytes::from_static(b"x")].into(),
             }),
             Command::Write(TxOp::Fence {
                 stream: Bytes::from_static(b"orders"),
@@ -211,7 +211,7 @@ mod tests {
             Command::Transact(vec![TxOp::Append {
                 stream: Bytes::from_static(b"tx"),
                 token: t(1),
-                payloads: vec![Bytes::from_static(b"in a transaction")],
+                payloads: vec![Bytes::from_static(b"in a transaction")].into(),
             }]),
             // Decided as refusals, read in place all the same.
             append(b"", 1, &[b"an empty name"]),
@@ -277,7 +277,7 @@ mod tests {
         let payloads = prop::collection::vec(prop::collection::vec(any::<u8>(), 0..6), 0..4);
         let one = (0..4u8, 1..5u64, payloads).prop_map(|(kind, token, payloads)| {
             let stream = Bytes::from(vec![b's'; usize::from(kind)]);
-            let payloads: Vec<Bytes> = payloads.into_iter().map(Bytes::from).collect();
+            let payloads: crate::Payloads = payloads.into_iter().map(Bytes::from).collect();
             match kind {
                 3 => Command::Write(TxOp::Trim {
                     stream,

@@ -18,6 +18,12 @@ use crate::log::{Deferred, Log, check_payloads};
 use crate::op::{self, Op};
 use crate::token::{Offset, Token, check_stream_name};
 
+/// An append's records. One record, the usual append, is held inline: a
+/// write taken from a client (a leader's, or a transaction's) allocates
+/// nothing for its list, and letting it go frees nothing either. Build it
+/// with `Payloads::from_vec`, `.into()` from a `Vec`, or `collect`.
+pub type Payloads = smallvec::SmallVec<[Bytes; 1]>;
+
 /// One write of a transaction (see [`Log::transact`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TxOp {
@@ -28,7 +34,7 @@ pub enum TxOp {
         /// The fencing token.
         token: Token,
         /// The records, at least one.
-        payloads: Vec<Bytes>,
+        payloads: Payloads,
     },
     /// As [`Log::append_at`], without the retry rule: an offset other than
     /// the next one is a mismatch. Answers the first record's offset.
@@ -40,7 +46,7 @@ pub enum TxOp {
         /// The offset the first record must get.
         expected_offset: Offset,
         /// The records, at least one.
-        payloads: Vec<Bytes>,
+        payloads: Payloads,
     },
     /// As [`Log::fence`]; answers the highest token.
     Fence {
@@ -286,8 +292,8 @@ impl Log {
     /// let t = |n| Token::new(n).unwrap();
     /// log.fence("b", t(9)).unwrap();
     /// let ops = vec![
-    ///     TxOp::Append { stream: Bytes::from("a"), token: t(5), payloads: vec![Bytes::from("x")] },
-    ///     TxOp::Append { stream: Bytes::from("b"), token: t(5), payloads: vec![Bytes::from("y")] },
+    ///     TxOp::Append { stream: Bytes::from("a"), token: t(5), payloads: vec![Bytes::from("x")].into() },
+    ///     TxOp::Append { stream: Bytes::from("b"), token: t(5), payloads: vec![Bytes::from("y")].into() },
     /// ];
     /// // The second op is stale: neither lands.
     /// assert!(matches!(log.transact(ops), Err(Error::Aborted { index: 1, .. })));

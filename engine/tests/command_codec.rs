@@ -30,14 +30,14 @@ fn tx_op() -> impl Strategy<Value = TxOp> {
         (name(), token(), payloads()).prop_map(|(stream, token, payloads)| TxOp::Append {
             stream,
             token,
-            payloads
+            payloads: payloads.into()
         }),
         (name(), token(), any::<u64>(), payloads()).prop_map(
             |(stream, token, expected_offset, payloads)| TxOp::AppendAt {
                 stream,
                 token,
                 expected_offset,
-                payloads
+                payloads: payloads.into()
             }
         ),
         (name(), token()).prop_map(|(stream, token)| TxOp::Fence { stream, token }),
@@ -235,7 +235,7 @@ fn payloads_are_slices_of_the_input() {
     let cmd = Command::Write(TxOp::Append {
         stream: Bytes::from_static(b"s"),
         token: Token::new(3).unwrap(),
-        payloads: vec![Bytes::from(vec![9u8; 1000])],
+        payloads: vec![Bytes::from(vec![9u8; 1000])].into(),
     });
     let b = encoded(&cmd);
     let Command::Write(TxOp::Append { payloads, .. }) = Command::decode(&b).unwrap() else {

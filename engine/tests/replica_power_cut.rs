@@ -67,7 +67,7 @@ fn entries() -> Vec<(LogPosition, u64, Command)> {
             Command::Write(TxOp::Append {
                 stream: b(&format!("s{}", i % 7)),
                 token: t(1 + i % 3),
-                payloads: vec![Bytes::from(vec![i as u8; 200])],
+                payloads: vec![Bytes::from(vec![i as u8; 200])].into(),
             }),
         );
     }
@@ -86,7 +86,7 @@ fn entries() -> Vec<(LogPosition, u64, Command)> {
         Command::Write(TxOp::Append {
             stream: b("s1"),
             token: t(49),
-            payloads: vec![b("late")],
+            payloads: vec![b("late")].into(),
         }),
     );
     push(
@@ -96,7 +96,7 @@ fn entries() -> Vec<(LogPosition, u64, Command)> {
             TxOp::Append {
                 stream: b("s2"),
                 token: t(9),
-                payloads: vec![b("x")],
+                payloads: vec![b("x")].into(),
             },
             TxOp::Trim {
                 stream: b("s3"),

@@ -58,7 +58,7 @@ fn entries() -> Vec<(LogPosition, u64, Command)> {
             Command::Write(TxOp::Append {
                 stream: b(&format!("s{}", i % 7)),
                 token: t(1 + i % 3),
-                payloads: vec![Bytes::from(vec![i as u8; 200])],
+                payloads: vec![Bytes::from(vec![i as u8; 200])].into(),
             }),
         );
     }
@@ -77,7 +77,7 @@ fn entries() -> Vec<(LogPosition, u64, Command)> {
         Command::Write(TxOp::Append {
             stream: b("s1"),
             token: t(49),
-            payloads: vec![b("late")],
+            payloads: vec![b("late")].into(),
         }),
     );
     push(
@@ -87,7 +87,7 @@ fn entries() -> Vec<(LogPosition, u64, Command)> {
             TxOp::Append {
                 stream: b("s2"),
                 token: t(9),
-                payloads: vec![b("x")],
+                payloads: vec![b("x")].into(),
             },
             TxOp::Trim {
                 stream: b("s3"),
@@ -261,7 +261,7 @@ async fn a_synced_replica_reopens_at_its_exact_position_even_after_entries_that_
         Command::Write(TxOp::Append {
             stream: b("s1"),
             token: t(3),
-            payloads: vec![b("late")],
+            payloads: vec![b("late")].into(),
         }),
     ));
     entries.push((at(n + 2), 0, Command::Blank));
@@ -302,7 +302,7 @@ async fn a_batch_of_entries_answers_and_ends_as_the_same_entries_one_by_one() {
             stream: b("retry"),
             token: t(9),
             expected_offset: 0,
-            payloads: vec![b("once")],
+            payloads: vec![b("once")].into(),
         }),
     ));
     entries.push((
@@ -316,7 +316,7 @@ async fn a_batch_of_entries_answers_and_ends_as_the_same_entries_one_by_one() {
             stream: b("retry"),
             token: t(9),
             expected_offset: 0,
-            payloads: vec![b("once")],
+            payloads: vec![b("once")].into(),
         }),
     ));
     let one_by_one = open(&SimStorage::new());

@@ -129,13 +129,13 @@ fn command(c: &Cmd, index: u64, reference: &Log) -> Command {
         Cmd::Append(s, tok, p) => Command::Write(TxOp::Append {
             stream: name(*s),
             token: t(*tok),
-            payloads: payloads(p),
+            payloads: payloads(p).into(),
         }),
         Cmd::AppendAt(s, tok, at, n) => Command::Write(TxOp::AppendAt {
             stream: name(*s),
             token: t(*tok),
             expected_offset: *at,
-            payloads: vec![Bytes::from(vec![7u8; *n])],
+            payloads: vec![Bytes::from(vec![7u8; *n])].into(),
         }),
         Cmd::Fence(s, tok) => Command::Write(TxOp::Fence {
             stream: name(*s),
@@ -154,7 +154,7 @@ fn command(c: &Cmd, index: u64, reference: &Log) -> Command {
             TxOp::Append {
                 stream: name(*a),
                 token: t(*ta),
-                payloads: vec![Bytes::from_static(b"tx")],
+                payloads: vec![Bytes::from_static(b"tx")].into(),
             },
             TxOp::Fence {
                 stream: name(*b),
@@ -348,13 +348,13 @@ async fn every_refusal_is_a_decision() {
         Command::Write(TxOp::Append {
             stream: Bytes::from_static(b"s"),
             token: t(4),
-            payloads: vec![Bytes::from_static(b"late")],
+            payloads: vec![Bytes::from_static(b"late")].into(),
         }),
         Command::Write(TxOp::AppendAt {
             stream: Bytes::from_static(b"s"),
             token: t(5),
             expected_offset: 9,
-            payloads: vec![Bytes::from_static(b"x")],
+            payloads: vec![Bytes::from_static(b"x")].into(),
         }),
         Command::Write(TxOp::Trim {
             stream: Bytes::from_static(b"s"),
@@ -366,7 +366,7 @@ async fn every_refusal_is_a_decision() {
         Command::Write(TxOp::Append {
             stream: Bytes::from_static(b"s"),
             token: t(5),
-            payloads: vec![],
+            payloads: vec![].into(),
         }),
         Command::Write(TxOp::Fence {
             stream: Bytes::new(),
@@ -394,7 +394,7 @@ async fn every_refusal_is_a_decision() {
         Command::Write(TxOp::Append {
             stream: Bytes::from_static(b"s"),
             token: t(5),
-            payloads: vec![Bytes::from(vec![0u8; 2 << 20])],
+            payloads: vec![Bytes::from(vec![0u8; 2 << 20])].into(),
         }),
         // The live lease limit: one, then a second refused.
         Command::SetLimits(GroupLimits {
@@ -519,7 +519,7 @@ async fn a_replica_restored_from_a_checkpoint_lets_a_lease_expire_when_the_other
         entries.push(Command::Write(TxOp::Append {
             stream: Bytes::from_static(b"s"),
             token: t(1),
-            payloads: vec![Bytes::from(vec![1u8; 12_000])],
+            payloads: vec![Bytes::from(vec![1u8; 12_000])].into(),
         }));
     }
     let at = |i: usize| LogPosition {

@@ -67,7 +67,7 @@ fn an_accepted_transaction_lands_whole_and_survives_a_restart() {
                 stream: b("b"),
                 token: t(4),
                 expected_offset: 0,
-                payloads: vec![b("z")],
+                payloads: vec![b("z")].into(),
             },
             TxOp::Fence {
                 stream: b("c"),
@@ -153,7 +153,7 @@ fn rejections_decided_inside_the_lock_apply_nothing_either() {
                 stream: b("s"),
                 token: t(1),
                 expected_offset: 0,
-                payloads: vec![b("y")],
+                payloads: vec![b("y")].into(),
             },
         ])
         .unwrap_err();
@@ -279,7 +279,7 @@ fn write_deferred_answers_as_each_ops_own_method() {
         stream: b("s"),
         token: t(5),
         expected_offset: 2,
-        payloads: vec![b("c")],
+        payloads: vec![b("c")].into(),
     };
     assert_eq!(write(at.clone()).unwrap(), 2);
     assert_eq!(

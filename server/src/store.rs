@@ -361,7 +361,7 @@ mod tests {
         TxOp::Append {
             stream: Bytes::copy_from_slice(stream.as_bytes()),
             token: Token::new(token).unwrap(),
-            payloads: vec![Bytes::from_static(b"x")],
+            payloads: vec![Bytes::from_static(b"x")].into(),
         }
     }
 

@@ -909,7 +909,7 @@ impl Client {
                     Ok(token) => Command::Write(TxOp::Append {
                         stream: Bytes::copy_from_slice(stream.as_bytes()),
                         token,
-                        payloads: vec![Bytes::copy_from_slice(payload)],
+                        payloads: [Bytes::copy_from_slice(payload)].into(),
                     }),
                     Err(o) => return o,
                 };

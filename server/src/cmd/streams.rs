@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use fencelog::{Log, ReadOptions, TxOp};
+use fencelog::{Log, Payloads, ReadOptions, TxOp};
 
 use super::parse::{err, not_integer, parse_token, parse_u64, upper, wait_ms, wrong_arity};
 use crate::command_table::*;
@@ -144,7 +144,7 @@ pub fn parse_write(cmd: &str, a: Args<'_>) -> Option<Result<TxOp, Reply>> {
         "LOG.APPEND" => parse_token(&a[1]).map(|token| TxOp::Append {
             stream: stream(),
             token,
-            payloads: a.from(2).iter().map(|p| p.to_bytes()).collect(),
+            payloads: payloads(a.from(2)),
         }),
         "LOG.APPENDAT" if a.len() < 4 => Err(wrong_arity(cmd)),
         "LOG.APPENDAT" => parse_token(&a[1]).and_then(|token| {
@@ -152,7 +152,7 @@ pub fn parse_write(cmd: &str, a: Args<'_>) -> Option<Result<TxOp, Reply>> {
                 stream: stream(),
                 token,
                 expected_offset: parse_u64(&a[2]).ok_or_else(not_integer)?,
-                payloads: a.from(3).iter().map(|p| p.to_bytes()).collect(),
+                payloads: payloads(a.from(3)),
             })
         }),
         "LOG.FENCE" if a.len() != 2 => Err(wrong_arity(cmd)),
@@ -179,6 +179,15 @@ pub fn parse_write(cmd: &str, a: Args<'_>) -> Option<Result<TxOp, Reply>> {
         Outcome::Reply(r) => r,
         _ => Reply::Error("ERR syntax error".into()),
     }))
+}
+
+/// An append's records from its arguments: one record, the usual case,
+/// built inline without going through the iterator's size hints.
+fn payloads(a: Args<'_>) -> Payloads {
+    match a.get(0) {
+        Some(one) if a.len() == 1 => Payloads::from_buf([one.to_bytes()]),
+        _ => a.iter().map(|p| p.to_bytes()).collect(),
+    }
 }
 
 /// A `LOG.APPEND` from its arguments, before it is built into an op:
@@ -515,6 +524,35 @@ fn streams_page(a: &[Bytes], log: &Log) -> Outcome {
 mod tests {
     use super::*;
     use std::sync::Mutex;
+
+    fn parsed(args: &[&str]) -> TxOp {
+        let request = crate::protocol::Request::from(
+            args.iter()
+                .map(|a| Bytes::copy_from_slice(a.as_bytes()))
+                .collect::<Vec<_>>(),
+        );
+        let a = request.args();
+        parse_write(args[0], a.from(1)).unwrap().unwrap()
+    }
+
+    /// An append of one record, a leader's usual write, holds it inline (no
+    /// list allocated per append); several are all kept, in order.
+    #[test]
+    fn an_appends_one_record_is_held_inline() {
+        for (args, records) in [
+            (&["LOG.APPEND", "s", "3", "x"][..], &["x"][..]),
+            (&["LOG.APPENDAT", "s", "3", "0", "x"], &["x"]),
+            (&["LOG.APPEND", "s", "3", "x", "y", "z"], &["x", "y", "z"]),
+        ] {
+            let op = parsed(args);
+            let (TxOp::Append { payloads, .. } | TxOp::AppendAt { payloads, .. }) = &op else {
+                panic!("{args:?} parsed to {op:?}");
+            };
+            let want: Vec<Bytes> = records.iter().map(|r| Bytes::from(*r)).collect();
+            assert_eq!(payloads.as_slice(), want.as_slice(), "{args:?}");
+            assert_eq!(payloads.spilled(), records.len() > 1, "{args:?}");
+        }
+    }
 
     /// A read of many small records tells the budget what they hold, not
     /// their payload bytes alone (a small part of it).
