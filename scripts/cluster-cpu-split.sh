@@ -15,7 +15,8 @@
 #   scripts/cluster-cpu-split.sh [FENCELOG_BINARY] [PIPELINE] [SECONDS] [RUNS]
 #
 # Defaults: target/release/fencelog, pipeline 16, 5 s, 3 runs; WORKLOAD=read
-# (or reject) measures that workload instead of appends. Ports 7601
+# (or reject) measures that workload instead of appends; CLUSTER_SERVE_ARGS
+# (e.g. "--threads 1") go to every node of the group, not the single node. Ports 7601
 # (single node) and 7611-7613 (+10000 for Raft) on 127.0.0.1; data under a
 # temporary directory, removed afterwards. Every run starts from empty
 # data directories: a group that has run a while is slower on this VM
@@ -81,7 +82,8 @@ for run in $(seq 1 "$runs"); do
                  u / t / n * 1e6, "", u / t / s, l / s, sprintf("%.0f%%", m / t / w / c * 100),
                  c / (m / t / n) / 1e3 }'
 
-    start_group 7611 "$work/cluster"
+    # shellcheck disable=SC2086 # options, split on purpose
+    start_group 7611 "$work/cluster" ${CLUSTER_SERVE_ARGS:-}
     # Each node's process, leader first, by the client port it serves.
     order=$(leader_first 7611)
     nodes=()
