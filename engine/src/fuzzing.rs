@@ -52,8 +52,14 @@ pub fn decode_op(bytes: &[u8]) {
         Op::Append(a) => {
             let payloads: Vec<&[u8]> = a.payloads().collect();
             assert_eq!(payloads.len(), a.count as usize, "records walked");
-            let mut buf = vec![0u8; op::append_len(a.stream, &payloads)];
-            op::encode_append(&mut buf, a.stream, a.token, a.first_offset, &payloads);
+            let mut buf = vec![0u8; op::append_len(a.stream, payloads.as_slice())];
+            op::encode_append(
+                &mut buf,
+                a.stream,
+                a.token,
+                a.first_offset,
+                payloads.as_slice(),
+            );
             assert_eq!(buf, op::encode(&decoded), "the two append encoders");
             buf
         }

@@ -838,7 +838,7 @@ impl Log {
     ) -> Result<Deferred<Offset>> {
         let (size, key) = self.precheck_append(stream, fast.then_some(token), &payloads)?;
         let d = self
-            .decide_async(|w| decide_append(w, key, token.get(), &payloads, None))
+            .decide_async(|w| decide_append(w, key, token.get(), payloads.as_slice(), None))
             .await?;
         Ok(Deferred::append(self.clone(), d, size))
     }
@@ -989,7 +989,15 @@ impl Log {
         let payloads = payloads.into();
         let (size, key) = self.precheck_append(stream, None, &payloads)?;
         let d = self
-            .decide_async(|w| decide_append(w, key, token.get(), &payloads, Some(expected_offset)))
+            .decide_async(|w| {
+                decide_append(
+                    w,
+                    key,
+                    token.get(),
+                    payloads.as_slice(),
+                    Some(expected_offset),
+                )
+            })
             .await?;
         let log = self.clone();
         let stream = stream.to_vec();

@@ -44,38 +44,6 @@ impl<P: AsRef<[u8]>> Records for [P] {
     }
 }
 
-/// Payloads in a `Vec` (what [`crate::TxOp`] holds), as their slice.
-impl<A: smallvec::Array> Records for smallvec::SmallVec<A>
-where
-    A::Item: AsRef<[u8]>,
-{
-    fn count(&self) -> usize {
-        self.len()
-    }
-
-    fn lens(&self) -> impl Iterator<Item = usize> + '_ {
-        self.as_slice().lens()
-    }
-
-    fn lay(&self, out: &mut [u8]) {
-        self.as_slice().lay(out)
-    }
-}
-
-impl<P: AsRef<[u8]>> Records for Vec<P> {
-    fn count(&self) -> usize {
-        self.len()
-    }
-
-    fn lens(&self) -> impl Iterator<Item = usize> + '_ {
-        self.as_slice().lens()
-    }
-
-    fn lay(&self, out: &mut [u8]) {
-        self.as_slice().lay(out)
-    }
-}
-
 /// Records laid out already: `[len: u32 | payload]*`, `count` times, and
 /// nothing after (checked when made). Written out with one copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -51,7 +51,7 @@ fn precheck(limits: &GroupLimits, cmd: &Command) -> Result<()> {
         }
         | TxOp::AppendAt {
             stream, payloads, ..
-        } => append_ok(limits, stream, payloads),
+        } => append_ok(limits, stream, payloads.as_slice()),
         TxOp::Fence { .. } | TxOp::Trim { .. } | TxOp::Delete { .. } => {
             check_stream_name(op.stream())
         }
@@ -209,7 +209,7 @@ fn decide_write(w: &mut Writer<'_, Core>, op: &TxOp) -> Result<Decision> {
             stream,
             token,
             payloads,
-        } => decide_plain_append(w, stream, *token, payloads),
+        } => decide_plain_append(w, stream, *token, payloads.as_slice()),
         TxOp::AppendAt {
             stream,
             token,
@@ -217,7 +217,13 @@ fn decide_write(w: &mut Writer<'_, Core>, op: &TxOp) -> Result<Decision> {
             payloads,
         } => {
             let key = w.state().key(stream);
-            decide_append(w, key, token.get(), payloads, Some(*expected_offset))
+            decide_append(
+                w,
+                key,
+                token.get(),
+                payloads.as_slice(),
+                Some(*expected_offset),
+            )
         }
         TxOp::Fence { stream, token } => decide_fence(w, stream, token.get()),
         TxOp::Trim {

@@ -205,8 +205,8 @@ pub(crate) fn decide(w: &mut Writer<'_, Core>, ops: &[TxOp]) -> Result<TxDecisio
                     };
                     return Ok(TxDecision::rejected(index, cause, w.ticket_for(s.last_lsn)));
                 }
-                let mut buf = vec![0u8; op::append_len(name, payloads)];
-                op::encode_append(&mut buf, name, token, s.next, payloads);
+                let mut buf = vec![0u8; op::append_len(name, payloads.as_slice())];
+                op::encode_append(&mut buf, name, token, s.next, payloads.as_slice());
                 after.next = s.next + payloads.len() as u64;
                 (s.next, buf)
             }
