@@ -25,7 +25,7 @@ use crate::op::{self, Acquire, Op};
 use crate::options::Options;
 use crate::replicated::{GroupLimits, LogPosition, ReplState, ReplicatedClock};
 use crate::token::MAX_TOKEN;
-use crate::view::{Effect, IndexEntry, Key, OpenEntry, StreamView, Views};
+use crate::view::{Effect, IndexEntry, Key, OpenEntry, Rise, StreamView, Views};
 
 /// A stream as the serialized section knows it: every accepted write
 /// counts, synced or not.
@@ -221,10 +221,12 @@ impl Core {
     fn advance(s: &StreamCore, entry: Option<OpenEntry>) -> Effect {
         Effect::Advance {
             view: Arc::clone(&s.view),
-            highest: s.highest,
-            next: s.next_offset,
+            rise: Rise {
+                highest: s.highest,
+                next: s.next_offset,
+                total_bytes: s.total_bytes,
+            },
             start: s.start_offset,
-            total_bytes: s.total_bytes,
             entry,
         }
     }

@@ -260,10 +260,8 @@ pub(crate) enum Effect {
     /// A stream's new durable state, and the entry an append added.
     Advance {
         view: Arc<StreamView>,
-        highest: u64,
-        next: u64,
+        rise: Rise,
         start: u64,
-        total_bytes: u64,
         entry: Option<OpenEntry>,
     },
     /// A segment's footer is durable: these streams find their records
@@ -290,19 +288,10 @@ impl Durable for Effect {
         match self {
             Effect::Advance {
                 view,
-                highest,
-                next,
+                rise,
                 start,
-                total_bytes,
                 entry,
-            } => {
-                let rise = Rise {
-                    highest,
-                    next,
-                    total_bytes,
-                };
-                advance(&view, rise, start, entry, || None)
-            }
+            } => advance(&view, rise, start, entry, || None),
             Effect::Sealed {
                 segment,
                 streams,
@@ -342,10 +331,8 @@ impl Durable for Effect {
         while let Some(effect) = effects.next() {
             let Effect::Advance {
                 view,
-                highest,
-                next,
+                rise,
                 start,
-                total_bytes,
                 entry: entry @ Some(_),
             } = effect
             else {
@@ -361,26 +348,12 @@ impl Durable for Effect {
                 };
                 match effects.next_if(joins)? {
                     Effect::Advance {
-                        highest,
-                        next,
-                        total_bytes,
+                        rise,
                         entry: Some(e),
                         ..
-                    } => Some((
-                        Rise {
-                            highest,
-                            next,
-                            total_bytes,
-                        },
-                        e,
-                    )),
+                    } => Some((rise, e)),
                     _ => None,
                 }
-            };
-            let rise = Rise {
-                highest,
-                next,
-                total_bytes,
             };
             advance(&view, rise, start, entry, more);
         }
@@ -395,10 +368,10 @@ thread_local! {
 
 /// The numbers of a stream's view an advance raises (each only rises).
 #[derive(Debug, Clone, Copy)]
-struct Rise {
-    highest: u64,
-    next: u64,
-    total_bytes: u64,
+pub(crate) struct Rise {
+    pub highest: u64,
+    pub next: u64,
+    pub total_bytes: u64,
 }
 
 impl Rise {
@@ -499,10 +472,12 @@ mod tests {
                 }
                 Effect::Advance {
                     view: Arc::clone(&views[which]),
-                    highest: *highest,
-                    next: *next,
+                    rise: Rise {
+                        highest: *highest,
+                        next: *next,
+                        total_bytes: *total,
+                    },
                     start: *start,
-                    total_bytes: *total,
                     entry,
                 }
             })
