@@ -348,19 +348,15 @@ where
         // others after, the most recently heard first.
         let live_for = Duration::from_millis(self.config.heartbeat_interval.saturating_mul(2));
         let now = C::now();
-        let silent_for = |heard: &Option<InstantOf<C>>| match heard {
-            Some(h) if *h < now => now - *h,
-            Some(_) => Duration::ZERO,
-            None => Duration::MAX,
-        };
-        voters.sort_by(|a, b| {
-            let (sa, sb) = (silent_for(&a.2), silent_for(&b.2));
-            match (sa <= live_for, sb <= live_for) {
-                (true, true) => a.0.cmp(&b.0),
-                (true, false) => std::cmp::Ordering::Less,
-                (false, true) => std::cmp::Ordering::Greater,
-                (false, false) => sa.cmp(&sb),
-            }
+        voters.sort_by_key(|(id, _, heard)| {
+            let silent = match heard {
+                Some(h) if *h < now => now - *h,
+                Some(_) => Duration::ZERO,
+                None => Duration::MAX,
+            };
+            // The live by id alone; the others by how long they have been silent.
+            let live = silent <= live_for;
+            (!live, if live { Duration::ZERO } else { silent }, id.clone())
         });
         let mut at_once = 0;
         {
