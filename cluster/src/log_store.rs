@@ -479,28 +479,33 @@ fn read_err(e: impl std::error::Error + 'static) -> StorageError<NodeId> {
 }
 
 impl LogStore {
-    /// Opens (or creates) the Raft log in `dir`.
-    pub fn open(dir: &Path, segment_bytes: u64) -> Result<LogStore, WalError> {
-        Self::open_on(Arc::new(FsStorage), dir, segment_bytes)
+    /// Opens (or creates) the Raft log in `dir`; with `direct_io`, its
+    /// batches are written around the page cache
+    /// (`WalOptions::direct_io`).
+    pub fn open(dir: &Path, segment_bytes: u64, direct_io: bool) -> Result<LogStore, WalError> {
+        Self::open_with(Arc::new(FsStorage), dir, segment_bytes, false, direct_io)
     }
 
-    /// As [`LogStore::open`], on any storage (tests use the simulated one).
+    /// As [`LogStore::open`], on any storage (the simulated one).
+    #[cfg(test)]
     fn open_on(
         storage: Arc<dyn fencelog_wal::Storage>,
         dir: &Path,
         segment_bytes: u64,
     ) -> Result<LogStore, WalError> {
-        Self::open_with(storage, dir, segment_bytes, false)
+        Self::open_with(storage, dir, segment_bytes, false, true)
     }
 
     /// As [`LogStore::open_on`]; with `inline_io` (deterministic
     /// simulation only) the log has no threads of its own and no
-    /// preallocation (`WalOptions::inline_io`).
+    /// preallocation (`WalOptions::inline_io`); `direct_io` as in
+    /// [`LogStore::open`].
     pub(crate) fn open_with(
         storage: Arc<dyn fencelog_wal::Storage>,
         dir: &Path,
         segment_bytes: u64,
         inline_io: bool,
+        direct_io: bool,
     ) -> Result<LogStore, WalError> {
         let mut opts = WalOptions {
             segment_bytes,
@@ -521,6 +526,10 @@ impl LogStore {
             // the network, not from the answer to its last: a wait for it
             // to submit again would only delay the acknowledgement.
             wait_for_writers: false,
+            // Synced every batch, read back from memory: nothing gains
+            // from its pages (docs/CLUSTER.md, "The Raft log's page
+            // cache").
+            direct_io,
             ..WalOptions::default()
         };
         if inline_io {

@@ -413,12 +413,15 @@ fn peer_network(cfg: &NodeConfig, hooks: &Hooks, incarnation: u64) -> Network {
 async fn open_raft_log(cfg: &NodeConfig, hooks: &Hooks) -> Result<LogStore, ClusterError> {
     let raft_dir = cfg.dir.join("raft");
     let segment = cfg.raft_segment_bytes;
+    // The engine's flag: its own log is not synced per batch in a group,
+    // so it is the Raft log's alone.
+    let direct_io = cfg.engine.wal.direct_io;
     Ok(match hooks.storage.clone() {
-        None => tokio::task::spawn_blocking(move || LogStore::open(&raft_dir, segment))
+        None => tokio::task::spawn_blocking(move || LogStore::open(&raft_dir, segment, direct_io))
             .await
             .map_err(|e| ClusterError::Raft(e.to_string()))??
             .of_node(cfg.id),
-        Some(storage) => LogStore::open_with(storage, &raft_dir, segment, true)?,
+        Some(storage) => LogStore::open_with(storage, &raft_dir, segment, true, false)?,
     })
 }
 

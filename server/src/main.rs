@@ -147,6 +147,14 @@ struct ServeArgs {
     /// the new size).
     #[arg(long, value_enum, default_value_t = Preallocate::Fill, value_name = "HOW")]
     preallocate: Preallocate,
+    /// Write every batch of a log synced per batch (a single node's log, a
+    /// cluster node's Raft log) through the page cache, as other writes
+    /// are. By default such a log writes its batches with `O_DIRECT` into
+    /// its filled segments (plain writes where the file system has no
+    /// direct I/O, or with `--preallocate reserve|none`); see
+    /// docs/DESIGN.md, "Batches written around the page cache".
+    #[arg(long)]
+    no_direct_io: bool,
     /// Segment files the log keeps open for reading at once (its file
     /// budget; reads of other segments open and close theirs). The open-file
     /// limit must leave room for these besides the connections.
@@ -476,6 +484,7 @@ impl ServeArgs {
                 max_entry_bytes: u32::try_from(max_entry).unwrap_or(u32::MAX),
                 max_open_segments: self.max_open_segments,
                 preallocation: self.preallocate.into(),
+                direct_io: !self.no_direct_io,
                 wait_for_writers: !self.no_sync_wait,
                 ..fencelog::WalOptions::default()
             },
@@ -578,6 +587,7 @@ impl ServeArgs {
             ("threads".into(), threads.to_string()),
             ("segment-bytes".into(), self.segment_bytes.to_string()),
             ("preallocate".into(), self.preallocate.name().into()),
+            ("no-direct-io".into(), yes_no(self.no_direct_io)),
             ("max-live-leases".into(), self.max_live_leases.to_string()),
             (
                 "max-open-segments".into(),

@@ -91,6 +91,15 @@ pub struct WalOptions {
     /// durable by it. Default 1 MiB; 0: never. Unused with a sync per
     /// batch.
     pub writeback_bytes: u64,
+    /// With a sync per batch and [`Preallocation::Fill`]: write batches
+    /// around the page cache (`O_DIRECT`, where the file system has it), so
+    /// that the kernel copies no entry into a page and the sync that follows
+    /// writes nothing more. Each write then begins at the start of the disk
+    /// block the batch begins in (its earlier bytes written again as they
+    /// are, as the page cache would) and ends at the end of a block, in
+    /// zeros. Reads go through the page cache as before; the kernel keeps
+    /// the two coherent. Default true.
+    pub direct_io: bool,
     /// Once a segment is sealed (synced, never written again), tell the
     /// kernel its pages may leave the page cache (`POSIX_FADV_DONTNEED`,
     /// as PostgreSQL does with WAL files nothing will read), on the
@@ -149,6 +158,7 @@ impl Default for WalOptions {
             max_open_segments: 64,
             footer_cache_bytes: 32 << 20,
             sync_every_batch: true,
+            direct_io: true,
             writeback_bytes: 1 << 20,
             uncache_sealed: false,
             inline_io: false,

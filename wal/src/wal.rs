@@ -1956,6 +1956,9 @@ impl<S: Sequencer> Shared<S> {
     /// A zero-filled segment's pages exist already: one write.
     fn write_batch(&self, file: &dyn StorageFile, buf: &[u8], pos: u64) -> io::Result<()> {
         if self.opts.preallocation == Preallocation::Fill {
+            if self.writes_direct() {
+                return file.append_at(buf, pos);
+            }
             return file.write_all_at(buf, pos);
         }
         let piece = FILL_WRITE_BYTES as u64;
@@ -1968,6 +1971,15 @@ impl<S: Sequencer> Shared<S> {
             at = end;
         }
         Ok(())
+    }
+
+    /// Whether batches go around the page cache ([`WalOptions::direct_io`]):
+    /// only where each is synced at once (a log synced later would make
+    /// its writers wait for the disk at every write instead).
+    fn writes_direct(&self) -> bool {
+        self.opts.direct_io
+            && self.opts.sync_every_batch
+            && self.opts.preallocation == Preallocation::Fill
     }
 
     fn sync(&self, file: &dyn StorageFile, fs: &FlushState) -> io::Result<()> {
@@ -2196,6 +2208,12 @@ impl<S: Sequencer> Shared<S> {
         }
         file.sync_data()
             .map_err(|e| annotate(e, "fdatasync", &tmp))?;
+        if self.writes_direct() {
+            // The zeros' pages (clean now) would otherwise be dropped a
+            // batch at a time by the kernel, under the sync thread's
+            // direct writes. A hint: a failure leaves them cached.
+            let _ = file.drop_cached();
+        }
         // Never replace a segment: a rename over a live one would drop its
         // entries with no error anywhere.
         if storage.open(&path).is_ok() || self.segments.read().contains_key(&seq) {

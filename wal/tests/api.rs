@@ -363,7 +363,9 @@ fn cached_pages(path: &Path) -> (usize, usize) {
 /// `uncache_sealed` (a Raft log's): once a segment is sealed its pages
 /// leave the page cache (on the allocator's thread, soon after), and the
 /// log still reads back every entry (from the disk). Without it the
-/// kernel keeps them, which is what makes this test able to fail.
+/// kernel keeps them, which is what makes this test able to fail. With
+/// plain writes: batches written direct take no pages to begin with
+/// (`tests/direct_io.rs`).
 #[test]
 fn uncache_sealed_lets_a_sealed_segment_leave_the_page_cache() {
     for uncache_sealed in [true, false] {
@@ -371,6 +373,7 @@ fn uncache_sealed_lets_a_sealed_segment_leave_the_page_cache() {
         let storage: Arc<dyn Storage> = Arc::new(fencelog_wal::FsStorage);
         let opts = fencelog_wal::WalOptions {
             uncache_sealed,
+            direct_io: false,
             ..small_opts()
         };
         let (wal, _) = open(&storage, dir.path(), &opts).unwrap();

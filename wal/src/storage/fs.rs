@@ -3,8 +3,10 @@
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
+
+use parking_lot::Mutex;
 
 use super::{DirLock, Storage, StorageFile};
 
@@ -52,7 +54,7 @@ impl Storage for FsStorage {
 
     fn open(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
         let file = OpenOptions::new().read(true).write(true).open(path)?;
-        Ok(Box::new(FsFile { file }))
+        Ok(Box::new(FsFile::new(file)))
     }
 
     fn create_new(&self, path: &Path) -> io::Result<Box<dyn StorageFile>> {
@@ -61,7 +63,7 @@ impl Storage for FsStorage {
             .write(true)
             .create_new(true)
             .open(path)?;
-        Ok(Box::new(FsFile { file }))
+        Ok(Box::new(FsFile::new(file)))
     }
 
     fn remove(&self, path: &Path) -> io::Result<()> {
@@ -96,6 +98,18 @@ impl Storage for FsStorage {
 
 struct FsFile {
     file: File,
+    /// Appends around the page cache ([`StorageFile::append_at`]): opened
+    /// at the first, used by one writer at a time (the log's sync thread).
+    direct: Mutex<Direct>,
+}
+
+impl FsFile {
+    fn new(file: File) -> FsFile {
+        FsFile {
+            file,
+            direct: Mutex::new(Direct::Unopened),
+        }
+    }
 }
 
 impl StorageFile for FsFile {
@@ -109,6 +123,31 @@ impl StorageFile for FsFile {
 
     fn write_all_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
         self.file.write_all_at(buf, pos)
+    }
+
+    fn append_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
+        let mut direct = self.direct.lock();
+        if let Direct::Unopened = *direct {
+            *direct = match DirectWriter::open(&self.file) {
+                Ok(writer) => Direct::Open(Box::new(writer)),
+                Err(_) => Direct::Unavailable,
+            };
+        }
+        let Direct::Open(writer) = &mut *direct else {
+            return self.file.write_all_at(buf, pos);
+        };
+        match writer.append(buf, pos) {
+            Ok(true) => Ok(()),
+            // Past the file's end (a segment's last block): a plain write.
+            Ok(false) => self.file.write_all_at(buf, pos),
+            // The file system refuses direct I/O (or its alignment): plain
+            // writes from now on. The refusal comes before any byte moves.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                *direct = Direct::Unavailable;
+                self.file.write_all_at(buf, pos)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     fn set_len(&self, len: u64) -> io::Result<()> {
@@ -181,4 +220,119 @@ impl FsFile {
             Err(io::Error::last_os_error())
         }
     }
+}
+
+/// A file's appends around the page cache.
+enum Direct {
+    /// Not tried yet.
+    Unopened,
+    Open(Box<DirectWriter>),
+    /// The file system has no direct I/O (tmpfs, say): plain writes.
+    Unavailable,
+}
+
+/// What direct I/O is aligned to, in memory, in the file and in length: a
+/// page, which every disk's logical block size divides.
+const BLOCK: usize = 4096;
+
+/// The largest staging buffer kept between appends.
+const MAX_KEPT_STAGING: usize = 8 << 20;
+
+/// Appends with `O_DIRECT`: each write begins at the start of the block
+/// the append begins in (that block's earlier bytes written again as they
+/// are) and ends at the end of a block (zeros after the append).
+struct DirectWriter {
+    /// The same file, opened again (its own open file description, so
+    /// that the plain descriptor's reads and writes keep the page cache).
+    file: File,
+    /// The file's length as last read: a write never passes it (a
+    /// segment's space is made before its entries are written).
+    len: u64,
+    /// Where writes are laid out, aligned in memory; grows as needed.
+    staging: Vec<u8>,
+    /// The last block written: its position in the file and the bytes of
+    /// it that were appended, for the next append, which begins in it.
+    tail_at: u64,
+    tail: Vec<u8>,
+}
+
+impl DirectWriter {
+    fn open(file: &File) -> io::Result<DirectWriter> {
+        // Through /proc: the file's path may have changed since it was
+        // opened (a segment is created under a temporary name).
+        let path = format!("/proc/self/fd/{}", file.as_raw_fd());
+        let direct = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)?;
+        let len = direct.metadata()?.len();
+        Ok(DirectWriter {
+            file: direct,
+            len,
+            staging: Vec::new(),
+            tail_at: u64::MAX,
+            tail: Vec::with_capacity(BLOCK),
+        })
+    }
+
+    /// Writes `buf` at `pos` (see [`StorageFile::append_at`]); answers
+    /// false, having written nothing, when the write would pass the file's
+    /// end.
+    fn append(&mut self, buf: &[u8], pos: u64) -> io::Result<bool> {
+        let block = BLOCK as u64;
+        let start = pos / block * block;
+        let lead = (pos - start) as usize;
+        let len = lead + buf.len();
+        let padded = len.div_ceil(BLOCK) * BLOCK;
+        let end = start + padded as u64;
+        if end > self.len {
+            self.len = self.file.metadata()?.len();
+            if end > self.len {
+                return Ok(false);
+            }
+        }
+        if self.staging.len() < padded + BLOCK {
+            self.staging = vec![0; (padded + BLOCK).next_power_of_two()];
+        }
+        let at = self.staging.as_ptr().align_offset(BLOCK);
+        let area = &mut self.staging[at..at + padded];
+        if lead > 0 {
+            if self.tail_at == start && self.tail.len() == lead {
+                area[..lead].copy_from_slice(&self.tail);
+            } else {
+                // Not where the last append ended (the first append to
+                // this file, say): the block as the disk has it.
+                read_block(&self.file, &mut area[..BLOCK], start)?;
+            }
+        }
+        area[lead..len].copy_from_slice(buf);
+        area[len..].fill(0);
+        self.file.write_all_at(area, start)?;
+        let last = padded - BLOCK;
+        self.tail_at = start + last as u64;
+        self.tail.clear();
+        self.tail.extend_from_slice(&area[last..len]);
+        if self.staging.len() > MAX_KEPT_STAGING {
+            // A one-off large batch does not pin its buffer.
+            self.staging = Vec::new();
+        }
+        Ok(true)
+    }
+}
+
+/// Reads the block at `pos` into `block` (aligned, one block long); what
+/// lies past the file's end reads as zeros.
+fn read_block(file: &File, block: &mut [u8], pos: u64) -> io::Result<()> {
+    // One read: a direct read comes back short only at the file's end (a
+    // second read would begin unaligned).
+    let got = loop {
+        match file.read_at(block, pos) {
+            Ok(n) => break n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    };
+    block[got..].fill(0);
+    Ok(())
 }

@@ -68,6 +68,19 @@ pub trait StorageFile: Send + Sync {
     /// Writes all of `buf` at position `pos`, extending the file if needed.
     fn write_all_at(&self, buf: &[u8], pos: u64) -> io::Result<()>;
 
+    /// Writes all of `buf` at `pos` as the new end of the log's bytes in
+    /// the file: nothing after `pos + buf.len()` is the log's yet (in a
+    /// segment filled ahead of its entries, zeros), and the rest of the
+    /// disk block the write ends in may be written as zeros. Where the
+    /// backend can, around the page cache (`O_DIRECT`): the bytes go from
+    /// memory to the disk, the kernel copies them into no page, and the
+    /// sync after has no pages to write. Durable only after
+    /// [`StorageFile::sync_data`], as any write. The default is
+    /// [`StorageFile::write_all_at`].
+    fn append_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
+        self.write_all_at(buf, pos)
+    }
+
     /// Sets the file's length, truncating or extending with zeros.
     fn set_len(&self, len: u64) -> io::Result<()>;
 
