@@ -15,7 +15,11 @@ fn bench(args: &[&str]) -> String {
 /// `fencelog bench` with `args` and nothing else; its output, once it
 /// succeeded.
 fn bench_exactly(args: &[&str]) -> String {
-    let out = Command::new(BIN).arg("bench").args(args).output().unwrap();
+    let out = Command::new(bin())
+        .arg("bench")
+        .args(args)
+        .output()
+        .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(
         out.status.success(),
@@ -163,7 +167,7 @@ fn the_threads_driver_counts_every_answer() {
 
 #[test]
 fn the_threads_driver_refuses_a_pipeline_it_could_deadlock_on() {
-    let out = Command::new(BIN)
+    let out = Command::new(bin())
         .args(["bench", "--driver", "threads", "--pipeline", "257"])
         .output()
         .unwrap();

@@ -54,7 +54,7 @@ impl Drop for Local {
 }
 
 fn start(dir: &std::path::Path, port: u16) -> Local {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fencelog"))
+    let mut child = Command::new(common::bin())
         .args([
             "cluster",
             "local",
@@ -121,7 +121,7 @@ fn cluster_local_starts_a_cluster_and_sigterm_stops_every_node() {
     let tmp = tempfile::tempdir().unwrap();
     let port = free_port_run();
     let child = start(tmp.path(), port);
-    let status = Command::new(env!("CARGO_BIN_EXE_fencelog"));
+    let status = Command::new(common::bin());
     let deadline = Instant::now() + Duration::from_secs(30);
     let leader = loop {
         let out = Command::new(status.get_program())
@@ -191,7 +191,7 @@ fn cluster_local_starts_a_cluster_and_sigterm_stops_every_node() {
     // the node's directory to it.
     for n in 1..=3 {
         let node = tmp.path().join(format!("n{n}"));
-        let out = Command::new(env!("CARGO_BIN_EXE_fencelog"))
+        let out = Command::new(common::bin())
             .arg("verify")
             .arg(&node)
             .output()
@@ -200,7 +200,7 @@ fn cluster_local_starts_a_cluster_and_sigterm_stops_every_node() {
         let said = String::from_utf8_lossy(&out.stderr).into_owned();
         let engine = node.join("sm").join(format!("{:020}", 1));
         assert!(said.contains(&*engine.to_string_lossy()), "{said}");
-        let out = Command::new(env!("CARGO_BIN_EXE_fencelog"))
+        let out = Command::new(common::bin())
             .arg("verify")
             .arg(&engine)
             .output()

@@ -14,12 +14,12 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{BIN, free_ports};
+use common::{bin, free_ports};
 
 /// `fencelog serve ARGS` run to its end (it must refuse): exit status and
 /// stderr.
 fn refused(args: &[&str]) -> String {
-    let out = Command::new(BIN)
+    let out = Command::new(bin())
         .arg("serve")
         .args(args)
         .stdout(Stdio::null())
@@ -90,7 +90,7 @@ struct Proc {
 
 impl Proc {
     fn start(args: &[&str]) -> Proc {
-        let mut child = Command::new(BIN)
+        let mut child = Command::new(bin())
             .arg("serve")
             .args(args)
             .args(["--log-level", "info"])

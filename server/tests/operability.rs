@@ -21,7 +21,7 @@ fn lines(v: &Value) -> String {
 }
 
 fn serve_fails(args: &[&str]) -> String {
-    let out = Command::new(BIN)
+    let out = Command::new(bin())
         .arg("serve")
         .args(args)
         .stdin(Stdio::null())
@@ -104,7 +104,7 @@ fn addresses_ports_and_small_segments_as_people_type_them() {
     // A name and a port alone.
     for addr in ["localhost:0", "0"] {
         let dir = tempfile::tempdir().unwrap();
-        let mut child = Command::new(BIN)
+        let mut child = Command::new(bin())
             .args(["serve", "--addr", addr, "--dir"])
             .arg(dir.path())
             .stderr(Stdio::piped())

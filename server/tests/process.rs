@@ -179,7 +179,7 @@ fn sigterm_finishes_in_flight_work_and_exits_0() {
 fn a_data_directory_in_use_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let _first = ServerProcess::start(dir.path(), &[]);
-    let out = std::process::Command::new(BIN)
+    let out = std::process::Command::new(bin())
         .args(["serve", "--addr", "127.0.0.1:0", "--dir"])
         .arg(dir.path())
         .output()
@@ -192,7 +192,7 @@ fn a_data_directory_in_use_is_refused() {
 #[test]
 fn a_non_loopback_address_needs_a_password_or_a_deliberate_flag() {
     let dir = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(BIN)
+    let out = std::process::Command::new(bin())
         .args(["serve", "--addr", "0.0.0.0:0", "--dir"])
         .arg(dir.path())
         .output()

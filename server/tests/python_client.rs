@@ -37,7 +37,7 @@ fn the_python_clients_tests_pass() {
             "clients/python/tests",
         ])
         .current_dir(&root)
-        .env("FENCELOG_BIN", env!("CARGO_BIN_EXE_fencelog"))
+        .env("FENCELOG_BIN", common::bin())
         .output()
         .expect("pytest runs");
     let text = format!(

@@ -132,7 +132,7 @@ fn leases_auth_failures_and_protocol_errors_are_events() {
 
 #[test]
 fn log_level_and_format_flags_are_checked() {
-    let out = std::process::Command::new(BIN)
+    let out = std::process::Command::new(bin())
         .args(["serve", "--log-level", "info,fencelog=shout", "--dir"])
         .arg(tempfile::tempdir().unwrap().path().join("d"))
         .output()

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::BIN;
+use super::bin;
 
 /// A free port on `ip` (bound, then released for the node to take).
 fn free_port(ip: &str) -> u16 {
@@ -230,7 +230,7 @@ impl Cluster {
     /// through `join` (a member's client address).
     fn launch(&mut self, id: u64, join: Option<SocketAddr>) {
         let node = self.nodes.get_mut(&id).unwrap();
-        let mut cmd = Command::new(BIN);
+        let mut cmd = Command::new(bin());
         cmd.arg("serve")
             .arg("--dir")
             .arg(&node.dir)

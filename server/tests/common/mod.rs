@@ -10,7 +10,16 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_fencelog");
+/// The `fencelog` binary the tests run: this profile's build, or the one
+/// `FENCELOG_TEST_BIN` names (CI runs the process suites once more against
+/// the release build, which is optimized whole as this profile is not).
+pub fn bin() -> &'static str {
+    static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        std::env::var("FENCELOG_TEST_BIN")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_fencelog").to_string())
+    })
+}
 
 /// What a child process writes to `pipe`, line by line into `log` (for a
 /// failure's message, or to wait on), on a thread of its own until the
@@ -102,7 +111,7 @@ pub struct ServerProcess {
 impl ServerProcess {
     /// Starts the server on `dir` with extra flags; waits until it listens.
     pub fn start(dir: &Path, extra: &[&str]) -> ServerProcess {
-        let mut child = Command::new(BIN)
+        let mut child = Command::new(bin())
             .arg("serve")
             .arg("--dir")
             .arg(dir)
