@@ -624,6 +624,15 @@ fn commit(_ctx: &Context, m: &fencelog::Metrics) -> Vec<Metric> {
         },
         Metric {
             section: "commit",
+            info: "log_direct_writes",
+            prometheus: "fencelog_log_direct_writes_total",
+            help: "Batches the log wrote around the page cache (O_DIRECT); none while batches \
+               are synced means the file system refused direct I/O (or --no-direct-io).",
+            kind: Kind::Counter,
+            value: w.direct_writes as f64,
+        },
+        Metric {
+            section: "commit",
             info: "commit_latency_p50_us",
             prometheus: "",
             help: "Median commit latency of a durable entry (bucket upper bound), microseconds.",

@@ -192,6 +192,7 @@ pub struct WalStats {
     pub(crate) comeback_ran_out: AtomicU64,
     pub(crate) writebacks_started: AtomicU64,
     pub(crate) writebacks_failed: AtomicU64,
+    pub(crate) direct_writes: AtomicU64,
     pub(crate) footers_read: AtomicU64,
     pub(crate) commit_micros: Histogram,
 }
@@ -256,6 +257,10 @@ pub struct WalStatsSnapshot {
     /// Times the kernel refused such a hand-over (a hint lost, nothing
     /// else: the next sync writes the bytes).
     pub writebacks_failed: u64,
+    /// Batches written around the page cache (`WalOptions::direct_io`);
+    /// with the option on and none counted while batches are synced, the
+    /// file system refused direct I/O and batches are written plainly.
+    pub direct_writes: u64,
     /// Commit latency of each entry, in microseconds: from the moment the
     /// first entry of its group commit was submitted until that commit's
     /// sync returned (an upper bound of each entry's own wait; every entry
@@ -292,6 +297,7 @@ impl WalStats {
             comeback_ran_out: self.comeback_ran_out.load(Ordering::Relaxed),
             writebacks_started: self.writebacks_started.load(Ordering::Relaxed),
             writebacks_failed: self.writebacks_failed.load(Ordering::Relaxed),
+            direct_writes: self.direct_writes.load(Ordering::Relaxed),
             commit_micros: self.commit_micros.snapshot(),
         }
     }

@@ -1957,7 +1957,10 @@ impl<S: Sequencer> Shared<S> {
     fn write_batch(&self, file: &dyn StorageFile, buf: &[u8], pos: u64) -> io::Result<()> {
         if self.opts.preallocation == Preallocation::Fill {
             if self.writes_direct() {
-                return file.append_at(buf, pos);
+                if file.append_at(buf, pos)? {
+                    self.stats.direct_writes.fetch_add(1, Ordering::Relaxed);
+                }
+                return Ok(());
             }
             return file.write_all_at(buf, pos);
         }

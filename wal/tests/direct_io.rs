@@ -97,6 +97,17 @@ fn batches_written_direct_read_back_and_match_plain_writes_byte_for_byte() {
         write(&storage, plain_dir.path(), &plain, 1, part, 1 + session * 3);
         written.extend(w);
     }
+    // No batch of the plain log went direct; the direct log's did.
+    for (dir, opts, direct) in [(&plain_dir, &plain, false), (&direct_dir, &direct, true)] {
+        let (wal, _) = open(&storage, dir.path(), opts).unwrap();
+        let p = payload(1, written.len() as u32, 10);
+        let at = append_durable(&wal, &p).unwrap();
+        assert_eq!(wal.stats().direct_writes > 0, direct, "{opts:?}");
+        wal.close().unwrap();
+        if direct {
+            written.push((at, p));
+        }
+    }
     // The same records, in order, from the directory's files.
     let all = all_records(storage.as_ref(), direct_dir.path());
     assert_eq!(all.len(), written.len());
@@ -158,6 +169,15 @@ fn the_segment_being_written_is_open_direct_and_reads_back_while_written() {
             open_direct(&path),
             "{} not open with O_DIRECT",
             path.display()
+        );
+        // Every batch went direct (none reached a segment's last block),
+        // and the log says so.
+        let stats = wal.stats();
+        assert!(
+            stats.direct_writes > 0 && stats.direct_writes <= stats.syncs,
+            "{} direct writes in {} syncs",
+            stats.direct_writes,
+            stats.syncs
         );
     }
     for (at, p) in &written {

@@ -125,7 +125,7 @@ impl StorageFile for FsFile {
         self.file.write_all_at(buf, pos)
     }
 
-    fn append_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
+    fn append_at(&self, buf: &[u8], pos: u64) -> io::Result<bool> {
         let mut direct = self.direct.lock();
         if let Direct::Unopened = *direct {
             *direct = match DirectWriter::open(&self.file) {
@@ -133,18 +133,19 @@ impl StorageFile for FsFile {
                 Err(_) => Direct::Unavailable,
             };
         }
+        let plain = || self.file.write_all_at(buf, pos).map(|()| false);
         let Direct::Open(writer) = &mut *direct else {
-            return self.file.write_all_at(buf, pos);
+            return plain();
         };
         match writer.append(buf, pos) {
-            Ok(true) => Ok(()),
+            Ok(true) => Ok(true),
             // Past the file's end (a segment's last block): a plain write.
-            Ok(false) => self.file.write_all_at(buf, pos),
+            Ok(false) => plain(),
             // The file system refuses direct I/O (or its alignment): plain
             // writes from now on. The refusal comes before any byte moves.
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                 *direct = Direct::Unavailable;
-                self.file.write_all_at(buf, pos)
+                plain()
             }
             Err(e) => Err(e),
         }

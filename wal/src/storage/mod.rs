@@ -75,10 +75,11 @@ pub trait StorageFile: Send + Sync {
     /// backend can, around the page cache (`O_DIRECT`): the bytes go from
     /// memory to the disk, the kernel copies them into no page, and the
     /// sync after has no pages to write. Durable only after
-    /// [`StorageFile::sync_data`], as any write. The default is
+    /// [`StorageFile::sync_data`], as any write. Answers whether the bytes
+    /// went around the page cache. The default is
     /// [`StorageFile::write_all_at`].
-    fn append_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
-        self.write_all_at(buf, pos)
+    fn append_at(&self, buf: &[u8], pos: u64) -> io::Result<bool> {
+        self.write_all_at(buf, pos).map(|()| false)
     }
 
     /// Sets the file's length, truncating or extending with zeros.
