@@ -8,6 +8,7 @@ use std::path::Path;
 
 use parking_lot::Mutex;
 
+use super::blocks::{BLOCK, BlockLayout};
 use super::{DirLock, Storage, StorageFile};
 
 /// The real file system.
@@ -232,16 +233,7 @@ enum Direct {
     Unavailable,
 }
 
-/// What direct I/O is aligned to, in memory, in the file and in length: a
-/// page, which every disk's logical block size divides.
-const BLOCK: usize = 4096;
-
-/// The largest staging buffer kept between appends.
-const MAX_KEPT_STAGING: usize = 8 << 20;
-
-/// Appends with `O_DIRECT`: each write begins at the start of the block
-/// the append begins in (that block's earlier bytes written again as they
-/// are) and ends at the end of a block (zeros after the append).
+/// Appends with `O_DIRECT`, laid out in whole blocks ([`BlockLayout`]).
 struct DirectWriter {
     /// The same file, opened again (its own open file description, so
     /// that the plain descriptor's reads and writes keep the page cache).
@@ -249,12 +241,7 @@ struct DirectWriter {
     /// The file's length as last read: a write never passes it (a
     /// segment's space is made before its entries are written).
     len: u64,
-    /// Where writes are laid out, aligned in memory; grows as needed.
-    staging: Vec<u8>,
-    /// The last block written: its position in the file and the bytes of
-    /// it that were appended, for the next append, which begins in it.
-    tail_at: u64,
-    tail: Vec<u8>,
+    layout: BlockLayout,
 }
 
 impl DirectWriter {
@@ -271,9 +258,7 @@ impl DirectWriter {
         Ok(DirectWriter {
             file: direct,
             len,
-            staging: Vec::new(),
-            tail_at: u64::MAX,
-            tail: Vec::with_capacity(BLOCK),
+            layout: BlockLayout::default(),
         })
     }
 
@@ -281,59 +266,15 @@ impl DirectWriter {
     /// false, having written nothing, when the write would pass the file's
     /// end.
     fn append(&mut self, buf: &[u8], pos: u64) -> io::Result<bool> {
-        let block = BLOCK as u64;
-        let start = pos / block * block;
-        let lead = (pos - start) as usize;
-        let len = lead + buf.len();
-        let padded = len.div_ceil(BLOCK) * BLOCK;
-        let end = start + padded as u64;
-        if end > self.len {
+        let end = pos + buf.len() as u64;
+        if end.div_ceil(BLOCK as u64) * BLOCK as u64 > self.len {
             self.len = self.file.metadata()?.len();
-            if end > self.len {
-                return Ok(false);
-            }
         }
-        if self.staging.len() < padded + BLOCK {
-            self.staging = vec![0; (padded + BLOCK).next_power_of_two()];
+        let file = &self.file;
+        let read = |block: &mut [u8], at: u64| file.read_exact_at(block, at);
+        match self.layout.lay(buf, pos, self.len, read)? {
+            Some((start, area)) => file.write_all_at(area, start).map(|()| true),
+            None => Ok(false),
         }
-        let at = self.staging.as_ptr().align_offset(BLOCK);
-        let area = &mut self.staging[at..at + padded];
-        if lead > 0 {
-            if self.tail_at == start && self.tail.len() == lead {
-                area[..lead].copy_from_slice(&self.tail);
-            } else {
-                // Not where the last append ended (the first append to
-                // this file, say): the block as the disk has it.
-                read_block(&self.file, &mut area[..BLOCK], start)?;
-            }
-        }
-        area[lead..len].copy_from_slice(buf);
-        area[len..].fill(0);
-        self.file.write_all_at(area, start)?;
-        let last = padded - BLOCK;
-        self.tail_at = start + last as u64;
-        self.tail.clear();
-        self.tail.extend_from_slice(&area[last..len]);
-        if self.staging.len() > MAX_KEPT_STAGING {
-            // A one-off large batch does not pin its buffer.
-            self.staging = Vec::new();
-        }
-        Ok(true)
     }
-}
-
-/// Reads the block at `pos` into `block` (aligned, one block long); what
-/// lies past the file's end reads as zeros.
-fn read_block(file: &File, block: &mut [u8], pos: u64) -> io::Result<()> {
-    // One read: a direct read comes back short only at the file's end (a
-    // second read would begin unaligned).
-    let got = loop {
-        match file.read_at(block, pos) {
-            Ok(n) => break n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    };
-    block[got..].fill(0);
-    Ok(())
 }

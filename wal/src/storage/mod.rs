@@ -11,6 +11,7 @@
 //! of a file that a dead disk or an outside truncation took away kills the
 //! process with SIGBUS, where a positional read answers an error.
 
+mod blocks;
 mod fs;
 mod sim;
 

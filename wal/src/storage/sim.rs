@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
+use super::blocks::BlockLayout;
 use super::{DirLock, Storage, StorageFile};
 
 /// What a power cut leaves of writes that were not synced yet.
@@ -381,6 +382,7 @@ impl SimStorage {
             faults: Arc::clone(&self.faults),
             ino,
             inode,
+            layout: Mutex::new(BlockLayout::default()),
         })
     }
 }
@@ -657,6 +659,9 @@ struct SimFile {
     faults: Arc<Faults>,
     ino: u64,
     inode: Arc<Mutex<Inode>>,
+    /// Appends laid out as the real files write them around the page
+    /// cache ([`StorageFile::append_at`]), whole blocks again.
+    layout: Mutex<BlockLayout>,
 }
 
 impl SimFile {
@@ -692,6 +697,18 @@ impl StorageFile for SimFile {
             })?;
         buf.copy_from_slice(&inode.data[start..end]);
         Ok(())
+    }
+
+    /// The blocks a direct write would send, as one unsynced write: a
+    /// power cut tears or loses them as it does any write, the block's
+    /// earlier (durable) bytes with them.
+    fn append_at(&self, buf: &[u8], pos: u64) -> io::Result<bool> {
+        let mut layout = self.layout.lock();
+        let read = |block: &mut [u8], at: u64| self.read_exact_at(block, at);
+        match layout.lay(buf, pos, self.len()?, read)? {
+            Some((start, area)) => self.write_all_at(area, start).map(|()| true),
+            None => self.write_all_at(buf, pos).map(|()| false),
+        }
     }
 
     fn write_all_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
