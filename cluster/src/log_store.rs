@@ -478,12 +478,24 @@ fn read_err(e: impl std::error::Error + 'static) -> StorageError<NodeId> {
     StorageIOError::read_logs(AnyError::new(&e)).into()
 }
 
+/// How a Raft log does its I/O.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Io {
+    /// With threads of its own (sync, allocator); `direct`: its batches are
+    /// written around the page cache (`WalOptions::direct_io`).
+    Threads { direct: bool },
+    /// Deterministic simulation only: no threads of its own and no
+    /// preallocation (`WalOptions::inline_io`).
+    Inline,
+}
+
 impl LogStore {
     /// Opens (or creates) the Raft log in `dir`; with `direct_io`, its
     /// batches are written around the page cache
     /// (`WalOptions::direct_io`).
     pub fn open(dir: &Path, segment_bytes: u64, direct_io: bool) -> Result<LogStore, WalError> {
-        Self::open_with(Arc::new(FsStorage), dir, segment_bytes, false, direct_io)
+        let io = Io::Threads { direct: direct_io };
+        Self::open_with(Arc::new(FsStorage), dir, segment_bytes, io)
     }
 
     /// As [`LogStore::open`], on any storage (the simulated one).
@@ -493,19 +505,15 @@ impl LogStore {
         dir: &Path,
         segment_bytes: u64,
     ) -> Result<LogStore, WalError> {
-        Self::open_with(storage, dir, segment_bytes, false, true)
+        Self::open_with(storage, dir, segment_bytes, Io::Threads { direct: true })
     }
 
-    /// As [`LogStore::open_on`]; with `inline_io` (deterministic
-    /// simulation only) the log has no threads of its own and no
-    /// preallocation (`WalOptions::inline_io`); `direct_io` as in
-    /// [`LogStore::open`].
+    /// As [`LogStore::open_on`], doing its I/O as `io` says.
     pub(crate) fn open_with(
         storage: Arc<dyn fencelog_wal::Storage>,
         dir: &Path,
         segment_bytes: u64,
-        inline_io: bool,
-        direct_io: bool,
+        io: Io,
     ) -> Result<LogStore, WalError> {
         let mut opts = WalOptions {
             segment_bytes,
@@ -529,10 +537,10 @@ impl LogStore {
             // Synced every batch, read back from memory: nothing gains
             // from its pages (docs/CLUSTER.md, "The Raft log's page
             // cache").
-            direct_io,
+            direct_io: matches!(io, Io::Threads { direct: true }),
             ..WalOptions::default()
         };
-        if inline_io {
+        if let Io::Inline = io {
             opts.inline_io = true;
             opts.preallocation = fencelog_wal::Preallocation::None;
         }

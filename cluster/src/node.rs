@@ -14,7 +14,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 use crate::batcher::Batcher;
-use crate::log_store::LogStore;
+use crate::log_store::{Io, LogStore};
 use crate::network::{self, Network};
 use crate::state_machine::{Engine, StateMachine};
 use crate::types::{Member, NodeId, Raft, Response};
@@ -421,7 +421,7 @@ async fn open_raft_log(cfg: &NodeConfig, hooks: &Hooks) -> Result<LogStore, Clus
             .await
             .map_err(|e| ClusterError::Raft(e.to_string()))??
             .of_node(cfg.id),
-        Some(storage) => LogStore::open_with(storage, &raft_dir, segment, true, false)?,
+        Some(storage) => LogStore::open_with(storage, &raft_dir, segment, Io::Inline)?,
     })
 }
 
